@@ -24,7 +24,7 @@ def arch_of_capability(major: int, minor: int) -> str:
     return _ARCH_SPECIFIC.get((major, minor), f"sm_{major}{minor}")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _device_arch(index: int) -> tuple[str, str]:
     import torch
 

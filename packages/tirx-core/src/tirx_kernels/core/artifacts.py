@@ -28,7 +28,7 @@ def canonical_params(params: dict) -> str:
     return json.dumps(params, sort_keys=True, separators=(",", ":"))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _shared_sources_digest() -> str:
     """Digest of what every kernel's code depends on besides its own module: the lang layer and the build."""
     here = os.path.dirname(os.path.abspath(__file__))

@@ -72,7 +72,7 @@ def _nvcc() -> str:
     return nvcc
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def nvcc_version() -> str:
     out = subprocess.run([_nvcc(), "--version"], capture_output=True, text=True).stdout
     m = re.search(r"release ([\d.]+), V([\d.]+)", out)

@@ -305,7 +305,7 @@ def _run(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> None:
     fn(a, b, out)
 
 
-@torch.library.custom_op("tirx::gemm_nt", mutates_args=())
+@torch.library.custom_op("tirx::gemm_nt", mutates_args=(), schema="(Tensor a, Tensor b) -> Tensor")
 def _gemm_nt_op(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     out = torch.empty((a.shape[0], b.shape[0]), dtype=a.dtype, device=a.device)
     _run(a, b, out)
@@ -317,7 +317,8 @@ def _(a, b):
     return a.new_empty((a.shape[0], b.shape[0]))
 
 
-@torch.library.custom_op("tirx::gemm_nt_out", mutates_args=("out",))
+@torch.library.custom_op("tirx::gemm_nt_out", mutates_args=("out",),
+                         schema="(Tensor a, Tensor b, Tensor(a!) out) -> ()")
 def _gemm_nt_out_op(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> None:
     _run(a, b, out)
 

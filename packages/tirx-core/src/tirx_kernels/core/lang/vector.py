@@ -1,0 +1,92 @@
+# SPDX-License-Identifier: Apache-2.0
+"""16-byte global vector access and packed 16-bit float <-> fp32 conversion for ``@T.prim_func`` bodies.
+
+Memory-bound kernels keep data as packed ``uint32`` words in ``T.alloc_local`` buffers: one 16-byte vector
+is 4 words = 8 bf16/fp16 values, moved with one ``LDG.E.128`` / ``STG.E.128``. The helpers are plain
+Python run while the prim_func is parsed: statements go through ``T.evaluate`` (a bare ``T.ptx.*`` call in
+a helper is dropped), expressions are returned. Python-level arguments (``dtype``, ``pred=None``) choose
+the code at parse time, so a kernel can unroll with ``for v in range(n)`` inside a helper and predicate
+only the vectors that can fall past the end of a row.
+"""
+
+from __future__ import annotations
+
+from tvm.script import tirx as T
+
+VECTOR_BYTES = 16
+WORDS_PER_VECTOR = 4  # uint32 words per 16-byte vector
+
+_ELEM_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+
+
+def ceil_div(a, b):
+    """``ceil(a / b)`` for Python ints (static shapes) and non-negative TIR expressions alike."""
+    return (a + b - 1) // b
+
+
+def elem_bytes(dtype: str) -> int:
+    if dtype not in _ELEM_BYTES:
+        raise ValueError(f"vector: unsupported dtype {dtype!r}; expected one of {sorted(_ELEM_BYTES)}")
+    return _ELEM_BYTES[dtype]
+
+
+def vector_elems(dtype: str) -> int:
+    """Elements per 16-byte vector: 8 for bf16/fp16."""
+    return VECTOR_BYTES // elem_bytes(dtype)
+
+
+def _guarded(call, pred):
+    if pred is None:
+        T.evaluate(call)
+    else:
+        with T.If(pred):
+            with T.Then():
+                T.evaluate(call)
+
+
+def load_v4(regs, base, ptr, pred=None, *, l1_no_allocate: bool = False):
+    """``regs[base:base+4] <- 16 bytes at ptr`` (``ld.global.v4.b32``), only where ``pred`` holds.
+
+    ``ptr`` must be 16-byte aligned (``X.ptr_to([...])``). Where ``pred`` is false the words keep their
+    previous value: zero them first (``fill``) when they feed a reduction. ``l1_no_allocate`` streams data
+    read once past L1 so that it does not evict data that is reused (e.g. the RMSNorm weight).
+    """
+    ld = T.ptx.ld.global_.L1__no_allocate.v4.b32 if l1_no_allocate else T.ptx.ld.global_.v4.b32
+    _guarded(ld(regs[base], regs[base + 1], regs[base + 2], regs[base + 3], ptr), pred)
+
+
+def store_v4(ptr, regs, base, pred=None):
+    """``16 bytes at ptr <- regs[base:base+4]`` (``st.global.v4.b32``), only where ``pred`` holds."""
+    _guarded(T.ptx.st.global_.v4.b32(ptr, regs[base], regs[base + 1], regs[base + 2], regs[base + 3]), pred)
+
+
+def fill(regs, base, count, value=0):
+    """``regs[base:base+count] = value`` (uint32 words)."""
+    for i in range(count):
+        T.buffer_store(regs, T.uint32(value), [base + i])
+
+
+def unpack2(word, dtype: str):
+    """The two fp32 values (low half, high half) of a packed 32-bit word of two bf16 or fp16."""
+    if dtype == "bfloat16":
+        # bf16 is the top half of an fp32: a shift / a mask, no conversion instruction.
+        return (T.cuda.uint_as_float(word << T.uint32(16)),
+                T.cuda.uint_as_float(word & T.uint32(0xFFFF0000)))
+    if dtype == "float16":
+        # nvcc turns the reinterpret of a 16-bit register into one HADD2.F32 per half.
+        return (T.Cast("float32", T.reinterpret("float16", T.Cast("uint16", word))),
+                T.Cast("float32", T.reinterpret("float16", T.Cast("uint16", word >> T.uint32(16)))))
+    raise ValueError(f"vector.unpack2: dtype must be 'bfloat16' or 'float16', got {dtype!r}")
+
+
+def pack2(regs, idx, lo, hi, dtype: str):
+    """``regs[idx] <- (lo, hi)`` rounded to nearest-even bf16/fp16 (one ``cvt.rn.{bf16x2,f16x2}.f32``).
+
+    ``lo`` lands in the low half (the lower address), as ``unpack2`` reads it.
+    """
+    if dtype == "bfloat16":
+        T.evaluate(T.ptx.cvt.rn.bf16x2.f32(regs[idx], hi, lo))
+    elif dtype == "float16":
+        T.evaluate(T.ptx.cvt.rn.f16x2.f32(regs[idx], hi, lo))
+    else:
+        raise ValueError(f"vector.pack2: dtype must be 'bfloat16' or 'float16', got {dtype!r}")

@@ -1,0 +1,84 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Shared test bodies for kernel packages: every (kernel, config) of a distribution, checked the same way.
+
+A kernel package's ``tests/test_gpu.py`` parametrizes over ``cases("tirx-native")`` and calls
+``check_correctness`` / ``check_graph_replay``; without a GPU or on another arch they skip with the
+reason, never pass silently.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tirx_kernels import registry
+from tirx_kernels.core.arch import UnsupportedArchError, check_arch
+
+
+def cases(distribution: str) -> list:
+    """``pytest.param(kernel, label)`` for every config of every kernel shipped by ``distribution``."""
+    out = []
+    for e in registry.list_kernels():
+        if e.distribution == distribution:
+            out += [pytest.param(e.name, c["label"], id=f"{e.name}-{c['label']}") for c in e.configs]
+    return out
+
+
+def load_or_skip(kernel: str):
+    mod = registry.load(kernel)
+    try:
+        check_arch(mod.KERNEL_META)
+    except UnsupportedArchError as e:
+        pytest.skip(str(e))
+    return mod
+
+
+def check_correctness(kernel: str, label: str) -> dict:
+    from tirx_kernels.core.harness import find_config
+
+    mod = load_or_skip(kernel)
+    return mod.run_test(**find_config(mod, label))
+
+
+def check_upstream(kernel: str, label: str) -> None:
+    """Our outputs against the upstream reference(s) of ``reference_requirements``; skips with the reason."""
+    from tirx_kernels.core import references
+    from tirx_kernels.core.harness import find_config
+
+    mod = load_or_skip(kernel)
+    reqs = mod.KERNEL_META.get("reference_requirements", [])
+    if not reqs:
+        pytest.skip(f"{kernel} declares no upstream reference")
+    missing = [d for ok, d in references.resolve_all(mod.KERNEL_META).values() if not ok]
+    res = mod.run_test(**find_config(mod, label))
+    upstream = {r.get("baseline", r["import"]) for r in reqs}
+    checked = {n: r for n, r in res["references"].items() if n in upstream}
+    passed = [n for n, r in checked.items() if r["status"] == "passed"]
+    if not passed:
+        reasons = missing + [r.get("reason", "") for r in checked.values()]
+        pytest.skip("; ".join(x for x in reasons if x) or "no upstream reference ran")
+
+
+def check_graph_replay(kernel: str, label: str) -> None:
+    """Capture ``launch`` in a CUDA graph, refill the inputs with new random values, replay, check."""
+    import torch
+
+    from tirx_kernels.core.harness import check_outputs, find_config, full_config
+
+    mod = load_or_skip(kernel)
+    cfg = full_config(mod, find_config(mod, label))
+    data = mod.prepare_data(**cfg)
+    mod.launch(cfg, data)  # load the artifact outside the capture
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        mod.launch(cfg, data)
+    fresh = mod.prepare_data(**cfg)
+    expected = mod.reference(**fresh)
+    for k, v in fresh.items():
+        if k not in expected and isinstance(v, torch.Tensor):
+            data[k].copy_(v)
+    for k in expected:
+        data[k].fill_(float("nan"))
+    g.replay()
+    torch.cuda.synchronize()
+    check_outputs(mod, cfg, data, {k: data[k] for k in expected}, expected, "the fp32 oracle (graph replay)")

@@ -1,0 +1,82 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Every registered kernel module satisfies the protocol of PROTOCOL.md (runs on CPU)."""
+
+import importlib
+import inspect
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tirx_kernels import registry
+from tirx_kernels.core import harness
+
+ENTRIES = registry.list_kernels()
+REQUIRED = ("compile_params", "get_kernel", "prepare_data", "reference", "launch", "roofline")
+
+
+def test_some_kernels_are_registered():
+    assert ENTRIES, "no kernel package is installed"
+
+
+@pytest.fixture(params=ENTRIES, ids=[e.name for e in ENTRIES])
+def entry(request):
+    return request.param
+
+
+def test_literals_match_the_imported_module(entry):
+    mod = importlib.import_module(entry.module)
+    assert mod.KERNEL_META == entry.meta
+    assert mod.CONFIGS == entry.configs
+
+
+def test_protocol_functions(entry):
+    mod = importlib.import_module(entry.module)
+    for name in REQUIRED:
+        assert callable(getattr(mod, name, None)), f"{entry.module} lacks {name}()"
+    assert getattr(mod.run_test, "__tirx_harness__", None) == entry.module, "run_test must come from harness.bind"
+    assert getattr(mod.run_bench, "__tirx_harness__", None) == entry.module, "run_bench must come from harness.bind"
+    for op in entry.meta.get("public_ops", []):
+        assert callable(getattr(mod, op, None)), f"public op {op} missing from {entry.module}"
+    assert entry.meta.get("public_ops"), "KERNEL_META['public_ops'] must name the public op(s)"
+    if hasattr(mod, "get_baselines"):
+        for cfg in entry.configs[:1]:
+            baselines = mod.get_baselines(**harness.full_config(mod, cfg))
+            assert all(callable(b) for b in baselines.values())
+
+
+def test_every_config_has_params_and_a_roofline(entry):
+    mod = importlib.import_module(entry.module)
+    for cfg in entry.configs + (entry.bench_configs or []):
+        full = harness.full_config(mod, cfg)
+        params = mod.compile_params(**full)
+        json.dumps(params)  # canonical, serializable cache key
+        model = mod.roofline(**full)
+        assert model.get("bytes", 0) > 0 or model.get("flops", 0) > 0, cfg["label"]
+
+
+def test_get_kernel_returns_a_primfunc(entry):
+    tvm = pytest.importorskip("tvm", reason="apache-tvm is needed to trace kernels")
+    mod = importlib.import_module(entry.module)
+    params = mod.compile_params(**harness.full_config(mod, entry.configs[0]))
+    f = mod.get_kernel(**params)
+    assert isinstance(f, (tvm.tirx.PrimFunc, tvm.IRModule))
+
+
+def test_module_imports_without_the_compiler(entry):
+    """A GPU host runs prebuilt artifacts with no apache-tvm: importing the kernel must not need it."""
+    code = ("import sys; sys.modules['tvm'] = None\n"
+            f"import importlib; m = importlib.import_module({entry.module!r}); print(m.KERNEL_META['name'])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+
+
+def test_public_ops_are_custom_ops(entry):
+    import torch
+
+    mod = importlib.import_module(entry.module)
+    src = inspect.getsource(mod)
+    assert "torch.library" in src, "public ops go through torch.library custom ops"
+    assert "register_fake" in src, "custom ops need fake implementations for torch.compile"
+    assert hasattr(torch.ops, "tirx")

@@ -1,0 +1,40 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Installing and uninstalling a port package adds and removes exactly its kernels (real wheels, real venv)."""
+
+import glob
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
+PACKAGES = ["tirx-core", "tirx-native", "tirx-port-flashinfer"]
+
+
+def _run(*cmd, **kw):
+    r = subprocess.run(cmd, capture_output=True, text=True, **kw)
+    assert r.returncode == 0, f"{' '.join(cmd)}\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}"
+    return r.stdout
+
+
+def test_uninstall_port_removes_exactly_its_kernels(tmp_path):
+    pytest.importorskip("hatchling", reason="hatchling builds the wheels")
+    wheels = tmp_path / "wheels"
+    _run(sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(wheels),
+         *[os.path.join(ROOT, "packages", p) for p in PACKAGES])
+    venv = tmp_path / "venv"
+    _run(sys.executable, "-m", "venv", str(venv))
+    py = str(venv / "bin" / "python")
+    _run(py, "-m", "pip", "install", "-q", "--no-deps", "--no-index", *glob.glob(str(wheels / "*.whl")))
+
+    def kernels():
+        out = _run(py, "-m", "tirx_kernels.registry", "--format", "json", cwd=str(tmp_path))
+        return {r["name"]: r["distribution"] for r in json.loads(out)}
+
+    before = kernels()
+    assert "act_and_mul" in before and "rmsnorm" in before
+    _run(py, "-m", "pip", "uninstall", "-q", "-y", "tirx-port-flashinfer")
+    after = kernels()
+    assert after == {k: d for k, d in before.items() if d != "tirx-port-flashinfer"}

@@ -1,0 +1,369 @@
+# SPDX-License-Identifier: Apache-2.0
+"""RMSNorm over the last dim for bf16/fp16 on Hopper: ``out = x * rsqrt(mean(x²) + eps) * weight``.
+
+Semantics of FlashInfer's ``rmsnorm``: statistics and products in fp32, one rounding to x's dtype at the
+end. x is (..., H), weight (H,) of x's dtype, eps a runtime scalar. One artifact per (dtype, H): the
+number of rows M and the row strides of x and out are runtime arguments (rows need not be contiguous,
+only 16-byte aligned with unit column stride).
+
+Design (memory-bound: 2 bytes read + 2 written per element, the weight stays in L1/L2):
+- A row is split over ``threads_per_row`` threads, each holding ``vectors_per_thread`` 16-byte vectors of
+  x *and* of the weight in registers (packed words), all issued before any math; x is read exactly once
+  and nothing spills (``row_plan`` keeps the row at <= 4 vectors a thread). Vector ``v`` of lane ``l``
+  covers columns ``(v * threads_per_row + l) * 8 ..+8``: consecutive lanes, consecutive 16 bytes. Only the
+  last vector of a thread can fall past H, so only it is predicated (``col < H``).
+- Rows of <= 32 threads are reduced with shuffles only, several rows per CTA (CTAs of >= 128 threads);
+  wider rows take one CTA each and one shared-memory exchange (``reduce.group_sum``, one barrier).
+- x loads bypass L1 allocation (``L1::no_allocate``): every CTA on an SM reads the same weight, which
+  should stay in L1 while x streams past.
+
+Measured (examples/rmsnorm_bf16.py, the same structure with 256 threads and the weight loaded after the
+reduction): 32768x8192 bf16 at 4.04 TB/s (98 % of copy) on the H200, 8192x4096 at 3.57 TB/s.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+
+from tirx_kernels.core import checks
+
+KERNEL_META = {
+    "name": "rmsnorm",
+    "category": "norm",
+    "runtime_cuda_archs": ["sm_90a"],
+    "description": "RMSNorm over the last dim (fp32 statistics), bf16/fp16, M and row strides dynamic",
+    "reference_requirements": [
+        {"package": "flashinfer-python", "import": "flashinfer", "specifier": "==0.7.4"},
+        {"package": "liger-kernel", "import": "liger_kernel", "specifier": "==0.8.5"},
+        {"package": "quack-kernels", "import": "quack", "specifier": "==0.6.5"},
+    ],
+}
+
+# x_row_stride / out_row_stride (elements) default to H; M=1 and M=37 catch tail rows of multi-row CTAs.
+CONFIGS = [
+    {"label": "bf16_8192x4096", "dtype": "bfloat16", "M": 8192, "H": 4096},
+    {"label": "bf16_32768x8192", "dtype": "bfloat16", "M": 32768, "H": 8192},
+    {"label": "bf16_4113x8192", "dtype": "bfloat16", "M": 4113, "H": 8192},
+    {"label": "bf16_32x128", "dtype": "bfloat16", "M": 32, "H": 128},
+    {"label": "bf16_37x128", "dtype": "bfloat16", "M": 37, "H": 128},
+    {"label": "bf16_1x16384", "dtype": "bfloat16", "M": 1, "H": 16384},
+    {"label": "bf16_4113x2880", "dtype": "bfloat16", "M": 4113, "H": 2880},
+    {"label": "bf16_37x5120", "dtype": "bfloat16", "M": 37, "H": 5120},
+    {"label": "bf16_8192x7168", "dtype": "bfloat16", "M": 8192, "H": 7168},
+    {"label": "bf16_37x2880_strided", "dtype": "bfloat16", "M": 37, "H": 2880,
+     "x_row_stride": 3072, "out_row_stride": 2944},
+    {"label": "fp16_8192x4096", "dtype": "float16", "M": 8192, "H": 4096},
+    {"label": "fp16_37x128", "dtype": "float16", "M": 37, "H": 128},
+    {"label": "fp16_1x2880", "dtype": "float16", "M": 1, "H": 2880},
+    {"label": "fp16_4113x5120", "dtype": "float16", "M": 4113, "H": 5120},
+    {"label": "fp16_37x16384", "dtype": "float16", "M": 37, "H": 16384},
+    {"label": "fp16_37x7168_strided", "dtype": "float16", "M": 37, "H": 7168, "x_row_stride": 7680},
+]
+
+DEFAULTS = {"dtype": "bfloat16", "eps": 1e-6}
+
+_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+_OP = "rmsnorm"
+_VEC = 8  # 16-bit elements per 16-byte vector
+MIN_H, MAX_H = 16, 16384
+
+# ---------------------------------------------------------------------------------------------------------
+# Row plan: how a row of H elements is spread over threads
+# ---------------------------------------------------------------------------------------------------------
+
+# (max H, 16-byte vectors of x each thread holds). Fewer, wider-spread vectors for small rows keep the CTA
+# count up; 4 vectors (64 B of x + 64 B of weight, 32 registers) for large rows keep enough bytes in flight
+# per SM with a full 2048 threads resident. The example at 32768x8192 (256 threads x 4) reached 98 % of copy.
+VECTORS_PER_THREAD = [(256, 1), (2048, 2), (MAX_H, 4)]
+MIN_CTA_THREADS = 128  # rows of <= 32 threads are packed into CTAs of at least this many threads
+
+
+def row_plan(H: int) -> dict:
+    """``threads_per_row``, ``rows_per_cta``, ``vectors_per_thread`` for rows of H elements.
+
+    Rows of more than 32 threads use whole warps, as few as the target vectors per thread allows, so
+    that most rows divide exactly (5120 -> 5 warps x 4 vectors, 7168 -> 7 warps x 4); rows of <= 32
+    threads use a power of two (shuffle groups).
+    """
+    nvec = H // _VEC
+    target = next(v for max_h, v in VECTORS_PER_THREAD if H <= max_h)
+    want = -(-nvec // target)
+    if want <= 32:
+        threads_per_row = max(2, 1 << (want - 1).bit_length())
+    else:
+        threads_per_row = 32 * -(-want // 32)
+    return {"threads_per_row": threads_per_row,
+            "rows_per_cta": max(1, MIN_CTA_THREADS // threads_per_row),
+            "vectors_per_thread": -(-nvec // threads_per_row)}
+
+
+def compile_params(**cfg) -> dict:
+    return {"dtype": cfg["dtype"], "H": int(cfg["H"])}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The TIRx function
+# ---------------------------------------------------------------------------------------------------------
+
+def get_kernel(dtype: str, H: int):
+    if dtype not in _DTYPES:
+        raise ValueError(f"rmsnorm: dtype {dtype!r} is not one of {sorted(_DTYPES)}")
+    if H % _VEC or not MIN_H <= H <= MAX_H:
+        raise ValueError(f"rmsnorm: H={H} must be a multiple of {_VEC} in [{MIN_H}, {MAX_H}]")
+    plan = row_plan(H)
+    return build_kernel(dtype, H, plan["threads_per_row"], plan["rows_per_cta"])
+
+
+def build_kernel(dtype: str, H: int, threads_per_row: int, rows_per_cta: int):
+    """The kernel for an explicit plan (``get_kernel`` takes it from ``row_plan``; sweeps call this)."""
+    from tvm.script import tirx as T
+
+    from tirx_kernels.core.lang import reduce, vector
+
+    tpr = threads_per_row
+    vpt = vector.ceil_div(H // _VEC, tpr)
+    threads = tpr * rows_per_cta
+    words = vector.WORDS_PER_VECTOR
+    scratch_len = max(1, reduce.scratch_words(tpr, rows_per_cta))
+    inv_h = 1.0 / H
+
+    def vector_pred(v, lane, row_ok):
+        """None where vector ``v`` of every lane is inside the row (and the row exists), else the test."""
+        tail = (v + 1) * tpr * _VEC > H
+        col_ok = (v * tpr + lane) * _VEC < H if tail else None
+        if row_ok is None or col_ok is None:
+            return col_ok if row_ok is None else row_ok
+        return T.And(row_ok, col_ok)
+
+    def load_row(regs, buf, base, lane, row_ok, l1_no_allocate):
+        for v in range(vpt):
+            pred = vector_pred(v, lane, row_ok)
+            if pred is not None:
+                vector.fill(regs, v * words, words)  # masked vectors add 0 to the sum of squares
+            vector.load_v4(regs, v * words, buf.ptr_to([base + (v * tpr + lane) * _VEC]), pred,
+                           l1_no_allocate=l1_no_allocate)
+
+    def sum_squares(acc, xr):
+        for i in range(vpt * words):
+            lo, hi = vector.unpack2(xr[i], dtype)
+            T.buffer_store(acc, acc[0] + lo * lo + hi * hi, [0])
+
+    def scale_store(buf, base, lane, row_ok, xr, wr, orr, rs):
+        for v in range(vpt):
+            for j in range(words):
+                x_lo, x_hi = vector.unpack2(xr[v * words + j], dtype)
+                w_lo, w_hi = vector.unpack2(wr[v * words + j], dtype)
+                vector.pack2(orr, j, x_lo * rs * w_lo, x_hi * rs * w_hi, dtype)
+            vector.store_v4(buf.ptr_to([base + (v * tpr + lane) * _VEC]), orr, 0, vector_pred(v, lane, row_ok))
+
+    @T.prim_func
+    def rmsnorm(x_ptr: T.handle, w_ptr: T.handle, y_ptr: T.handle, eps: T.float32):
+        M = T.int32()
+        x_stride = T.int32()
+        y_stride = T.int32()
+        X = T.match_buffer(x_ptr, (M, H), dtype, strides=(x_stride, 1), align=16)
+        Wt = T.match_buffer(w_ptr, (H,), dtype, align=16)
+        Y = T.match_buffer(y_ptr, (M, H), dtype, strides=(y_stride, 1), align=16)
+        T.device_entry()
+        # Flat views indexed row * stride + col: TIRx 0.27 binds match_buffer strides on the host but
+        # drops them from device indexing (it addresses X[r, c] as r * H + c).
+        Xf = T.decl_buffer((M * x_stride,), dtype, data=X.data)
+        Yf = T.decl_buffer((M * y_stride,), dtype, data=Y.data)
+        cta = T.cta_id([(M + rows_per_cta - 1) // rows_per_cta])
+        tid = T.thread_id([threads])
+        xr = T.alloc_local((vpt * words,), "uint32")
+        wr = T.alloc_local((vpt * words,), "uint32")
+        orr = T.alloc_local((words,), "uint32")
+        acc = T.alloc_local((1,), "float32")
+        scratch = T.alloc_shared((scratch_len,), "float32")
+
+        # Loads: the row of x, then the weight, all in flight at once.
+        row = cta * rows_per_cta + tid // tpr
+        lane = tid % tpr
+        row_ok = None if rows_per_cta == 1 else row < M
+        x_base = T.Cast("int64", row) * T.Cast("int64", x_stride)
+        load_row(xr, Xf, x_base, lane, row_ok, True)
+        load_row(wr, Wt, 0, lane, None, False)
+
+        # Sum of squares in fp32 over the row, then the reciprocal RMS.
+        acc[0] = T.float32(0)
+        sum_squares(acc, xr)
+        total = reduce.group_sum(acc[0], tid, tpr, scratch)
+        rs = T.rsqrt(total * T.float32(inv_h) + eps)
+
+        # out = x * rs * w, rounded once.
+        y_base = T.Cast("int64", row) * T.Cast("int64", y_stride)
+        scale_store(Yf, y_base, lane, row_ok, xr, wr, orr, rs)
+
+    return rmsnorm
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Protocol: data, oracle, byte/FLOP model, baselines
+# ---------------------------------------------------------------------------------------------------------
+
+def _generator() -> torch.Generator:
+    seed = int(os.environ["TIRX_SEED"]) if "TIRX_SEED" in os.environ else int.from_bytes(os.urandom(8), "little") >> 1
+    g = torch.Generator(device="cuda")
+    g.manual_seed(seed)
+    return g
+
+
+def _rows(M: int, H: int, row_stride: int | None, t: torch.dtype, fill: float | None, g=None) -> torch.Tensor:
+    stride = row_stride or H
+    if fill is None:
+        base = torch.randn(M, stride, generator=g, device="cuda", dtype=torch.float32).to(t)
+    else:
+        base = torch.full((M, stride), fill, device="cuda", dtype=t)
+    return base[:, :H]
+
+
+def prepare_data(dtype: str, M: int, H: int, eps: float = 1e-6, x_row_stride: int | None = None,
+                 out_row_stride: int | None = None, **_) -> dict:
+    g = _generator()
+    t = _DTYPES[dtype]
+    x = _rows(M, H, x_row_stride, t, None, g)
+    weight = torch.randn(H, generator=g, device="cuda", dtype=torch.float32).to(t)
+    out = _rows(M, H, out_row_stride, t, float("nan"))
+    return {"x": x, "weight": weight, "eps": eps, "out": out}
+
+
+def reference(x, weight, eps, **_) -> dict:
+    xf = x.float()
+    return {"out": xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight.float()}
+
+
+def launch(cfg: dict, data: dict) -> None:
+    rmsnorm(data["x"], data["weight"], data["eps"], out=data["out"])
+
+
+def roofline(dtype: str, M: int, H: int, **_) -> dict:
+    elem = 2
+    return {"bytes": 2 * M * H * elem + H * elem, "flops": 3 * M * H}
+
+
+def get_baselines(**cfg) -> dict:
+    def torch_eager():
+        import torch.nn.functional as F
+
+        return lambda d: {"out": F.rms_norm(d["x"], (d["x"].shape[-1],), d["weight"], d["eps"])}
+
+    def torch_compile():
+        import torch.nn.functional as F
+
+        fn = torch.compile(lambda x, w, eps: F.rms_norm(x, (x.shape[-1],), w, eps))
+        return lambda d: {"out": fn(d["x"], d["weight"], d["eps"])}
+
+    def flashinfer():
+        import flashinfer.norm
+
+        return lambda d: {"out": flashinfer.norm.rmsnorm(d["x"], d["weight"], d["eps"])}
+
+    def liger():
+        from liger_kernel.transformers.functional import liger_rms_norm
+
+        return lambda d: {"out": liger_rms_norm(d["x"], d["weight"], d["eps"])}
+
+    def quack():
+        import quack
+
+        return lambda d: {"out": quack.rmsnorm(d["x"], d["weight"], eps=d["eps"])}
+
+    return {"torch": torch_eager, "torch.compile": torch_compile, "flashinfer": flashinfer, "liger": liger,
+            "quack": quack}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Public op
+# ---------------------------------------------------------------------------------------------------------
+
+def _fail(name: str, expected: str, got: str) -> None:
+    raise checks.TirxInputError(f"{_OP}: argument '{name}': expected {expected}, got {got}")
+
+
+def _check_row_strides(name: str, t: torch.Tensor) -> None:
+    for d in range(t.dim() - 1):
+        if t.shape[d] > 1:
+            checks.multiple_of(_OP, name, t.stride(d), _VEC, f"stride of dim {d}: rows start on 16 bytes")
+
+
+def _check_inputs(x, weight, eps, out) -> None:
+    checks.tensor(_OP, "x", x, dtypes=tuple(_DTYPES.values()), ndim=tuple(range(1, 9)), cuda=False)
+    H = x.shape[-1]
+    checks.multiple_of(_OP, "x", H, _VEC, "the last dim is read in 16-byte vectors")
+    checks.in_range(_OP, "x", H, MIN_H, MAX_H)
+    checks.tensor(_OP, "weight", weight, shape=(H,), cuda=False)
+    checks.same_dtype(_OP, "x", x, weight=weight)
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)):
+        _fail("eps", "a float", type(eps).__name__)
+    _check_row_strides("x", x)
+    if out is not None:
+        checks.tensor(_OP, "out", out, shape=tuple(x.shape), cuda=False)
+        checks.same_dtype(_OP, "x", x, out=out)
+        _check_row_strides("out", out)
+        try:
+            out.view(-1, H)
+        except RuntimeError:
+            _fail("out", "leading dims that flatten to rows without a copy",
+                  f"shape {tuple(out.shape)} strides {tuple(out.stride())}")
+    checks.tensor(_OP, "x", x, cuda=True)
+    checks.tensor(_OP, "weight", weight, cuda=True)
+    checks.same_device(_OP, "x", x, weight=weight, **({} if out is None else {"out": out}))
+
+
+def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, out: torch.Tensor | None = None):
+    """``x * rsqrt(mean(x.float()**2, -1) + eps) * weight`` in fp32, rounded to x's dtype.
+
+    x (..., H) bf16/fp16 with H % 8 == 0, 16 <= H <= 16384, unit last-dim stride and 16-byte row strides;
+    weight (H,) of the same dtype; ``out`` (same shape and dtype, any 16-byte row stride) when given.
+    """
+    _check_inputs(x, weight, eps, out)
+    if out is None:
+        return torch.ops.tirx.rmsnorm(x, weight, float(eps))
+    torch.ops.tirx.rmsnorm_out(x, weight, float(eps), out)
+    return out
+
+
+def _run(x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor) -> None:
+    H = x.shape[-1]
+    x2d = x.reshape(-1, H)  # a view for any row layout the checks accept (copies only exotic 3-D strides)
+    out2d = out.view(-1, H)
+    if x2d.shape[0] == 0:
+        return
+    checks.aligned(_OP, "x", x2d)
+    checks.aligned(_OP, "weight", weight)
+    checks.aligned(_OP, "out", out2d)
+    from tirx_kernels.core import runtime
+
+    fn = runtime.get_function(sys.modules[__name__], compile_params(dtype=str(x.dtype)[6:], H=H))
+    fn(x2d, weight, out2d, eps)
+
+
+@torch.library.custom_op("tirx::rmsnorm", mutates_args=())
+def _rmsnorm_op(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    _run(x, weight, eps, out)
+    return out
+
+
+@_rmsnorm_op.register_fake
+def _(x, weight, eps):
+    return x.new_empty(x.shape)
+
+
+@torch.library.custom_op("tirx::rmsnorm_out", mutates_args=("out",))
+def _rmsnorm_out_op(x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor) -> None:
+    _run(x, weight, eps, out)
+
+
+@_rmsnorm_out_op.register_fake
+def _(x, weight, eps, out):
+    return None
+
+
+from tirx_kernels.core import harness  # noqa: E402
+
+run_test, run_bench = harness.bind(__name__)
