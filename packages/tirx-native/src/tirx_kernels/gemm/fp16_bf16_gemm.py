@@ -29,6 +29,7 @@ KERNEL_META = {
     "category": "gemm",
     "runtime_cuda_archs": ["sm_90a"],
     "description": "C = A @ B^T, bf16/fp16 in and out, fp32 accumulate; warp-specialized TMA + wgmma",
+    "public_ops": ["gemm_nt"],
 }
 
 CONFIGS = [
@@ -68,6 +69,13 @@ TILE_CONFIGS = {
 TILE_TABLE = [
     (None, None, None, "ws_128x256x64_s3"),
 ]
+
+
+def sass_expect(dtype: str, tile: str) -> list[str]:
+    """SASS the CPU build test asserts: the wgmma shape, TMA loads/stores, register reconfiguration."""
+    n = TILE_CONFIGS[tile]["block_n"]
+    return [rf"HGMMA\.64x{n}x16\.F32" + (r"\.BF16" if dtype == "bfloat16" else r"\b"), r"UTMALDG\.2D",
+            r"UTMASTG\.2D", r"USETMAXREG"]
 
 
 def choose_tile(M: int, N: int, K: int) -> str:

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# One full GPU evidence run on a host staged with ../shared/gpu/stage (run from the repo root there):
+# correctness of every (kernel, config), graphs/torch.compile, compute-sanitizer on small configs, and
+# the bench with references. Logs go to $OUT (or ./gpu-logs); a short table is printed last.
+#   bash tools/gpu_check.sh [test|sanitize|bench|all] [bench kernels...]
+set -uo pipefail
+OUT=${OUT:-gpu-logs}; mkdir -p "$OUT"
+what=${1:-all}; shift || true
+[ -f .gpu/setup.sh ] && source .gpu/setup.sh
+export MAX_JOBS=16
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu --format=csv,noheader | tee "$OUT/gpu.txt"
+if python3 -c "import flashinfer" 2>/dev/null; then
+  # FlashInfer JIT-builds each module on first use (norm ~49 s): build once, before parallel workers race.
+  python3 - <<'PY' 2>&1 | tail -2 | tee "$OUT/flashinfer_warm.log"
+import time, torch, flashinfer
+t = time.time()
+x = torch.randn(8, 256, dtype=torch.bfloat16, device="cuda")
+flashinfer.norm.rmsnorm(x, torch.ones(256, dtype=torch.bfloat16, device="cuda"))
+flashinfer.activation.silu_and_mul(x); flashinfer.activation.gelu_and_mul(x); flashinfer.activation.gelu_tanh_and_mul(x)
+torch.cuda.synchronize(); print(f"flashinfer JIT warm in {time.time() - t:.0f} s")
+PY
+fi
+rc=0
+if [ "$what" = all ] || [ "$what" = test ]; then
+  python3 -m pytest -n 8 -q -rs -p no:cacheprovider packages/*/tests 2>&1 | tee "$OUT/pytest.log" | tail -40 || rc=1
+fi
+if [ "$what" = all ] || [ "$what" = sanitize ]; then
+  for kc in "rmsnorm bf16_37x2880" "act_and_mul silu_bf16_37x4096" "fp16_bf16_gemm bf16_129x264x72"; do
+    set -- $kc
+    compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m tirx_kernels.test --kernel "$1" --config "$2" \
+      >> "$OUT/sanitizer.log" 2>&1; echo "memcheck $1 $2 rc=$?" | tee -a "$OUT/sanitizer.log"
+  done
+fi
+if [ "$what" = all ] || [ "$what" = bench ]; then
+  ks=${*:-rmsnorm act_and_mul fp16_bf16_gemm}
+  args=(); for k in $ks; do args+=(--kernel "$k"); done
+  python3 -m tirx_kernels.bench "${args[@]}" --with-references --json > "$OUT/bench.json" 2> "$OUT/bench.err" || rc=1
+  python3 - "$OUT/bench.json" <<'PY'
+import json, sys
+from tirx_kernels.bench import format_row
+rows = json.load(open(sys.argv[1]))
+if rows:
+    c = rows[0]["ceilings"]; print(f"ceilings: copy {c['copy_tb_s']:.2f} TB/s, cuBLAS bf16 8192^3 {c['bf16_tflop_s']:.0f} TFLOP/s")
+for r in rows:
+    print(r["kernel"][:14], format_row(r))
+PY
+fi
+exit $rc
