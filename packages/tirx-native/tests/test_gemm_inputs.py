@@ -63,8 +63,13 @@ def test_tile_heuristic_and_params():
     assert mod.choose_tile(1, 8, 8) in mod.TILE_CONFIGS
     p = mod.compile_params(**{**mod.DEFAULTS, "M": 1000, "N": 1032, "K": 1048})
     assert p == {"dtype": "bfloat16", "tile": "ws_128x256x64_s3"}
-    # M, N, K are dynamic: every config of one dtype shares one artifact
-    assert len({tuple(sorted(mod.compile_params(**{**mod.DEFAULTS, **c}).items())) for c in mod.CONFIGS}) == 2
+    # M, N, K are dynamic: every config of one dtype shares one artifact (per pinned tile, if any)
+    def key(c):
+        return tuple(sorted(mod.compile_params(**{**mod.DEFAULTS, **c}).items()))
+
+    assert len({key(c) for c in mod.CONFIGS if "tile" not in c}) == 2
+    pinned = [c for c in mod.CONFIGS if "tile" in c]
+    assert len({key(c) for c in pinned}) == len({(c["dtype"], c["tile"]) for c in pinned})
 
 
 def test_protocol_literals():
@@ -87,3 +92,9 @@ def test_imports_without_apache_tvm():
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert r.returncode == 0, r.stderr
+
+
+def test_unknown_tile_is_rejected():
+    a = torch.randn(16, 64).to(torch.bfloat16)
+    with pytest.raises(TirxInputError, match="argument 'tile': expected one of"):
+        mod.gemm_nt(a, a, tile="no_such_tile")

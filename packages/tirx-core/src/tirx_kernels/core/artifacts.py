@@ -44,11 +44,18 @@ def _shared_sources_digest() -> str:
 
 
 def fingerprint(module) -> str:
-    """Kernel-source fingerprint: the module's file plus the shared lang/build sources (16 hex)."""
+    """Kernel-source fingerprint: the module's file, the private ``_*.py`` modules beside it (a kernel's
+    split-out builders, e.g. ``gemm/_persistent.py``), and the shared lang/build sources (16 hex)."""
     path = inspect.getsourcefile(module) if not isinstance(module, str) else module
     h = hashlib.sha256()
     with open(path, "rb") as f:
         h.update(f.read())
+    here = os.path.dirname(os.path.abspath(path))
+    for name in sorted(os.listdir(here)):
+        if name.startswith("_") and not name.startswith("__") and name.endswith(".py"):
+            h.update(name.encode())
+            with open(os.path.join(here, name), "rb") as f:
+                h.update(f.read())
     h.update(_shared_sources_digest().encode())
     return h.hexdigest()[:16]
 

@@ -44,6 +44,43 @@ CONFIGS = [
     {"label": "fp16_129x264x72", "dtype": "float16", "M": 129, "N": 264, "K": 72},
     {"label": "bf16_300x520x24", "dtype": "bfloat16", "M": 300, "N": 520, "K": 24},
     {"label": "bf16_8192x8192x8192", "dtype": "bfloat16", "M": 8192, "N": 8192, "K": 8192},
+    # The persistent kernel (gemm/_persistent.py), pinned until the H200 run confirms it.
+    {"label": "bf16_4096x4096x4096_persistent", "dtype": "bfloat16", "M": 4096, "N": 4096, "K": 4096,
+     "tile": "persistent_128x256x64_s3_g8"},
+    {"label": "bf16_1000x1032x1048_persistent", "dtype": "bfloat16", "M": 1000, "N": 1032, "K": 1048,
+     "tile": "persistent_128x256x64_s3_g8"},
+    {"label": "fp16_129x264x72_persistent", "dtype": "float16", "M": 129, "N": 264, "K": 72,
+     "tile": "persistent_128x256x64_s3_g8"},
+    {"label": "bf16_8192x8192x8192_persistent", "dtype": "bfloat16", "M": 8192, "N": 8192, "K": 8192,
+     "tile": "persistent_128x256x64_s3_g8"},
+    {"label": "bf16_300x520x24_persistent_c2", "dtype": "bfloat16", "M": 300, "N": 520, "K": 24,
+     "tile": "persistent_128x256x64_s3_c2_g8"},
+    {"label": "bf16_4096x4096x4096_persistent_c2", "dtype": "bfloat16", "M": 4096, "N": 4096, "K": 4096,
+     "tile": "persistent_128x256x64_s3_c2_g8"},
+    {"label": "bf16_8192x8192x8192_persistent_c2", "dtype": "bfloat16", "M": 8192, "N": 8192, "K": 8192,
+     "tile": "persistent_128x256x64_s3_c2_g8"},
+    {"label": "bf16_4096x4096x4096_persistent_128x128", "dtype": "bfloat16", "M": 4096, "N": 4096, "K": 4096,
+     "tile": "persistent_128x128x64_s6_g8"},
+    {"label": "fp16_1000x1032x1048_persistent_128x128", "dtype": "float16", "M": 1000, "N": 1032, "K": 1048,
+     "tile": "persistent_128x128x64_s6_g8"},
+]
+
+# Square sizes and one LLM projection; the persistent/cluster variants side by side in the same run.
+BENCH_CONFIGS = [
+    {"label": "bf16_4096x4096x4096", "dtype": "bfloat16", "M": 4096, "N": 4096, "K": 4096},
+    {"label": "bf16_8192x8192x8192", "dtype": "bfloat16", "M": 8192, "N": 8192, "K": 8192},
+    {"label": "bf16_4096x4096x4096_persistent", "dtype": "bfloat16", "M": 4096, "N": 4096, "K": 4096,
+     "tile": "persistent_128x256x64_s3_g8"},
+    {"label": "bf16_8192x8192x8192_persistent", "dtype": "bfloat16", "M": 8192, "N": 8192, "K": 8192,
+     "tile": "persistent_128x256x64_s3_g8"},
+    {"label": "bf16_4096x4096x4096_persistent_c2", "dtype": "bfloat16", "M": 4096, "N": 4096, "K": 4096,
+     "tile": "persistent_128x256x64_s3_c2_g8"},
+    {"label": "bf16_8192x8192x8192_persistent_c2", "dtype": "bfloat16", "M": 8192, "N": 8192, "K": 8192,
+     "tile": "persistent_128x256x64_s3_c2_g8"},
+    {"label": "bf16_4096x4096x4096_persistent_128x128", "dtype": "bfloat16", "M": 4096, "N": 4096, "K": 4096,
+     "tile": "persistent_128x128x64_s6_g8"},
+    {"label": "bf16_4096x14336x4096", "dtype": "bfloat16", "M": 4096, "N": 14336, "K": 4096},
+    {"label": "bf16_128x14336x4096", "dtype": "bfloat16", "M": 128, "N": 14336, "K": 4096},
 ]
 
 DEFAULTS = {"dtype": "bfloat16"}
@@ -62,6 +99,19 @@ _OP = "gemm_nt"
 # 3 stages x (16 KB A + 32 KB B) + 64 KB C staging = 208 KB of the 227 KB of smem per CTA.
 TILE_CONFIGS = {
     "ws_128x256x64_s3": {"block_m": 128, "block_n": 256, "block_k": 64, "num_stages": 3},
+    # Persistent (gemm/_persistent.py): grid = min(tiles, num_sms) CTAs looping over tiles in a grouped
+    # raster of group_m M-tiles; the ring runs across tiles and the TMA-store epilogue overlaps the next
+    # tile's loads. num_sms = 132 is the H200's SM count (a compile parameter, not a device query).
+    # 3 x 48 KB ring + 64 KB staging = 208 KB.
+    "persistent_128x256x64_s3_g8": {"kind": "persistent", "block_m": 128, "block_n": 256, "block_k": 64,
+                                    "num_stages": 3, "cluster_m": 1, "group_m": 8, "num_sms": 132},
+    # The same with 2-CTA clusters along M, each CTA loading half of B and multicasting it to both.
+    "persistent_128x256x64_s3_c2_g8": {"kind": "persistent", "block_m": 128, "block_n": 256, "block_k": 64,
+                                       "num_stages": 3, "cluster_m": 2, "group_m": 8, "num_sms": 132},
+    # Half-width tiles: twice the tiles (less wave quantisation for mid sizes), 6 x 32 KB ring + 32 KB
+    # staging = 224 KB.
+    "persistent_128x128x64_s6_g8": {"kind": "persistent", "block_m": 128, "block_n": 128, "block_k": 64,
+                                    "num_stages": 6, "cluster_m": 1, "group_m": 8, "num_sms": 132},
 }
 
 # (max M, max N, max K, tile): the first row that fits wins. One config for now; the table is where
@@ -97,7 +147,12 @@ def compile_params(**cfg) -> dict:
 def get_kernel(dtype: str, tile: str):
     if dtype not in _DTYPES:
         raise ValueError(f"fp16_bf16_gemm: dtype {dtype!r} is not one of {sorted(_DTYPES)}")
-    return _build_kernel(dtype, **TILE_CONFIGS[tile])
+    params = dict(TILE_CONFIGS[tile])
+    if params.pop("kind", None) == "persistent":
+        from tirx_kernels.gemm import _persistent
+
+        return _persistent.build_persistent_kernel(dtype, **params)
+    return _build_kernel(dtype, **params)
 
 
 def _build_kernel(dtype: str, block_m: int, block_n: int, block_k: int, num_stages: int):
@@ -247,7 +302,7 @@ def reference(a, b, **_) -> dict:
 
 
 def launch(cfg: dict, data: dict) -> None:
-    gemm_nt(data["a"], data["b"], out=data["c"])
+    gemm_nt(data["a"], data["b"], out=data["c"], tile=cfg.get("tile"))
 
 
 def roofline(dtype: str, M: int, N: int, K: int, **_) -> dict:
@@ -283,19 +338,23 @@ def _check_inputs(a, b, out) -> None:
     checks.same_device(_OP, "a", a, b=b, **({} if out is None else {"out": out}))
 
 
-def gemm_nt(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+def gemm_nt(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None, *,
+            tile: str | None = None) -> torch.Tensor:
     """``a @ b.T`` for bf16/fp16 ``a`` (M, K), ``b`` (N, K), both contiguous; K and N multiples of 8.
 
-    Writes ``out`` (M, N, same dtype, unit column stride, 16-byte row stride) when given.
+    Writes ``out`` (M, N, same dtype, unit column stride, 16-byte row stride) when given. ``tile`` pins a
+    ``TILE_CONFIGS`` entry instead of ``choose_tile``'s pick (for tuning and benchmarks).
     """
+    if tile is not None and tile not in TILE_CONFIGS:
+        raise checks.TirxInputError(f"{_OP}: argument 'tile': expected one of {sorted(TILE_CONFIGS)}, got {tile!r}")
     _check_inputs(a, b, out)
     if out is None:
-        return torch.ops.tirx.gemm_nt(a, b)
-    torch.ops.tirx.gemm_nt_out(a, b, out)
+        return torch.ops.tirx.gemm_nt(a, b, tile)
+    torch.ops.tirx.gemm_nt_out(a, b, out, tile)
     return out
 
 
-def _run(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> None:
+def _run(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, tile: str | None = None) -> None:
     M, K = a.shape
     N = b.shape[0]
     if M == 0 or N == 0:
@@ -309,30 +368,30 @@ def _run(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> None:
     from tirx_kernels.core import runtime
 
     dtype = str(a.dtype).replace("torch.", "")
-    fn = runtime.get_function(sys.modules[__name__], compile_params(dtype=dtype, M=M, N=N, K=K))
+    fn = runtime.get_function(sys.modules[__name__], compile_params(dtype=dtype, M=M, N=N, K=K, tile=tile))
     fn(a, b, out)
 
 
-@torch.library.custom_op("tirx::gemm_nt", mutates_args=(), schema="(Tensor a, Tensor b) -> Tensor")
-def _gemm_nt_op(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+@torch.library.custom_op("tirx::gemm_nt", mutates_args=(), schema="(Tensor a, Tensor b, str? tile=None) -> Tensor")
+def _gemm_nt_op(a: torch.Tensor, b: torch.Tensor, tile: str | None = None) -> torch.Tensor:
     out = torch.empty((a.shape[0], b.shape[0]), dtype=a.dtype, device=a.device)
-    _run(a, b, out)
+    _run(a, b, out, tile)
     return out
 
 
 @_gemm_nt_op.register_fake
-def _(a, b):
+def _(a, b, tile=None):
     return a.new_empty((a.shape[0], b.shape[0]))
 
 
 @torch.library.custom_op("tirx::gemm_nt_out", mutates_args=("out",),
-                         schema="(Tensor a, Tensor b, Tensor(a!) out) -> ()")
-def _gemm_nt_out_op(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> None:
-    _run(a, b, out)
+                         schema="(Tensor a, Tensor b, Tensor(a!) out, str? tile=None) -> ()")
+def _gemm_nt_out_op(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, tile: str | None = None) -> None:
+    _run(a, b, out, tile)
 
 
 @_gemm_nt_out_op.register_fake
-def _(a, b, out):
+def _(a, b, out, tile=None):
     return None
 
 

@@ -63,3 +63,60 @@ def phase(k, num_stages: int):
     ``phase ^ 1`` on the *empty* one, which a fresh barrier satisfies at once (its "previous" phase counts
     as complete), so the first ``num_stages`` loads need no pre-arrival."""
     return (k // num_stages) % 2
+
+
+class Ring:
+    """The stage/phase discipline of a ``num_stages`` full/empty barrier ring (one producer, N consumers).
+
+    ``full[s]``: the producer's ``arrive_expect_tx`` plus the TMA bytes complete it (``producer_arrivals``
+    = 1); ``empty[s]``: ``consumer_arrivals`` arrivals (e.g. lane 0 of each consumer warp, times the
+    cluster size when the stage is multicast into every CTA) give the slot back.
+
+    ``it`` is the *use count* of the ring, a counter that keeps running across everything the kernel
+    streams through it (a persistent kernel's tiles included): stage and phase derive from it, so resetting
+    it per tile would desynchronise the parities. Each use must be released exactly once, the last one of
+    every tile too, or the producer of the next tile waits forever.
+
+    Build the Ring in Python outside the ``@T.prim_func`` (TIRx cannot bind a Python object inside one) and
+    pass the two barrier buffers (``uint64``, ``num_stages`` each, in the kernel's pool) to its methods.
+    """
+
+    def __init__(self, num_stages: int, consumer_arrivals: int, producer_arrivals: int = 1):
+        if num_stages < 1 or consumer_arrivals < 1 or producer_arrivals < 1:
+            raise ValueError("mbarrier.Ring: stages and arrival counts must be >= 1")
+        self.num_stages = num_stages
+        self.consumer_arrivals = consumer_arrivals
+        self.producer_arrivals = producer_arrivals
+
+    def stage(self, it):
+        return stage(it, self.num_stages)
+
+    def phase(self, it):
+        return phase(it, self.num_stages)
+
+    def init(self, full, empty):
+        """By one thread, before ``fence_init()`` and the CTA/cluster barrier."""
+        for s in range(self.num_stages):
+            init(full.ptr_to([s]), self.producer_arrivals)
+            init(empty.ptr_to([s]), self.consumer_arrivals)
+
+    def producer_acquire(self, empty, it):
+        """Wait until use ``it``'s slot is free (a fresh ring passes the first ``num_stages`` at once)."""
+        wait(empty.ptr_to([self.stage(it)]), self.phase(it) ^ 1)
+
+    def producer_expect(self, full, it, nbytes):
+        """Arrive on use ``it``'s full barrier announcing the TMA bytes that will complete it."""
+        arrive_expect_tx(full.ptr_to([self.stage(it)]), nbytes)
+
+    def consumer_wait(self, full, it):
+        wait(full.ptr_to([self.stage(it)]), self.phase(it))
+
+    def consumer_release(self, empty, it, cluster_size: int = 1, scratch=None):
+        """Give use ``it``'s slot back; with ``cluster_size > 1`` arrive on the slot in every CTA of the
+        cluster (each CTA's producer multicasts into all of them), ``scratch`` a ``uint32`` local."""
+        bar = empty.ptr_to([self.stage(it)])
+        if cluster_size == 1:
+            arrive(bar)
+        else:
+            for r in range(cluster_size):
+                arrive_remote(bar, r, scratch)

@@ -88,3 +88,116 @@ def sw128_offset(row, col, dtype: str):
     per_chunk = 16 // elem_bytes(dtype)
     per_row = 128 // elem_bytes(dtype)
     return row * per_row + ((col // per_chunk) ^ (row % 8)) * per_chunk + col % per_chunk
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Rank 2-5 maps, L2 promotion and cache hints, OOB fill, prefetch, store read-completion
+# ---------------------------------------------------------------------------------------------------------
+
+# CUtensorMapL2promotion: how far the L2 fetch of each box request is widened.
+L2_PROMOTION_NONE, L2_PROMOTION_64B, L2_PROMOTION_128B, L2_PROMOTION_256B = 0, 1, 2, 3
+# CUtensorMapFloatOOBfill: out-of-bounds elements of a load box read as zero, or as a NaN that makes
+# FMA ignore them ("NAN_REQUEST_ZERO_FMA"). GEMM tails need zeros.
+OOB_FILL_ZERO, OOB_FILL_NAN = 0, 1
+# createpolicy priorities for the .L2::cache_hint operand of loads and stores.
+EVICT_FIRST, EVICT_NORMAL, EVICT_LAST = "L2::evict_first", "L2::evict_normal", "L2::evict_last"
+
+_SPAN = {SWIZZLE_NONE: None, SWIZZLE_32B: 32, SWIZZLE_64B: 64, SWIZZLE_128B: 128}
+
+
+def check_box(dtype: str, box, swizzle: int = SWIZZLE_128B):
+    """Host-independent TMA limits on a box (innermost first), raised at trace time: 1 <= extent <= 256,
+    the inner extent a multiple of 16 bytes, and at most the swizzle span when swizzled."""
+    if not 1 <= len(box) <= 5:
+        raise ValueError(f"tma: box rank {len(box)} is not 1..5")
+    if any(not 1 <= b <= 256 for b in box):
+        raise ValueError(f"tma: box {tuple(box)} has an extent outside 1..256")
+    inner = box[0] * elem_bytes(dtype)
+    if inner % 16:
+        raise ValueError(f"tma: inner box extent {inner} B is not a multiple of 16 B")
+    span = _SPAN[swizzle]
+    if span is not None and inner > span:
+        raise ValueError(f"tma: inner box extent {inner} B exceeds the {span} B swizzle span")
+    return inner * _prod(box[1:])
+
+
+def _prod(xs):
+    out = 1
+    for x in xs:
+        out *= x
+    return out
+
+
+def encode(tmap, data, dims, strides, box, dtype: str, swizzle=SWIZZLE_128B, l2_promotion=L2_PROMOTION_NONE,
+           oob_fill=OOB_FILL_ZERO, elem_strides=None):
+    """Host side: tiled map of rank ``len(dims)`` (2..5), every list innermost first.
+
+    ``dims`` are element extents; ``strides`` the ``rank - 1`` *element* strides of dims 1.. (dim 0 is
+    contiguous), widened to int64 and scaled to bytes here; ``box`` the smem box extents;
+    ``elem_strides`` (default all 1) the traversal step per dim. Returns the box's byte count (what an
+    ``arrive_expect_tx`` for one load of it must announce, in bounds or not).
+    """
+    rank = len(dims)
+    if not 2 <= rank <= 5 or len(strides) != rank - 1 or len(box) != rank:
+        raise ValueError(f"tma: rank {rank} map needs {rank - 1} strides and {rank} box extents")
+    elem_strides = [1] * rank if elem_strides is None else list(elem_strides)
+    nbytes = check_box(dtype, box, swizzle)
+    eb = elem_bytes(dtype)
+    byte_strides = [T.Cast("int64", s) * eb for s in strides]
+    T.evaluate(T.tensormap_encode_tiled(tmap, data, *dims, *byte_strides, *box, *elem_strides,
+                                        descriptor_dtype=dtype, rank=rank, swizzle=swizzle,
+                                        l2_promotion=l2_promotion, oob_fill=oob_fill))
+    return nbytes
+
+
+def create_policy(policy, priority: str = EVICT_LAST):
+    """Device side: an L2 cache policy (``uint64`` local element ``policy``) covering every access with
+    ``priority``; pass it as ``cache_policy`` to :func:`load` / :func:`store` (``.L2::cache_hint``).
+    E.g. evict_last for a GEMM's reused operand, evict_first for streamed-once data."""
+    if priority not in (EVICT_FIRST, EVICT_NORMAL, EVICT_LAST):
+        raise ValueError(f"tma: cache priority {priority!r}")
+    T.evaluate(T.ptx[f"createpolicy.fractional.{priority}.b64"](policy))
+
+
+def load(dst, tmap, coords, bar, multicast_mask=None, cache_policy=None):
+    """Load the box at ``coords`` (innermost first, rank = ``len(coords)``) into smem ``dst``, completing
+    its bytes on ``bar``; optionally multicast to every CTA of the 16-bit ``multicast_mask`` (same smem
+    and barrier offsets there) and with an L2 ``cache_policy``."""
+    rank = len(coords)
+    name = f"cp.async.bulk.tensor.{rank}d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+    ops = [dst, T.address_of(tmap), *coords, bar]
+    if multicast_mask is not None:
+        name += ".multicast::cluster"
+        ops.append(T.uint16(multicast_mask) if isinstance(multicast_mask, int) else multicast_mask)
+    if cache_policy is not None:
+        name += ".L2::cache_hint"
+        ops.append(cache_policy)
+    T.evaluate(T.ptx[name](*ops))
+
+
+def store(tmap, coords, src, cache_policy=None):
+    """Store the smem box ``src`` at ``coords`` (innermost first); clipped at the tensor's edge. Same
+    fence / barrier / commit discipline as :func:`store_2d`."""
+    name = f"cp.async.bulk.tensor.{len(coords)}d.global.shared::cta.tile.bulk_group"
+    ops = [T.address_of(tmap), *coords, src]
+    if cache_policy is not None:
+        name += ".L2::cache_hint"
+        ops.append(cache_policy)
+    T.evaluate(T.ptx[name](*ops))
+
+
+def prefetch(tmap, coords):
+    """Pull the box at ``coords`` into L2 (no smem, no barrier)."""
+    T.evaluate(T.ptx[f"cp.async.bulk.prefetch.tensor.{len(coords)}d.L2.global.tile"](T.address_of(tmap), *coords))
+
+
+def store_wait_read(pending: int = 0):
+    """Block until at most ``pending`` committed store groups still *read* their smem source: the staging
+    buffer may then be rewritten, while the global writes may still be in flight (cheaper than
+    :func:`store_wait`, which waits for the writes too)."""
+    T.evaluate(T.ptx["cp.async.bulk.wait_group.read"](pending))
+
+
+def prefetch_descriptor(tmap):
+    """Warm the tensor-map descriptor cache line (once per CTA, before the first use)."""
+    T.evaluate(T.ptx["prefetch.tensormap"](T.address_of(tmap)))

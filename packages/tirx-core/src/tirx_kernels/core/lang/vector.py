@@ -90,3 +90,18 @@ def pack2(regs, idx, lo, hi, dtype: str):
         T.evaluate(T.ptx.cvt.rn.f16x2.f32(regs[idx], hi, lo))
     else:
         raise ValueError(f"vector.pack2: dtype must be 'bfloat16' or 'float16', got {dtype!r}")
+
+
+def after_all(regs, count, opaque_zero):
+    """A uint32 that is 0 at run time but depends on every word ``regs[0:count]`` (OR-ed, AND-ed with
+    ``opaque_zero``, a kernel argument the host passes as 0).
+
+    XOR it into each word before use and no math can start before every load into ``regs`` has been
+    issued. ptxas otherwise schedules for registers: in an elementwise kernel (act_and_mul, 8 loads a
+    thread) it issued 3 loads, ran the first vector's math, which waits for DRAM, and only then issued
+    the rest (SASS), so a thread had ~3 loads in flight instead of 8. One word per 16-byte vector suffices.
+    """
+    acc = regs[0]
+    for i in range(WORDS_PER_VECTOR, count, WORDS_PER_VECTOR):
+        acc = acc | regs[i]
+    return acc & T.Cast("uint32", opaque_zero)

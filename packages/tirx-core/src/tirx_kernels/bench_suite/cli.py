@@ -1,0 +1,173 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Command line of the bench suite (``python -m tirx_kernels.bench_suite [run|promote|ratio_diff|status|stamp]``).
+
+Exit codes: 0 success; 1 a failed row, a refused promote, a failing ratio_diff, ``status --check``
+with work to do; 2 a usage or setup error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+COMMANDS = ("run", "promote", "ratio_diff", "status", "stamp")
+
+
+def _root(a) -> str:
+    from tirx_kernels.core.reference_lock import repo_root
+
+    return os.path.abspath(a.root) if a.root else repo_root()
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m tirx_kernels.bench_suite",
+                                 description="Bench-suite sweeps, the pinned baseline and the regression gate.")
+    sub = ap.add_subparsers(dest="command")
+
+    def add(name, help_):
+        p = sub.add_parser(name, help=help_, description=help_)
+        p.add_argument("--root", help="monorepo root (default: found above the current directory)")
+        return p
+
+    r = add("run", "measure the roster rows (the default command)")
+    r.add_argument("--kernel", action="append", help="only this kernel's roster (repeatable)")
+    r.add_argument("--role", action="append", choices=("small", "medium", "large"), help="only rows of this role")
+    r.add_argument("--config", action="append", help="only this config label")
+    r.add_argument("--with-references", action="store_true",
+                   help="also time every enabled reference; a missing one fails its row")
+    r.add_argument("--out", help="run JSON to write (default: build/bench_suite/run-<UTC time>.json)")
+    r.add_argument("--rounds", type=int, default=5,
+                   help="interleaved rounds per row (default 5; a baseline needs >= 5)")
+    r.add_argument("--retries", type=int, default=0,
+                   help="re-run a row that raised, up to N times (recorded; promote refuses runs with retries)")
+    r.add_argument("--server", help="run every row on this kcoral server, e.g. http://127.0.0.1:8000")
+    r.add_argument("--timeout", type=float, default=900.0, help="per-row kcoral execution limit in seconds")
+    r.add_argument("--no-progress", action="store_true")
+
+    p = add("promote", "turn a clean, complete, retry-free run into bench_suite/baseline.{json,md,png}")
+    p.add_argument("run_json")
+
+    d = add("ratio_diff", "compare two runs: fail rows with after/before >= 1.01 or differing provenance")
+    d.add_argument("before")
+    d.add_argument("after")
+    d.add_argument("--threshold", type=float, default=1.01)
+    d.add_argument("--allow-source-change", action="store_true",
+                   help="a changed kernel fingerprint is a note, not a failure (before/after of a kernel edit)")
+    d.add_argument("--json", action="store_true")
+
+    s = add("status", "registered kernels whose baseline rows are missing or stale")
+    s.add_argument("--baseline", help="default: bench_suite/baseline.json")
+    s.add_argument("--check", action="store_true", help="exit 1 if anything is missing or stale")
+    s.add_argument("--json", action="store_true")
+
+    t = add("stamp", "write a source stamp (commit, dirty flag, file hashes) for a GPU host without .git")
+    t.add_argument("--out", help="default: .gpu/source-stamp.json (found there by the run)")
+    return ap
+
+
+def cmd_run(a) -> int:
+    from . import report
+    from .roster import RosterError, load_all, select, validate
+    from .run import LocalExecutor, build_run, run_rows, write_json
+
+    root = _root(a)
+    try:
+        from tirx_kernels import registry
+
+        rosters = load_all(root)
+        entries = registry.scan()
+        for name, ros in rosters.items():
+            if name in entries:
+                validate(ros, entries[name])
+        rows = select(rosters, a.kernel, a.role, a.config)
+    except (RosterError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if not rows:
+        print("error: no roster row matches the selection", file=sys.stderr)
+        return 2
+    if a.rounds < 1 or a.retries < 0:
+        print("error: --rounds must be >= 1 and --retries >= 0", file=sys.stderr)
+        return 2
+    if a.server:
+        from .remote import KcoralExecutor, RemoteError
+
+        try:
+            executor = KcoralExecutor(a.server, timeout_s=a.timeout)
+        except RemoteError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+    else:
+        executor = LocalExecutor()
+    out = a.out or os.path.join(root, "build", "bench_suite", time.strftime("run-%Y%m%dT%H%M%SZ.json", time.gmtime()))
+    try:
+        try:
+            env = executor.environment(root)
+        except Exception as e:  # a remote server that cannot run the environment program
+            print(f"error: cannot collect the measuring host's provenance: {type(e).__name__}: {e}", file=sys.stderr)
+            return 2
+        results = run_rows(rows, executor, a.with_references, a.rounds, a.retries, progress=not a.no_progress)
+    finally:
+        executor.close()
+    selection = {"kernel": a.kernel, "role": a.role, "config": a.config}
+    run = build_run(root, rows, results, executor, a.with_references, a.rounds, a.retries, selection, env,
+                    argv=["python", "-m", "tirx_kernels.bench_suite", *sys.argv[1:]])
+    write_json(out, run)
+    print(report.summary_table(run))
+    print(f"run written to {out}")
+    return 1 if run["summary"]["failed"] else 0
+
+
+def cmd_promote(a) -> int:
+    from .promote import PromoteError, promote
+
+    root = _root(a)
+    try:
+        res = promote(a.run_json, root)
+    except PromoteError as e:
+        print(str(e), file=sys.stderr)
+        return 1
+    print(f"baseline written: {res['json']}, {res['md']}" + (f", {res['png']}" if res["png"] else
+                                                             f" (chart skipped: {res['chart_note']})"))
+    return 0
+
+
+def cmd_ratio_diff(a) -> int:
+    from .compare import format_ratio_diff, load, ratio_diff
+
+    res = ratio_diff(load(a.before), load(a.after), a.threshold, a.allow_source_change)
+    print(json.dumps(res, indent=1) if a.json else format_ratio_diff(res))
+    return 0 if res["passed"] else 1
+
+
+def cmd_status(a) -> int:
+    from .compare import format_status, load, status
+
+    root = _root(a)
+    path = a.baseline or os.path.join(root, "bench_suite", "baseline.json")
+    base = load(path) if os.path.exists(path) else None
+    items = status(root, base)
+    print(json.dumps(items, indent=1) if a.json else format_status(items, path, base is not None))
+    return 1 if a.check and not all(i["up_to_date"] for i in items) else 0
+
+
+def cmd_stamp(a) -> int:
+    from .provenance import write_stamp
+
+    root = _root(a)
+    out = a.out or os.path.join(root, ".gpu", "source-stamp.json")
+    st = write_stamp(root, out)
+    print(f"stamp written to {out}: commit {st['commit']}, dirty {st['dirty']}, {len(st['files'])} files")
+    return 0
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or (argv[0] not in COMMANDS and argv[0] not in ("-h", "--help")):
+        argv.insert(0, "run")
+    a = _parser().parse_args(argv)
+    return {"run": cmd_run, "promote": cmd_promote, "ratio_diff": cmd_ratio_diff, "status": cmd_status,
+            "stamp": cmd_stamp}[a.command](a)

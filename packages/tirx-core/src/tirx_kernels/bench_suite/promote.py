@@ -1,0 +1,107 @@
+# SPDX-License-Identifier: Apache-2.0
+"""``promote RUN.json``: a clean, complete, retry-free run with references becomes the pinned baseline.
+
+Writes ``bench_suite/baseline.json`` (the run plus a ``promoted`` stamp), ``bench_suite/baseline.md``
+generated from it, and ``bench_suite/baseline.png`` (skipped with a note without matplotlib).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from . import provenance, report
+from .roster import load_all, select, validate
+from .run import RUN_FORMAT, write_json
+
+BASELINE_DIR = "bench_suite"
+MIN_ROUNDS = 5
+
+
+class PromoteError(RuntimeError):
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        super().__init__("refusing to promote:\n" + "\n".join(f"  - {p}" for p in problems))
+
+
+def current_fingerprints(entries) -> dict[str, str]:
+    from tirx_kernels.core import artifacts
+
+    return {name: artifacts.fingerprint(e.path) for name, e in entries.items()}
+
+
+def problems(run: dict, root: str, entries=None) -> list[str]:
+    """Everything that keeps ``run`` from being a baseline (empty: promotable)."""
+    from tirx_kernels import registry
+
+    out = []
+    if run.get("format") != RUN_FORMAT:
+        return [f"not a bench-suite run (format {run.get('format')!r}, want {RUN_FORMAT!r})"]
+    if not run.get("with_references"):
+        out.append("the run was made without --with-references")
+    rounds = run.get("options", {}).get("rounds", 0)
+    if rounds < MIN_ROUNDS:
+        out.append(f"the run used {rounds} rounds; a baseline needs at least {MIN_ROUNDS}")
+    git = run.get("provenance", {}).get("git", {})
+    if not git.get("commit"):
+        out.append(f"the run's source commit is unknown ({git.get('reason', 'no git state')})")
+    if git.get("dirty") is not False:
+        files = ", ".join(git.get("dirty_files", [])[:10])
+        out.append(f"the run was made from a dirty tree ({files or 'state unknown'})")
+    for r in run.get("rows", []):
+        if r.get("retries"):
+            out.append(f"{r['kernel']} {r['config']}: {r['retries']} retr{'y' if r['retries'] == 1 else 'ies'} "
+                       f"({'; '.join(r.get('retry_reasons', []))[:300]})")
+        if r.get("status") != "ok":
+            reason = "; ".join(e["reason"] for e in r.get("errors", []))
+            out.append(f"{r['kernel']} {r['config']}: status {r.get('status')}: {reason[:400]}")
+    entries = registry.scan() if entries is None else entries
+    rosters = load_all(root)
+    for name in sorted(entries):
+        if name not in rosters:
+            out.append(f"registered kernel {name} has no roster (config/<package>/{name}.yaml)")
+    for name, ros in rosters.items():
+        if name in entries:
+            try:
+                validate(ros, entries[name])
+            except ValueError as e:
+                out.append(str(e))
+    expected = {r.key: r for r in select({k: v for k, v in rosters.items() if k in entries})}
+    got = {(r["kernel"], r["config"]): r for r in run.get("rows", [])}
+    for key in expected:
+        if key not in got:
+            out.append(f"{key[0]} {key[1]}: roster row missing from the run")
+    for key in got:
+        if key not in expected:
+            out.append(f"{key[0]} {key[1]}: the run has a row the rosters no longer list")
+    fps = current_fingerprints({k: e for k, e in entries.items() if any(key[0] == k for key in got)})
+    for key, r in got.items():
+        if key[0] in fps and r.get("fingerprint") != fps[key[0]]:
+            out.append(f"{key[0]} {key[1]}: measured source {r.get('fingerprint')}, the source now is {fps[key[0]]} "
+                       "(stale: run again)")
+    return out
+
+
+def promote(run_path: str, root: str, entries=None) -> dict:
+    """Write baseline.json / .md / .png under ``<root>/bench_suite``; raises ``PromoteError`` listing problems."""
+    with open(run_path) as f:
+        run = json.load(f)
+    found = problems(run, root, entries)
+    if found:
+        raise PromoteError(found)
+    base = dict(run)
+    base["promoted"] = {"at": provenance.now(), "from": os.path.basename(run_path)}
+    out_dir = os.path.join(root, BASELINE_DIR)
+    paths = write_baseline(base, out_dir)
+    return {"baseline": base, **paths}
+
+
+def write_baseline(base: dict, out_dir: str) -> dict:
+    json_path = os.path.join(out_dir, "baseline.json")
+    md_path = os.path.join(out_dir, "baseline.md")
+    png_path = os.path.join(out_dir, "baseline.png")
+    write_json(json_path, base)
+    note = report.render_chart(base, png_path)
+    with open(md_path, "w") as f:
+        f.write(report.render_markdown(base, None if note else "baseline.png", note))
+    return {"json": json_path, "md": md_path, "png": None if note else png_path, "chart_note": note}

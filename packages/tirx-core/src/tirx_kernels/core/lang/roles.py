@@ -1,0 +1,61 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Warp-specialized roles: which warpgroup does what, and the register split between them.
+
+A Hopper warp-specialized kernel runs ``1 + num_consumers`` warpgroups of 128 threads: warpgroup 0 is
+the producer (one elected thread issues TMA; the other 127 idle), the rest are math warpgroups that own
+the accumulators. ``setmaxnreg`` moves registers from the producer to the consumers after launch: the
+kernel is compiled for ``65536 / threads`` registers a thread (170 -> 168 for 384 threads, which
+``__launch_bounds__(384, 1)`` tells ptxas), then the producer gives most back (``dec`` to 40) and each
+consumer takes them (``inc`` to 232). ptxas ignores setmaxnreg with warning C7508 when it cannot prove
+the launch bounds: the build treats C7508 as an error.
+
+Helpers emit through ``T.evaluate`` (a bare ``T.ptx.*`` call in a traced helper is dropped).
+"""
+
+from __future__ import annotations
+
+from tvm.script import tirx as T
+
+WARPGROUP = 128
+REGISTER_FILE = 65536  # 32-bit registers per SM
+PRODUCER_REGS = 40
+CONSUMER_REGS = 232
+
+
+def _check(nreg: int):
+    if nreg % 8 or not 24 <= nreg <= 256:
+        raise ValueError(f"setmaxnreg: {nreg} must be a multiple of 8 in [24, 256]")
+
+
+def register_split_fits(num_consumers: int, producer: int = PRODUCER_REGS, consumer: int = CONSUMER_REGS,
+                        ctas_per_sm: int = 1) -> bool:
+    """Whether the post-``setmaxnreg`` allocation of every resident warpgroup fits the register file."""
+    _check(producer)
+    _check(consumer)
+    return ctas_per_sm * WARPGROUP * (producer + num_consumers * consumer) <= REGISTER_FILE
+
+
+def setmaxnreg_dec(nreg: int = PRODUCER_REGS):
+    """Release registers down to ``nreg`` per thread (whole warpgroup, warp-uniform)."""
+    _check(nreg)
+    T.evaluate(T.ptx["setmaxnreg.dec.sync.aligned.u32"](nreg))
+
+
+def setmaxnreg_inc(nreg: int = CONSUMER_REGS):
+    """Wait for and take registers up to ``nreg`` per thread (whole warpgroup, warp-uniform)."""
+    _check(nreg)
+    T.evaluate(T.ptx["setmaxnreg.inc.sync.aligned.u32"](nreg))
+
+
+def producer_role(nreg: int = PRODUCER_REGS):
+    """Start of the producer warpgroup's branch."""
+    setmaxnreg_dec(nreg)
+
+
+def consumer_role(wg, tid, nreg: int = CONSUMER_REGS):
+    """Start of a math warpgroup's branch (``wg`` >= 1 from ``T.warpgroup_id``, ``tid`` the CTA thread id).
+    Returns ``(index, thread, warp, lane)``: the consumer's index from 0, its thread id 0..127 inside the
+    warpgroup, warp 0..3 and lane 0..31."""
+    setmaxnreg_inc(nreg)
+    ct = tid - WARPGROUP * wg
+    return wg - 1, ct, ct // 32, ct % 32

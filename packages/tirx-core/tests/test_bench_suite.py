@@ -1,0 +1,562 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The bench suite on CPU: rosters, promote, ratio_diff, status, provenance, row logic, kcoral plumbing.
+
+No timing here: the rows' numbers are synthetic, and the measuring path runs with core.bench's
+timers replaced by fakes.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tirx_kernels import registry
+from tirx_kernels.bench_suite import cli, compare, promote, provenance, report, roster
+from tirx_kernels.bench_suite import run as run_mod
+from tirx_kernels.core import artifacts
+from tirx_kernels.core.reference_lock import repo_root
+
+ROOT = repo_root(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def entries():
+    return registry.scan()
+
+
+@pytest.fixture()
+def tmp_root(tmp_path):
+    """A root holding a copy of the repo's rosters (promote writes bench_suite/ here)."""
+    shutil.copytree(os.path.join(ROOT, "config"), tmp_path / "config")
+    (tmp_path / "packages" / "tirx-core").mkdir(parents=True)
+    return str(tmp_path)
+
+
+def synthetic_run(root: str, entries) -> dict:
+    """A clean, complete, retry-free run of every roster row of every registered kernel."""
+    rosters = {k: v for k, v in roster.load_all(root).items() if k in entries}
+    rows = []
+    for i, r in enumerate(roster.select(rosters)):
+        us = 10.0 + 7 * i
+        refs = {"refA": {"us": us * 1.2, "ref_over_ours": 1.2, "timer": "events-cold-l2", "rounds_us": [us * 1.2] * 5},
+                "refB": {"us": us * 0.9, "ref_over_ours": 0.9, "timer": "events-cold-l2", "rounds_us": [us * 0.9] * 5}}
+        rows.append({"kernel": r.kernel, "config": r.config, "role": r.role, "package": r.package,
+                     "rationale": r.rationale, "status": "ok", "errors": [], "us": us, "timer": "events-cold-l2",
+                     "rounds_us": [us] * 5, "tflop_s": 1.0, "tb_s": 3.5, "bound": "memory", "pct_of_roofline": 82.0,
+                     "references": refs, "fingerprint": artifacts.fingerprint(entries[r.kernel].path),
+                     "attempts": 1, "retries": 0, "device_uuid": "GPU-1234"})
+    env = {"host": {"hostname": "h200"}, "gpu": {"name": "NVIDIA H200", "uuid": "GPU-1234", "driver": "580.1",
+                                                  "cuda_driver": "13.0", "cuda_runtime": "13.0", "sm_count": 132},
+           "versions": {"python": "3.12.0", "nvcc": None, "tirx": {},
+                        "runtime": {"torch": {"version": "2.11.0+cu130"}, "apache-tvm-ffi": {"version": "0.1.15.post2"},
+                                    "apache-tvm": None},
+                        "references": {"flashinfer-python": {"version": "0.7.4"}}},
+           "artifacts": {"bundle": "/x", "tvm": "0.27.0", "nvcc": "13.0"}}
+    prov = provenance.collect(root, 5, env)
+    prov["git"] = {"commit": "a" * 40, "dirty": False, "dirty_files": [], "source": "git"}
+    prov["ceilings"] = {"copy_tb_s": 4.27, "bf16_tflop_s": 750.0}
+    return {"format": run_mod.RUN_FORMAT, "created": "2026-12-02T00:00:00Z", "argv": [], "mode": "local",
+            "server": None, "with_references": True, "options": {"rounds": 5, "retries_allowed": 0},
+            "complete": True, "missing_rows": [], "provenance": prov, "rows": rows,
+            "summary": run_mod.summarize(rows)}
+
+
+def write(tmp_path, name: str, obj) -> str:
+    p = os.path.join(str(tmp_path), name)
+    with open(p, "w") as f:
+        json.dump(obj, f)
+    return p
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Rosters
+# ---------------------------------------------------------------------------------------------------------
+
+def test_repo_rosters_are_valid_against_the_registry(entries):
+    rosters = roster.load_all(ROOT)
+    assert {"rmsnorm", "act_and_mul", "fp16_bf16_gemm"} <= set(rosters)
+    for name, ros in rosters.items():
+        assert 1 <= len(ros.rows) <= roster.MAX_ROWS
+        assert len({r.role for r in ros.rows}) == len(ros.rows)
+        assert all(r.role in roster.ROLES and r.rationale for r in ros.rows)
+        assert os.path.relpath(ros.path, ROOT) == os.path.join("config", ros.package, f"{name}.yaml")
+        if name in entries:
+            roster.validate(ros, entries[name])  # labels exist, package matches
+
+
+def test_brief_rows(entries):
+    rosters = roster.load_all(ROOT)
+    assert [r.config for r in rosters["rmsnorm"].rows] == ["bf16_32x128", "bf16_8192x4096", "bf16_32768x8192"]
+    assert [r.config for r in rosters["fp16_bf16_gemm"].rows] == [
+        "bf16_1024x1024x1024", "bf16_4096x4096x4096", "bf16_8192x8192x8192"]
+
+
+def test_roster_references_exist_in_get_baselines(entries):
+    from tirx_kernels.core.harness import find_config, full_config
+
+    for name, ros in roster.load_all(ROOT).items():
+        if name not in entries:
+            continue
+        mod = registry.load(name)
+        for row in ros.rows:
+            have = mod.get_baselines(**full_config(mod, find_config(mod, row.config, bench=True)))
+            assert set(row.references or []) <= set(have), (name, row.config, sorted(have))
+
+
+def _roster_file(tmp_path, text: str, package="tirx-native", name="rmsnorm"):
+    d = tmp_path / "config" / package
+    d.mkdir(parents=True, exist_ok=True)
+    p = d / f"{name}.yaml"
+    p.write_text(text)
+    return str(p)
+
+
+GOOD = """kernel: rmsnorm
+package: tirx-native
+rows:
+  - role: small
+    config: bf16_32x128
+    rationale: tiny
+"""
+
+
+@pytest.mark.parametrize("text, match", [
+    (GOOD + "".join(f"  - role: {r}\n    config: c{r}\n    rationale: x\n" for r in ("medium", "large", "small")),
+     "at most 3"),
+    (GOOD + "  - role: small\n    config: bf16_8192x4096\n    rationale: again\n", "appears twice"),
+    (GOOD.replace("role: small", "role: huge"), "not one of"),
+    (GOOD.replace("    rationale: tiny\n", ""), "rationale"),
+    (GOOD.replace("kernel: rmsnorm", "kernel: other"), "file is named"),
+    (GOOD.replace("package: tirx-native", "package: tirx-core"), "lives in config/tirx-native"),
+    (GOOD + "extra: 1\n", "unknown key"),
+    ("kernel: rmsnorm\npackage: tirx-native\nrows: []\n", "non-empty"),
+    (GOOD.replace("rows:", "references: flashinfer\nrows:"), "list of reference names"),
+])
+def test_roster_shape_errors(tmp_path, text, match):
+    with pytest.raises(roster.RosterError, match=match):
+        roster.parse(_roster_file(tmp_path, text))
+
+
+def test_roster_unknown_label_and_wrong_package(tmp_path, entries):
+    ros = roster.parse(_roster_file(tmp_path, GOOD.replace("bf16_32x128", "bf16_no_such")))
+    with pytest.raises(roster.RosterError, match="has no config 'bf16_no_such'"):
+        roster.validate(ros, entries["rmsnorm"])
+    ros = roster.parse(_roster_file(tmp_path, GOOD.replace("tirx-native", "tirx-port-misc"), package="tirx-port-misc"))
+    with pytest.raises(roster.RosterError, match="registered by tirx-native"):
+        roster.validate(ros, entries["rmsnorm"])
+
+
+def test_row_references_override_and_selection(tmp_path):
+    text = GOOD.replace("rows:", "references: [torch, liger]\nrows:") + \
+        "  - role: large\n    config: bf16_32768x8192\n    rationale: big\n    references: [torch]\n"
+    ros = roster.parse(_roster_file(tmp_path, text))
+    assert [(r.role, r.references) for r in ros.rows] == [("small", ["torch", "liger"]), ("large", ["torch"])]
+    rows = roster.select({"rmsnorm": ros}, roles=["large"])
+    assert [r.config for r in rows] == ["bf16_32768x8192"]
+    with pytest.raises(roster.RosterError, match="no roster for nope"):
+        roster.select({"rmsnorm": ros}, kernels=["nope"])
+
+
+def test_mini_yaml_matches_pyyaml_on_the_repo_rosters():
+    yaml = pytest.importorskip("yaml")
+    for path in roster.roster_files(ROOT):
+        text = open(path).read()
+        assert roster.mini_yaml(text, path) == yaml.safe_load(text), path
+
+
+# ---------------------------------------------------------------------------------------------------------
+# promote
+# ---------------------------------------------------------------------------------------------------------
+
+def test_promote_writes_baseline_json_md_and_chart(tmp_root, tmp_path, entries):
+    run = synthetic_run(tmp_root, entries)
+    assert promote.problems(run, tmp_root, entries) == []
+    res = promote.promote(write(tmp_path, "run.json", run), tmp_root, entries)
+    base = json.load(open(res["json"]))
+    assert base["rows"] == run["rows"] and base["promoted"]["from"] == "run.json"
+    md = open(res["md"]).read()
+    for kernel in {r["kernel"] for r in run["rows"]}:
+        assert f"## {kernel}" in md
+    first = run["rows"][0]
+    assert f"`{first['config']}`" in md
+    # fastest reference is refB (0.9x), others listed with their ratio
+    assert "| refB |" in md and "refA" in md and "82 %" in md
+    assert "`" + "a" * 40 + "`" in md and "NVIDIA H200" in md
+    if importlib.util.find_spec("matplotlib"):
+        assert res["png"] and os.path.getsize(res["png"]) > 1000 and "baseline.png" in md
+    else:
+        assert res["png"] is None and "Chart skipped" in md
+
+
+def test_markdown_notes_a_skipped_chart(tmp_root, entries, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
+    base = synthetic_run(tmp_root, entries)
+    res = promote.write_baseline(base, os.path.join(tmp_root, "bench_suite"))
+    assert res["png"] is None and "matplotlib" in res["chart_note"]
+    assert "_Chart skipped: matplotlib is not installed" in open(res["md"]).read()
+
+
+def _mutated(run, how):
+    r = copy.deepcopy(run)
+    how(r)
+    return r
+
+
+@pytest.mark.parametrize("how, match", [
+    (lambda r: r["provenance"]["git"].update(dirty=True, dirty_files=["x.py"]), "dirty tree \\(x.py"),
+    (lambda r: r["provenance"]["git"].update(commit=None, dirty=None, reason="no git"), "commit is unknown"),
+    (lambda r: r["rows"][0].update(status="failed", errors=[{"where": "liger", "reason": "liger missing"}]),
+     "status failed: liger missing"),
+    (lambda r: r["rows"][1].update(retries=2, retry_reasons=["CUDA error"]), "2 retries"),
+    (lambda r: r["rows"].pop(), "roster row missing from the run"),
+    (lambda r: r.update(with_references=False), "without --with-references"),
+    (lambda r: r["options"].update(rounds=3), "3 rounds"),
+    (lambda r: r["rows"][0].update(fingerprint="0" * 16), "stale"),
+    (lambda r: r["rows"].append({**r["rows"][0], "config": "bf16_not_in_roster"}), "no longer list"),
+])
+def test_promote_refuses(tmp_root, tmp_path, entries, how, match):
+    run = _mutated(synthetic_run(tmp_root, entries), how)
+    path = write(tmp_path, "run.json", run)
+    with pytest.raises(promote.PromoteError, match=match):
+        promote.promote(path, tmp_root, entries)
+    assert not os.path.exists(os.path.join(tmp_root, "bench_suite", "baseline.json"))
+
+
+def test_promote_refuses_a_kernel_without_roster(tmp_root, entries):
+    os.remove(os.path.join(tmp_root, "config", "tirx-native", "rmsnorm.yaml"))
+    run = synthetic_run(tmp_root, entries)
+    assert any("rmsnorm has no roster" in p for p in promote.problems(run, tmp_root, entries))
+
+
+def test_promote_cli_exit_codes(tmp_root, tmp_path, entries):
+    run = synthetic_run(tmp_root, entries)
+    bad = _mutated(run, lambda r: r["rows"][0].update(retries=1))
+    assert cli.main(["promote", write(tmp_path, "bad.json", bad), "--root", tmp_root]) == 1
+    assert cli.main(["promote", write(tmp_path, "good.json", run), "--root", tmp_root]) == 0
+    assert os.path.exists(os.path.join(tmp_root, "bench_suite", "baseline.md"))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# ratio_diff
+# ---------------------------------------------------------------------------------------------------------
+
+def test_ratio_diff_same_run_passes_and_small_noise_passes(tmp_root, entries):
+    before = synthetic_run(tmp_root, entries)
+    after = _mutated(before, lambda r: [x.update(us=x["us"] * 1.005) for x in r["rows"]])
+    res = compare.ratio_diff(before, after)
+    assert res["passed"] and all(abs(r["ratio"] - 1.005) < 1e-9 for r in res["rows"])
+
+
+def test_ratio_diff_fails_a_slower_row(tmp_root, entries):
+    before = synthetic_run(tmp_root, entries)
+    after = _mutated(before, lambda r: r["rows"][2].update(us=r["rows"][2]["us"] * 1.01))
+    res = compare.ratio_diff(before, after)
+    failed = [r for r in res["rows"] if not r["passed"]]
+    assert not res["passed"] and len(failed) == 1 and ">= 1.01" in failed[0]["reasons"][0]
+
+
+def test_ratio_diff_fails_every_row_on_a_different_gpu_or_version(tmp_root, entries):
+    before = synthetic_run(tmp_root, entries)
+    for how, what in ((lambda r: r["provenance"]["gpu"].update(uuid="GPU-other"), "gpu:uuid"),
+                      (lambda r: r["provenance"]["versions"]["runtime"]["torch"].update(version="2.12"),
+                       "runtime:torch"),
+                      (lambda r: r["provenance"]["versions"]["references"].update({"flashinfer-python": None}),
+                       "references:flashinfer-python")):
+        res = compare.ratio_diff(before, _mutated(before, how))
+        assert not res["passed"] and all(not r["passed"] for r in res["rows"])
+        assert any(what in d for d in res["environment_differences"])
+
+
+def test_ratio_diff_source_change_and_missing_rows(tmp_root, entries):
+    before = synthetic_run(tmp_root, entries)
+    after = _mutated(before, lambda r: r["rows"][0].update(fingerprint="f" * 16))
+    assert not compare.ratio_diff(before, after)["passed"]
+    res = compare.ratio_diff(before, after, allow_source_change=True)
+    assert res["passed"] and "kernel source" in res["rows"][0]["notes"][0] or res["passed"]
+    gone = _mutated(before, lambda r: r["rows"].pop(0))
+    assert not compare.ratio_diff(before, gone)["passed"]
+    failed = _mutated(before, lambda r: r["rows"][0].update(status="failed"))
+    assert not compare.ratio_diff(before, failed)["passed"]
+
+
+def test_ratio_diff_cli(tmp_root, tmp_path, entries, capsys):
+    before = synthetic_run(tmp_root, entries)
+    slow = _mutated(before, lambda r: r["rows"][0].update(us=r["rows"][0]["us"] * 1.5))
+    b, a = write(tmp_path, "b.json", before), write(tmp_path, "a.json", slow)
+    assert cli.main(["ratio_diff", b, b]) == 0
+    assert cli.main(["ratio_diff", b, a]) == 1
+    assert "FAIL" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------------------------------------------------
+# status
+# ---------------------------------------------------------------------------------------------------------
+
+def test_status_up_to_date_missing_and_stale(tmp_root, entries):
+    base = synthetic_run(tmp_root, entries)
+    items = {i["kernel"]: i for i in compare.status(tmp_root, base, entries)}
+    rostered = set(roster.load_all(tmp_root)) & set(entries)
+    assert all(items[k]["up_to_date"] for k in rostered)
+    stale = _mutated(base, lambda r: r["rows"][0].update(fingerprint="0" * 16))
+    k0, c0 = base["rows"][0]["kernel"], base["rows"][0]["config"]
+    it = {i["kernel"]: i for i in compare.status(tmp_root, stale, entries)}[k0]
+    assert it["stale"] == [c0] and not it["up_to_date"]
+    gone = _mutated(base, lambda r: r["rows"].pop(0))
+    it = {i["kernel"]: i for i in compare.status(tmp_root, gone, entries)}[k0]
+    assert it["missing"] == [c0]
+    none = compare.status(tmp_root, None, entries)
+    assert all(not i["up_to_date"] for i in none)
+
+
+def test_status_cli_check(tmp_root, tmp_path, entries):
+    assert cli.main(["status", "--root", tmp_root]) == 0
+    assert cli.main(["status", "--root", tmp_root, "--check"]) == 1
+    path = write(tmp_path, "base.json", synthetic_run(tmp_root, entries))
+    rostered = set(roster.load_all(tmp_root))
+    if set(entries) <= rostered:
+        assert cli.main(["status", "--root", tmp_root, "--check", "--baseline", path]) == 0
+
+
+# ---------------------------------------------------------------------------------------------------------
+# provenance
+# ---------------------------------------------------------------------------------------------------------
+
+def test_provenance_fields_present():
+    p = provenance.collect(ROOT, 5)
+    for key in ("git", "host", "gpu", "versions", "artifacts", "timer", "protocol", "collected"):
+        assert key in p, key
+    for key in ("name", "uuid", "driver", "cuda_driver", "cuda_runtime"):
+        assert key in p["gpu"], key  # None allowed on a CPU machine
+    assert p["versions"]["runtime"]["torch"]["version"]
+    assert "apache-tvm" in p["versions"]["runtime"] and "apache-tvm-ffi" in p["versions"]["runtime"]
+    assert "flashinfer-python" in p["versions"]["references"]  # installed or None, always listed
+    assert "tirx-core" in p["versions"]["tirx"]
+    assert p["timer"]["cold_l2"] and p["timer"]["rounds"] == 5 and p["timer"]["flush_bytes"] >= 256 * 2**20
+    assert set(p["git"]) >= {"commit", "dirty", "source"}
+    json.dumps(p)
+
+
+def _git(cwd, *args):
+    subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True)
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+def test_source_stamp_stands_in_for_git(tmp_path):
+    repo = tmp_path / "repo"
+    (repo / "packages" / "tirx-core").mkdir(parents=True)
+    (repo / "packages" / "tirx-core" / "a.py").write_text("x = 1\n")
+    _git(repo, "init", "-q")
+    _git(repo, "add", ".")
+    _git(repo, "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-q", "-m", "c")
+    state = provenance.git_state(str(repo))
+    assert state["source"] == "git" and state["dirty"] is False and len(state["commit"]) == 40
+    provenance.write_stamp(str(repo), str(repo / "build" / "source-stamp.json"))
+    shutil.rmtree(repo / ".git")
+    st = provenance.git_state(str(repo))
+    assert st["source"].startswith("stamp:") and st["commit"] == state["commit"] and st["dirty"] is False
+    (repo / "packages" / "tirx-core" / "a.py").write_text("x = 2\n")
+    (repo / "packages" / "tirx-core" / "new.py").write_text("")
+    st = provenance.git_state(str(repo))
+    assert st["dirty"] is True and set(st["dirty_files"]) == {"packages/tirx-core/a.py", "packages/tirx-core/new.py"}
+    os.remove(repo / "build" / "source-stamp.json")
+    st = provenance.git_state(str(repo))
+    assert st["commit"] is None and st["dirty"] is None and "stamp" in st["reason"]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Row logic with fake timers (no GPU), retries, the run JSON
+# ---------------------------------------------------------------------------------------------------------
+
+class FakeModule:
+    KERNEL_META = {"name": "fake", "runtime_cuda_archs": ["sm_90a"]}
+
+    def __init__(self, us):
+        self.us = us
+
+    def prepare_data(self, **cfg):
+        return {"x": 1}
+
+    def launch(self, cfg, data):
+        pass
+
+    def roofline(self, **cfg):
+        return {"bytes": 4.27e6, "flops": 0}  # 1 us at 4.27 TB/s
+
+    def get_baselines(self, **cfg):
+        def ok():
+            return lambda data: {"out": 1}
+
+        def missing():
+            raise ImportError("No module named 'liger_kernel'")
+        return {"fast": ok, "liger": missing}
+
+
+@pytest.fixture()
+def fake_timers(monkeypatch):
+    import torch
+
+    from tirx_kernels.core import arch, bench
+
+    calls = {"graph": []}
+
+    def time_calls(fns, rounds=5, **kw):
+        return {n: {"median_us": FakeModule.current.us[n], "rounds_us": [FakeModule.current.us[n]] * rounds,
+                    "timer": "events-cold-l2"} for n in fns}
+
+    def time_graph(fn, rounds=5, **kw):
+        calls["graph"].append(fn)
+        return {"median_us": 1.0, "rounds_us": [1.0] * rounds, "timer": "graph"}
+
+    monkeypatch.setattr(bench, "time_calls", time_calls)
+    monkeypatch.setattr(bench, "time_graph", time_graph)
+    monkeypatch.setattr(bench, "ceilings", lambda: {"copy_tb_s": 4.27, "bf16_tflop_s": 750.0})
+    monkeypatch.setattr(arch, "check_arch", lambda meta, device=None: "sm_90a")
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    return calls
+
+
+def test_missing_enabled_reference_fails_the_row_with_its_reason(fake_timers):
+    FakeModule.current = FakeModule({"ours": 20.0, "fast": 30.0})
+    r = run_mod.measure_row(FakeModule.current, {}, True, ["fast", "liger", "nope"], rounds=5)
+    where = {e["where"]: e["reason"] for e in r["errors"]}
+    assert "No module named 'liger_kernel'" in where["liger"]
+    assert "has no such entry" in where["nope"]
+    assert r["references"]["fast"]["ref_over_ours"] == pytest.approx(1.5)
+    assert r["timer"] == "events-cold-l2" and not fake_timers["graph"]
+    assert r["bound"] == "memory" and r["pct_of_roofline"] == pytest.approx(5.0)
+    assert len(r["rounds_us"]) == 5
+
+
+def test_without_references_nothing_but_ours_runs(fake_timers):
+    FakeModule.current = FakeModule({"ours": 20.0})
+    r = run_mod.measure_row(FakeModule.current, {}, False, None, rounds=7)
+    assert r["references"] == {} and r["errors"] == [] and len(r["rounds_us"]) == 7
+
+
+def test_sub_threshold_row_is_graph_timed_for_every_implementation(fake_timers):
+    FakeModule.current = FakeModule({"ours": 50.0, "fast": 6.0})
+    r = run_mod.measure_row(FakeModule.current, {}, True, ["fast"], rounds=5)
+    assert len(fake_timers["graph"]) == 2
+    assert r["timer"] == "graph" and r["references"]["fast"]["timer"] == "graph"
+    assert r["cold_l2_us"] == 50.0 and r["references"]["fast"]["cold_l2_us"] == 6.0
+
+
+class FlakyExecutor:
+    mode, server = "local", None
+
+    def __init__(self, fail_times):
+        self.fail_times = fail_times
+
+    def measure(self, spec):
+        if self.fail_times:
+            self.fail_times -= 1
+            return {"kernel": spec["kernel"], "config": spec["config"], "status": "error",
+                    "errors": [{"where": "ours", "reason": "CUDA error: transient"}]}
+        return {"kernel": spec["kernel"], "config": spec["config"], "status": "ok", "errors": [], "us": 5.0}
+
+
+def test_retries_are_recorded_and_exhausted_retries_fail():
+    rows = roster.select(roster.load_all(ROOT), ["rmsnorm"], ["small"])
+    res = run_mod.run_rows(rows, FlakyExecutor(1), False, 5, retries=2, progress=False)
+    assert res[0]["status"] == "ok" and res[0]["retries"] == 1 and res[0]["retry_reasons"] == ["CUDA error: transient"]
+    res = run_mod.run_rows(rows, FlakyExecutor(5), False, 5, retries=1, progress=False)
+    assert res[0]["status"] == "failed" and res[0]["attempts"] == 2
+
+
+def test_run_json_records_rows_and_completeness(tmp_path):
+    rows = roster.select(roster.load_all(ROOT), ["rmsnorm"])
+    results = run_mod.run_rows(rows, FlakyExecutor(0), True, 5, progress=False)
+    run = run_mod.build_run(ROOT, rows, results, FlakyExecutor(0), True, 5, 0, {"kernel": ["rmsnorm"]},
+                            {"gpu": {}, "versions": {}})
+    assert run["format"] == run_mod.RUN_FORMAT and run["summary"]["ok"] == len(rows) == len(run["rows"])
+    assert run["complete"] is False and run["missing_rows"]  # the other kernels' rows were not selected
+    assert {"role", "rationale", "attempts", "retries", "enabled_references"} <= set(run["rows"][0])
+    assert "rmsnorm" in report.summary_table(run)
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="on a GPU host this would benchmark for real")
+def test_cli_run_on_cpu_skips_every_row_with_its_reason(tmp_path):
+    out = str(tmp_path / "run.json")
+    assert cli.main(["run", "--kernel", "rmsnorm", "--with-references", "--out", out, "--no-progress"]) == 0
+    run = json.load(open(out))
+    assert run["summary"]["skipped"] == len(run["rows"]) == 3
+    assert all("CUDA" in r["errors"][0]["reason"] and r["fingerprint"] for r in run["rows"])
+    assert run["provenance"]["gpu"]["uuid"] is None and run["provenance"]["timer"]["rounds"] == 5
+
+
+# ---------------------------------------------------------------------------------------------------------
+# kcoral remote mode: the program, and a real (CPU) kcoral server when its front end is installed
+# ---------------------------------------------------------------------------------------------------------
+
+def test_kcoral_program_shape():
+    pytest.importorskip("kcoral")
+    from tirx_kernels.bench_suite import remote
+
+    p = remote.build_program("bench_row", json.dumps({"kernel": "rmsnorm"}))
+    ops = [i["op"] for i in p.instructions]
+    assert ops == ["upload", "get_function", "run", "return"]
+    assert "measure_spec" in p.instructions[0]["source"]
+    compile(remote.ENTRY_SOURCE, "<entry>", "exec")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def kcoral_cpu_server():
+    for mod in ("kcoral", "fastapi", "uvicorn"):
+        if importlib.util.find_spec(mod) is None:
+            pytest.skip(f"the kcoral server needs {mod}")
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "kcoral", "server", "--device", "cpu", "--sandbox", "none",
+                             "--host", "127.0.0.1", "--port", str(port), "--log-dir", "", "--disk-cache-dir", ""],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    import kcoral
+
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(120):
+            try:
+                kcoral.Client(url).health()
+                break
+            except Exception:
+                if proc.poll() is not None:
+                    pytest.skip("the kcoral server exited at start")
+                time.sleep(0.5)
+        else:
+            pytest.skip("the kcoral server did not become ready")
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def test_kcoral_rows_round_trip_through_a_cpu_server(kcoral_cpu_server):
+    from tirx_kernels.bench_suite import remote
+
+    with pytest.raises(remote.RemoteError, match="no GPU workers"):
+        remote.KcoralExecutor(kcoral_cpu_server)
+    ex = remote.KcoralExecutor(kcoral_cpu_server, require_gpu=False)
+    env = ex.environment(ROOT)
+    assert env["kcoral"]["url"] == kcoral_cpu_server and "gpu" in env and "versions" in env
+    rows = roster.select(roster.load_all(ROOT), ["rmsnorm"], ["small"])
+    res = run_mod.run_rows(rows, ex, True, 5, progress=False)
+    ex.close()
+    assert res[0]["status"] == "skipped" and "CUDA" in res[0]["errors"][0]["reason"], res[0]  # no GPU there
+    assert res[0]["fingerprint"] == artifacts.fingerprint(registry.scan()["rmsnorm"].path)
+    assert res[0]["kcoral"]["request_id"]

@@ -1,0 +1,380 @@
+# SPDX-License-Identifier: Apache-2.0
+# Port of FlashInfer's gated activations (silu_and_mul, gelu_and_mul, gelu_tanh_and_mul).
+# Upstream: flashinfer (https://github.com/flashinfer-ai/flashinfer), include/flashinfer/activation.cuh
+# (act_and_mul_kernel) and the activation definitions of flashinfer/jit/activation.py, release v0.7.4.
+# Written anew in TIRx: same semantics (fp32 math, one rounding), different kernel structure.
+"""``out = act(x[..., :d]) * x[..., d:]`` for bf16/fp16 on Hopper, act in {silu, gelu (erf), gelu_tanh}.
+
+Upstream runs one CTA per row (``min(d / 8, 1024)`` threads) with one 16-byte vector of gate and of up
+in flight per thread per loop trip. Here one artifact per (act, dtype, d) serves every row count M and
+any 16-byte row strides of x and out:
+- A row of d / 8 output vectors is cut into ``segments`` equal segments of ``threads_per_segment``
+  threads x ``vectors_per_thread`` vectors (``tile_plan``: 14336 -> 2 x 224 threads x 4, exact); short
+  rows pack several rows per CTA. Each thread loads all its gate and up vectors (8 independent 16-byte
+  loads) before any math, then computes and stores; only vectors that can fall past d are predicated.
+- d is a compile-time constant: every load of a thread is one base register plus an immediate offset, no
+  division, and the tiling divides d exactly (a dynamic-d draft needed a division and carried row/column
+  steps per vector). ptxas still issued only 3 of the 8 loads before the first vector's math, which then
+  waited for DRAM before the other loads left (it schedules for registers), until ``vector.after_all``
+  made every word depend on every load: now all 8 LDG.E.NA.128 issue back to back (SASS, every config),
+  at 40-65 registers, 0-byte stack, no spills (ptxas, nvcc 13.0).
+- Activation math as upstream: silu ``g / (1 + e^-g)`` (exp2 + fast reciprocal), gelu with ``erff``,
+  gelu_tanh with ``tanh.approx.f32``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+
+from tirx_kernels.core import checks
+
+KERNEL_META = {
+    "name": "act_and_mul",
+    "category": "ported.flashinfer",
+    "runtime_cuda_archs": ["sm_90a"],
+    "description": "Gated activation act(x[..., :d]) * x[..., d:] (silu / gelu / gelu_tanh), bf16/fp16",
+    "upstream": {"project": "flashinfer", "url": "https://github.com/flashinfer-ai/flashinfer",
+                 "commit": "v0.7.4"},
+    "reference_requirements": [
+        {"package": "flashinfer-python", "import": "flashinfer", "specifier": "==0.7.4"},
+    ],
+    "public_ops": ["silu_and_mul", "gelu_and_mul", "gelu_tanh_and_mul"],
+}
+
+CONFIGS = [
+    {"label": "silu_bf16_32768x14336", "act": "silu", "dtype": "bfloat16", "M": 32768, "d": 14336},
+    {"label": "silu_bf16_4096x4096", "act": "silu", "dtype": "bfloat16", "M": 4096, "d": 4096},
+    {"label": "silu_fp16_37x14336", "act": "silu", "dtype": "float16", "M": 37, "d": 14336},
+    {"label": "silu_bf16_1x128", "act": "silu", "dtype": "bfloat16", "M": 1, "d": 128},
+    {"label": "silu_fp16_4096x128", "act": "silu", "dtype": "float16", "M": 4096, "d": 128},
+    {"label": "gelu_bf16_37x4096", "act": "gelu", "dtype": "bfloat16", "M": 37, "d": 4096},
+    {"label": "gelu_fp16_4096x14336", "act": "gelu", "dtype": "float16", "M": 4096, "d": 14336},
+    {"label": "gelu_bf16_1x128", "act": "gelu", "dtype": "bfloat16", "M": 1, "d": 128},
+    {"label": "gelu_tanh_bf16_4096x14336", "act": "gelu_tanh", "dtype": "bfloat16", "M": 4096, "d": 14336},
+    {"label": "gelu_tanh_fp16_37x128", "act": "gelu_tanh", "dtype": "float16", "M": 37, "d": 128},
+    {"label": "gelu_tanh_fp16_1x4096", "act": "gelu_tanh", "dtype": "float16", "M": 1, "d": 4096},
+]
+
+# The issue's row (32768 x 2x14336 -> 14336, torch.compile 4.37 TB/s on ANCHORS.md) and the other two acts.
+BENCH_CONFIGS = [
+    {"label": "silu_bf16_32768x14336", "act": "silu", "dtype": "bfloat16", "M": 32768, "d": 14336},
+    {"label": "gelu_tanh_bf16_4096x14336", "act": "gelu_tanh", "dtype": "bfloat16", "M": 4096, "d": 14336},
+    {"label": "gelu_fp16_4096x14336", "act": "gelu", "dtype": "float16", "M": 4096, "d": 14336},
+    {"label": "silu_bf16_4096x4096", "act": "silu", "dtype": "bfloat16", "M": 4096, "d": 4096},
+]
+
+DEFAULTS = {"act": "silu", "dtype": "bfloat16"}
+
+_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+ACTS = ("silu", "gelu", "gelu_tanh")
+_VEC = 8  # 16-bit elements per 16-byte vector
+
+# (d / 8) vectors per row = segments x threads_per_segment x vectors_per_thread, rounded up. 4 vectors: 8
+# independent 16-byte loads (128 B) in flight per thread. Segments of at most 256 threads keep the CTA count
+# high at small M; rows of <= 32 threads are packed into CTAs of at least 128 threads.
+VECTORS_PER_THREAD = 4
+MAX_SEGMENT_THREADS = 256
+MIN_CTA_THREADS = 128
+
+
+def tile_plan(d: int) -> dict:
+    """``segments`` per row, ``threads_per_segment``, ``vectors_per_thread``, ``rows_per_cta`` for d."""
+    nvec = d // _VEC
+    want = -(-nvec // VECTORS_PER_THREAD)
+    if want <= 32:
+        segments, tps = 1, 1 << (want - 1).bit_length()
+    else:
+        segments = -(-want // MAX_SEGMENT_THREADS)
+        tps = 32 * -(-want // (32 * segments))
+    return {"segments": segments, "threads_per_segment": tps,
+            "vectors_per_thread": -(-nvec // (segments * tps)), "rows_per_cta": max(1, MIN_CTA_THREADS // tps)}
+
+
+def compile_params(**cfg) -> dict:
+    return {"act": cfg["act"], "dtype": cfg["dtype"], "d": int(cfg["d"])}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The TIRx function
+# ---------------------------------------------------------------------------------------------------------
+
+def get_kernel(act: str, dtype: str, d: int):
+    if act not in ACTS:
+        raise ValueError(f"act_and_mul: act {act!r} is not one of {ACTS}")
+    if dtype not in _DTYPES:
+        raise ValueError(f"act_and_mul: dtype {dtype!r} is not one of {sorted(_DTYPES)}")
+    if d % _VEC or d <= 0:
+        raise ValueError(f"act_and_mul: d={d} must be a positive multiple of {_VEC}")
+    return build_kernel(act, dtype, d, **tile_plan(d))
+
+
+def _activation(act: str, T, g, tmp, k):
+    """fp32 ``act(g)``; ``tmp[k]`` is a local fp32 slot for results of statement-form PTX (tanh)."""
+    if act == "silu":
+        log2e = 1.4426950408889634
+        return T.cuda.fdividef(g, T.float32(1) + T.exp2(g * T.float32(-log2e)))
+    if act == "gelu":
+        return g * T.float32(0.5) * (T.float32(1) + T.erf(g * T.float32(0.7071067811865476)))
+    inner = T.float32(0.7978845608028654) * (g + T.float32(0.044715) * g * g * g)
+    T.evaluate(T.ptx.tanh.approx.f32(tmp[k], inner))
+    return g * (T.float32(0.5) * (T.float32(1) + tmp[k]))
+
+
+def build_kernel(act: str, dtype: str, d: int, segments: int, threads_per_segment: int,
+                 vectors_per_thread: int, rows_per_cta: int):
+    """The kernel for an explicit tiling (``get_kernel`` takes it from ``tile_plan``; sweeps call this)."""
+    from tvm.script import tirx as T
+
+    from tirx_kernels.core.lang import vector
+
+    tps = threads_per_segment
+    vpt = vectors_per_thread
+    nvec = d // _VEC
+    threads = tps * rows_per_cta
+    words = vector.WORDS_PER_VECTOR
+
+    def vector_pred(v, seg, lane, row, M):
+        """None where vector ``v`` is inside the row in every segment and the row exists, else the test."""
+        row_ok = None if rows_per_cta == 1 else row < M
+        tail = ((segments - 1) * vpt + v + 1) * tps > nvec
+        col_ok = (seg * vpt + v) * tps + lane < nvec if tail else None
+        if row_ok is None or col_ok is None:
+            return col_ok if row_ok is None else row_ok
+        return T.And(row_ok, col_ok)
+
+    def col(v, seg, lane):
+        return ((seg * vpt + v) * tps + lane) * _VEC
+
+    def load_all(gr, ur, Xf, x_base, seg, lane, row, M):
+        for v in range(vpt):
+            vector.load_v4(gr, v * words, Xf.ptr_to([x_base + col(v, seg, lane)]), vector_pred(v, seg, lane, row, M),
+                           l1_no_allocate=True)
+            vector.load_v4(ur, v * words, Xf.ptr_to([x_base + d + col(v, seg, lane)]),
+                           vector_pred(v, seg, lane, row, M), l1_no_allocate=True)
+
+    def compute_store(Yf, y_base, seg, lane, row, M, gr, ur, orr, tmp, dep):
+        for v in range(vpt):
+            for j in range(words):
+                g_lo, g_hi = vector.unpack2(gr[v * words + j] ^ dep[0], dtype)
+                u_lo, u_hi = vector.unpack2(ur[v * words + j] ^ dep[0], dtype)
+                vector.pack2(orr, j, _activation(act, T, g_lo, tmp, 2 * j) * u_lo,
+                             _activation(act, T, g_hi, tmp, 2 * j + 1) * u_hi, dtype)
+            vector.store_v4(Yf.ptr_to([y_base + col(v, seg, lane)]), orr, 0, vector_pred(v, seg, lane, row, M))
+
+    @T.prim_func
+    def act_and_mul(x_ptr: T.handle, y_ptr: T.handle, zero: T.int32):
+        M = T.int32()
+        x_stride = T.int32()
+        y_stride = T.int32()
+        X = T.match_buffer(x_ptr, (M, 2 * d), dtype, strides=(x_stride, 1), align=16)
+        Y = T.match_buffer(y_ptr, (M, d), dtype, strides=(y_stride, 1), align=16)
+        T.device_entry()
+        # Flat views indexed row * stride + col: TIRx 0.27 binds match_buffer strides on the host but
+        # drops them from device indexing.
+        Xf = T.decl_buffer((M * x_stride,), dtype, data=X.data)
+        Yf = T.decl_buffer((M * y_stride,), dtype, data=Y.data)
+        seg, row_block = T.cta_id([segments, (M + rows_per_cta - 1) // rows_per_cta])
+        tid = T.thread_id([threads])
+        gr = T.alloc_local((vpt * words,), "uint32")
+        ur = T.alloc_local((vpt * words,), "uint32")
+        orr = T.alloc_local((words,), "uint32")
+        tmp = T.alloc_local((2 * words,), "float32")
+        dep = T.alloc_local((1,), "uint32")
+        row = row_block * rows_per_cta + tid // tps
+        lane = tid % tps
+        x_base = T.Cast("int64", row) * T.Cast("int64", x_stride)
+        y_base = T.Cast("int64", row) * T.Cast("int64", y_stride)
+        load_all(gr, ur, Xf, x_base, seg, lane, row, M)
+        # Every word depends on every load (``zero`` is 0): all 8 loads issue before any math.
+        dep[0] = vector.after_all(gr, vpt * words, zero) | vector.after_all(ur, vpt * words, zero)
+        compute_store(Yf, y_base, seg, lane, row, M, gr, ur, orr, tmp, dep)
+
+    return act_and_mul
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Protocol: data, oracle, byte/FLOP model, baselines
+# ---------------------------------------------------------------------------------------------------------
+
+def _generator() -> torch.Generator:
+    seed = int(os.environ["TIRX_SEED"]) if "TIRX_SEED" in os.environ else int.from_bytes(os.urandom(8), "little") >> 1
+    g = torch.Generator(device="cuda")
+    g.manual_seed(seed)
+    return g
+
+
+def prepare_data(act: str, dtype: str, M: int, d: int, **_) -> dict:
+    g = _generator()
+    t = _DTYPES[dtype]
+    x = torch.randn(M, 2 * d, generator=g, device="cuda", dtype=torch.float32).to(t)
+    out = torch.full((M, d), float("nan"), device="cuda", dtype=t)
+    return {"x": x, "act": act, "out": out}
+
+
+def _torch_act(act: str, g: torch.Tensor) -> torch.Tensor:
+    import torch.nn.functional as F
+
+    if act == "silu":
+        return F.silu(g)
+    return F.gelu(g, approximate="tanh" if act == "gelu_tanh" else "none")
+
+
+def reference(x, act, **_) -> dict:
+    d = x.shape[-1] // 2
+    xf = x.float()
+    return {"out": _torch_act(act, xf[..., :d]) * xf[..., d:]}
+
+
+def launch(cfg: dict, data: dict) -> None:
+    _PUBLIC[data["act"]](data["x"], out=data["out"])
+
+
+def roofline(act: str, dtype: str, M: int, d: int, **_) -> dict:
+    elem = 2
+    per_elem = {"silu": 4, "gelu": 8, "gelu_tanh": 10}[act]  # rough fp32 op count of act + the product
+    return {"bytes": 3 * M * d * elem, "flops": per_elem * M * d}
+
+
+def get_baselines(**cfg) -> dict:
+    act = cfg.get("act", "silu")
+
+    def torch_eager():
+        def fn(data):
+            x = data["x"]
+            d = x.shape[-1] // 2
+            return {"out": _torch_act(act, x[..., :d]) * x[..., d:]}
+        return fn
+
+    def torch_compile():
+        def f(x):
+            d = x.shape[-1] // 2
+            return _torch_act(act, x[..., :d]) * x[..., d:]
+        compiled = torch.compile(f)
+        return lambda data: {"out": compiled(data["x"])}
+
+    def flashinfer():
+        import flashinfer.activation
+
+        fn = getattr(flashinfer.activation, f"{act}_and_mul")
+        return lambda data: {"out": fn(data["x"])}
+
+    out = {"torch": torch_eager, "torch.compile": torch_compile, "flashinfer": flashinfer}
+    if act == "silu":
+        def liger():
+            from liger_kernel.ops.swiglu import LigerSiLUMulFunction
+
+            def fn(data):
+                x = data["x"]
+                d = x.shape[-1] // 2
+                return {"out": LigerSiLUMulFunction.apply(x[..., :d], x[..., d:])}
+            return fn
+        out["liger"] = liger
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Public ops
+# ---------------------------------------------------------------------------------------------------------
+
+def _fail(op: str, name: str, expected: str, got: str) -> None:
+    raise checks.TirxInputError(f"{op}: argument '{name}': expected {expected}, got {got}")
+
+
+def _check_row_strides(op: str, name: str, t: torch.Tensor) -> None:
+    for dim in range(t.dim() - 1):
+        if t.shape[dim] > 1:
+            checks.multiple_of(op, name, t.stride(dim), _VEC, f"stride of dim {dim}: rows start on 16 bytes")
+
+
+def _check_inputs(op: str, x, out) -> None:
+    checks.tensor(op, "x", x, dtypes=tuple(_DTYPES.values()), ndim=tuple(range(1, 9)), cuda=False)
+    checks.multiple_of(op, "x", x.shape[-1], 2 * _VEC,
+                       "the last dim is 2*d with d a multiple of 8: gate and up are read in 16-byte vectors")
+    if x.numel() >= 2**31:
+        _fail(op, "x", "fewer than 2**31 elements (32-bit indexing)", f"shape {tuple(x.shape)}")
+    _check_row_strides(op, "x", x)
+    if out is not None:
+        checks.tensor(op, "out", out, shape=(*x.shape[:-1], x.shape[-1] // 2), cuda=False)
+        checks.same_dtype(op, "x", x, out=out)
+        _check_row_strides(op, "out", out)
+        try:
+            out.view(-1, out.shape[-1])
+        except RuntimeError:
+            _fail(op, "out", "leading dims that flatten to rows without a copy",
+                  f"shape {tuple(out.shape)} strides {tuple(out.stride())}")
+    checks.tensor(op, "x", x, cuda=True)
+    if out is not None:
+        checks.same_device(op, "x", x, out=out)
+
+
+def _act_and_mul(op: str, act: str, x: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+    _check_inputs(op, x, out)
+    if out is None:
+        return torch.ops.tirx.act_and_mul(x, act)
+    torch.ops.tirx.act_and_mul_out(x, act, out)
+    return out
+
+
+def silu_and_mul(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``silu(x[..., :d]) * x[..., d:]`` in fp32, rounded to x's dtype; x (..., 2d) bf16/fp16, d % 8 == 0."""
+    return _act_and_mul("silu_and_mul", "silu", x, out)
+
+
+def gelu_and_mul(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``gelu(x[..., :d]) * x[..., d:]`` with the exact (erf) GELU; shapes as ``silu_and_mul``."""
+    return _act_and_mul("gelu_and_mul", "gelu", x, out)
+
+
+def gelu_tanh_and_mul(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``gelu_tanh(x[..., :d]) * x[..., d:]`` (tanh-approximated GELU); shapes as ``silu_and_mul``."""
+    return _act_and_mul("gelu_tanh_and_mul", "gelu_tanh", x, out)
+
+
+_PUBLIC = {"silu": silu_and_mul, "gelu": gelu_and_mul, "gelu_tanh": gelu_tanh_and_mul}
+
+
+def _run(x: torch.Tensor, act: str, out: torch.Tensor) -> None:
+    if act not in ACTS:
+        raise checks.TirxInputError(f"act_and_mul: argument 'act': expected one of {ACTS}, got {act!r}")
+    x2d = x.reshape(-1, x.shape[-1])  # a view for any row layout the checks accept
+    out2d = out.view(-1, out.shape[-1])
+    M, d = out2d.shape
+    if M == 0 or d == 0:
+        return
+    op = f"{act}_and_mul"
+    checks.aligned(op, "x", x2d)
+    checks.aligned(op, "out", out2d)
+    from tirx_kernels.core import runtime
+
+    fn = runtime.get_function(sys.modules[__name__], compile_params(act=act, dtype=str(x.dtype)[6:], d=d))
+    fn(x2d, out2d, 0)
+
+
+@torch.library.custom_op("tirx::act_and_mul", mutates_args=())
+def _act_and_mul_op(x: torch.Tensor, act: str) -> torch.Tensor:
+    out = torch.empty((*x.shape[:-1], x.shape[-1] // 2), dtype=x.dtype, device=x.device)
+    _run(x, act, out)
+    return out
+
+
+@_act_and_mul_op.register_fake
+def _(x, act):
+    return x.new_empty((*x.shape[:-1], x.shape[-1] // 2))
+
+
+@torch.library.custom_op("tirx::act_and_mul_out", mutates_args=("out",))
+def _act_and_mul_out_op(x: torch.Tensor, act: str, out: torch.Tensor) -> None:
+    _run(x, act, out)
+
+
+@_act_and_mul_out_op.register_fake
+def _(x, act, out):
+    return None
+
+
+from tirx_kernels.core import harness  # noqa: E402
+
+run_test, run_bench = harness.bind(__name__)
