@@ -23,7 +23,7 @@ PY
 fi
 rc=0
 if [ "$what" = all ] || [ "$what" = test ]; then
-  python3 -m pytest -n 8 -q -rs -p no:cacheprovider --junitxml="$OUT/junit.xml" packages/*/tests 2>&1 | tee "$OUT/pytest.log" | tail -40 || rc=1
+  python3 -m pytest -n 8 -q -rs -p no:cacheprovider -p timeout --timeout 300 --junitxml="$OUT/junit.xml" packages/*/tests 2>&1 | tee "$OUT/pytest.log" | tail -40 || rc=1
 fi
 if [ "$what" = all ] || [ "$what" = sanitize ]; then
   for kc in "rmsnorm bf16_37x2880_strided" "act_and_mul gelu_bf16_37x4096" "fp16_bf16_gemm bf16_129x264x72"; do

@@ -20,6 +20,10 @@ Design (memory-bound: 2 bytes read + 2 written per element, the weight stays in 
 - ptxas (nvcc 13.0), every config: 28-65 registers, 0-byte stack, no spills; SASS has only
   LDG.E.NA.128 (x) / LDG.E.128 (weight) / STG.E.128 global accesses, all loads ahead of the first FFMA.
 
+- Sweep variants (compile params ``schedule``/``threads_per_row``/``ctas_per_sm``/``pipeline``/
+  ``streaming_store``; tools/sweep_variants.py): "persistent" rows with the weight loaded once per CTA and
+  the next row's x loaded before the current row is reduced. The default stays "row" until measured.
+
 Measured (examples/rmsnorm_bf16.py, the same structure with 256 threads and the weight loaded after the
 reduction): 32768x8192 bf16 at 4.04 TB/s (98 % of copy) on the H200, 8192x4096 at 3.57 TB/s.
 """
@@ -92,8 +96,16 @@ MIN_H, MAX_H = 16, 16384
 # (max H, 16-byte vectors of x each thread holds). Fewer, wider-spread vectors for small rows keep the CTA
 # count up; 4 vectors (64 B of x + 64 B of weight, 32 registers) for large rows keep enough bytes in flight
 # per SM with a full 2048 threads resident. The example at 32768x8192 (256 threads x 4) reached 98 % of copy.
-VECTORS_PER_THREAD = [(256, 1), (2048, 2), (MAX_H, 4)]
+# Sweep on the H200 (tools/sweep_variants.py, cold L2): 2 vectors with more threads beat 4 at H=4096
+# (256 thr: 36.8 us vs 37.3 at 8192 rows) and H=8192 (512 thr: 263.7 us, 4.07 TB/s, vs 274.5 at 32768 rows);
+# 1 vector (1024 thr) lost badly at 8192 (351.7 us); 4 stayed best at 5120 fp16 (23.6 vs 24.6 with 2).
+VECTORS_PER_THREAD = [(256, 1), (4096, 2), (7168, 4), (8192, 2), (MAX_H, 4)]
 MIN_CTA_THREADS = 128  # rows of <= 32 threads are packed into CTAs of at least this many threads
+
+
+def sass_expect(dtype: str, H: int, **_) -> list[str]:
+    """SASS the CPU build test asserts: 16-byte loads of x and weight, 16-byte stores."""
+    return [r"LDG\.E(\.NA)?\.128", r"STG\.E\.128"]
 
 
 def row_plan(H: int) -> dict:
@@ -115,24 +127,45 @@ def row_plan(H: int) -> dict:
             "vectors_per_thread": -(-nvec // threads_per_row)}
 
 
+# Schedule variants (sweeps pin them through compile params; the public op uses the default, "row").
+# "row": one row (or several short rows) per CTA, the grid covers M (``build_kernel``).
+# "persistent": grid min(M, ctas_per_sm * NUM_SMS), one row of ``threads_per_row`` threads per CTA at a
+# time, rows strided by the grid; the weight is loaded once per CTA, and with ``pipeline`` the next row's
+# x loads are issued before the current row is reduced and stored (``build_kernel_persistent``).
+SCHEDULES = ("row", "persistent")
+VARIANT_KEYS = ("schedule", "threads_per_row", "rows_per_cta", "ctas_per_sm", "pipeline", "streaming_store")
+NUM_SMS = 132  # H200 SXM
+
+
 def compile_params(**cfg) -> dict:
-    return {"dtype": cfg["dtype"], "H": int(cfg["H"])}
+    params = {"dtype": cfg["dtype"], "H": int(cfg["H"])}
+    params.update({k: cfg[k] for k in VARIANT_KEYS if k in cfg})
+    return params
 
 
 # ---------------------------------------------------------------------------------------------------------
 # The TIRx function
 # ---------------------------------------------------------------------------------------------------------
 
-def get_kernel(dtype: str, H: int):
+def get_kernel(dtype: str, H: int, schedule: str = "row", threads_per_row: int | None = None,
+               rows_per_cta: int | None = None, ctas_per_sm: int | None = None, pipeline: bool = True,
+               streaming_store: bool = False):
+    """The kernel of ``schedule``; unset plan entries come from ``row_plan`` (the default variant)."""
     if dtype not in _DTYPES:
         raise ValueError(f"rmsnorm: dtype {dtype!r} is not one of {sorted(_DTYPES)}")
     if H % _VEC or not MIN_H <= H <= MAX_H:
         raise ValueError(f"rmsnorm: H={H} must be a multiple of {_VEC} in [{MIN_H}, {MAX_H}]")
+    if schedule not in SCHEDULES:
+        raise ValueError(f"rmsnorm: schedule {schedule!r} is not one of {SCHEDULES}")
     plan = row_plan(H)
-    return build_kernel(dtype, H, plan["threads_per_row"], plan["rows_per_cta"])
+    tpr = threads_per_row or plan["threads_per_row"]
+    if schedule == "persistent":
+        return build_kernel_persistent(dtype, H, tpr, ctas_per_sm or 2, pipeline, streaming_store)
+    rows = rows_per_cta or (plan["rows_per_cta"] if threads_per_row is None else max(1, MIN_CTA_THREADS // tpr))
+    return build_kernel(dtype, H, tpr, rows, streaming_store)
 
 
-def build_kernel(dtype: str, H: int, threads_per_row: int, rows_per_cta: int):
+def build_kernel(dtype: str, H: int, threads_per_row: int, rows_per_cta: int, streaming_store: bool = False):
     """The kernel for an explicit plan (``get_kernel`` takes it from ``row_plan``; sweeps call this)."""
     from tvm.script import tirx as T
 
@@ -176,7 +209,8 @@ def build_kernel(dtype: str, H: int, threads_per_row: int, rows_per_cta: int):
                 x_lo, x_hi = vector.unpack2(xr[v * words + j], dtype)
                 w_lo, w_hi = vector.unpack2(wr[v * words + j], dtype)
                 vector.pack2(orr, j, x_lo * rs * w_lo, x_hi * rs * w_hi, dtype)
-            vector.store_v4(buf.ptr_to([base + (v * tpr + lane) * _VEC]), orr, 0, vector_pred(v, lane, row_ok))
+            vector.store_v4(buf.ptr_to([base + (v * tpr + lane) * _VEC]), orr, 0, vector_pred(v, lane, row_ok),
+                            streaming=streaming_store)
 
     @T.prim_func
     def rmsnorm(x_ptr: T.handle, w_ptr: T.handle, y_ptr: T.handle, eps: T.float32, zero: T.int32):
@@ -217,6 +251,97 @@ def build_kernel(dtype: str, H: int, threads_per_row: int, rows_per_cta: int):
         # out = x * rs * w, rounded once.
         y_base = T.Cast("int64", row) * T.Cast("int64", y_stride)
         scale_store(Yf, y_base, lane, row_pred(row, M), xr, wr, orr, rs)
+
+    return rmsnorm
+
+
+def build_kernel_persistent(dtype: str, H: int, threads_per_row: int, ctas_per_sm: int, pipeline: bool = True,
+                            streaming_store: bool = False, num_sms: int = NUM_SMS):
+    """Persistent rows: ``min(M, ctas_per_sm * num_sms)`` CTAs of ``threads_per_row`` threads (a multiple
+    of 32), CTA ``c`` doing rows ``c, c + grid, ...``. The weight is loaded into registers once per CTA.
+    With ``pipeline`` the x of the next row goes into a second register set before the current row's sum
+    of squares, barrier and stores (its loads cannot sink below the barrier nor, being plain ``ld.global``,
+    below the stores), then moves into the first set; the shared partials alternate between two halves so
+    that one barrier per row suffices. ``__launch_bounds__(threads, ctas_per_sm)`` caps the registers so
+    that the whole grid is resident.
+    """
+    from tvm.script import tirx as T
+
+    from tirx_kernels.core.lang import reduce, vector
+
+    tpr = threads_per_row
+    if tpr % 32:
+        raise ValueError(f"rmsnorm persistent: threads_per_row {tpr} must be a multiple of 32")
+    vpt = vector.ceil_div(H // _VEC, tpr)
+    words = vector.WORDS_PER_VECTOR
+    half = max(1, reduce.scratch_words(tpr, 1))
+    max_grid = ctas_per_sm * num_sms
+    inv_h = 1.0 / H
+    def col_pred(v, lane):
+        return (v * tpr + lane) * _VEC < H if (v + 1) * tpr * _VEC > H else None
+
+    def load_row(regs, buf, base, lane, row_ok, l1_no_allocate):
+        for v in range(vpt):
+            pred = col_pred(v, lane)
+            if pred is not None:
+                vector.fill(regs, v * words, words)
+            if row_ok is not None:
+                pred = row_ok if pred is None else T.And(row_ok, pred)
+            vector.load_v4(regs, v * words, buf.ptr_to([base + (v * tpr + lane) * _VEC]), pred,
+                           l1_no_allocate=l1_no_allocate)
+
+    def sum_squares(acc, xr):
+        for i in range(vpt * words):
+            lo, hi = vector.unpack2(xr[i], dtype)
+            T.buffer_store(acc, acc[0] + lo * lo + hi * hi, [0])
+
+    def scale_store(buf, base, lane, xr, wr, orr, rs):
+        for v in range(vpt):
+            for j in range(words):
+                x_lo, x_hi = vector.unpack2(xr[v * words + j], dtype)
+                w_lo, w_hi = vector.unpack2(wr[v * words + j], dtype)
+                vector.pack2(orr, j, x_lo * rs * w_lo, x_hi * rs * w_hi, dtype)
+            vector.store_v4(buf.ptr_to([base + (v * tpr + lane) * _VEC]), orr, 0, col_pred(v, lane),
+                            streaming=streaming_store)
+
+    @T.prim_func
+    def rmsnorm(x_ptr: T.handle, w_ptr: T.handle, y_ptr: T.handle, eps: T.float32, zero: T.int32):
+        M = T.int32()
+        x_stride = T.int32()
+        y_stride = T.int32()
+        X = T.match_buffer(x_ptr, (M, H), dtype, strides=(x_stride, 1), align=16)
+        Wt = T.match_buffer(w_ptr, (H,), dtype, align=16)
+        Y = T.match_buffer(y_ptr, (M, H), dtype, strides=(y_stride, 1), align=16)
+        T.device_entry()
+        T.attr({"tirx.launch_bounds_min_blocks_per_sm": ctas_per_sm})
+        Xf = T.decl_buffer((M * x_stride,), dtype, data=X.data)
+        Yf = T.decl_buffer((M * y_stride,), dtype, data=Y.data)
+        cta = T.cta_id([T.min(M, max_grid)])
+        tid = T.thread_id([tpr])
+        xr = T.alloc_local((vpt * words,), "uint32")
+        xn = T.alloc_local((vpt * words,), "uint32")
+        wr = T.alloc_local((vpt * words,), "uint32")
+        orr = T.alloc_local((words,), "uint32")
+        acc = T.alloc_local((1,), "float32")
+        scratch = T.alloc_shared((2 * half,), "float32")
+        grid = T.min(M, max_grid)
+        load_row(wr, Wt, 0, tid, None, False)
+        if pipeline:
+            load_row(xr, Xf, T.Cast("int64", cta) * T.Cast("int64", x_stride), tid, None, True)
+        for it in range((M - 1 - cta) // grid + 1):
+            row = cta + it * grid
+            if pipeline:
+                nrow = row + grid
+                load_row(xn, Xf, T.Cast("int64", nrow) * T.Cast("int64", x_stride), tid, nrow < M, True)
+            else:
+                load_row(xr, Xf, T.Cast("int64", row) * T.Cast("int64", x_stride), tid, None, True)
+            acc[0] = T.cuda.uint_as_float(vector.after_all(wr, vpt * words, zero))  # 0.0, after the weight
+            sum_squares(acc, xr)
+            total = reduce.group_sum(acc[0], tid, tpr, scratch, (it % 2) * half)
+            rs = T.rsqrt(total * T.float32(inv_h) + eps)
+            scale_store(Yf, T.Cast("int64", row) * T.Cast("int64", y_stride), tid, xr, wr, orr, rs)
+            if pipeline:
+                vector.copy(xr, xn, vpt * words)
 
     return rmsnorm
 
@@ -274,7 +399,7 @@ def get_baselines(**cfg) -> dict:
     def torch_compile():
         import torch.nn.functional as F
 
-        fn = torch.compile(lambda x, w, eps: F.rms_norm(x, (x.shape[-1],), w, eps))
+        fn = torch.compile(lambda x, w, eps: F.rms_norm(x, (x.shape[-1],), w, eps), dynamic=False)
         return lambda d: {"out": fn(d["x"], d["weight"], d["eps"])}
 
     # The library baselines get contiguous rows (a no-op for the contiguous configs, so benchmarks are

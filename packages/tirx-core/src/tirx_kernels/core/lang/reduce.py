@@ -29,7 +29,7 @@ def scratch_words(threads_per_group: int, num_groups: int) -> int:
     return (threads_per_group // WARP_SIZE) * num_groups
 
 
-def group_sum(value, tid, threads_per_group: int, scratch=None):
+def group_sum(value, tid, threads_per_group: int, scratch=None, scratch_offset=0):
     """Sum of ``value`` over the ``threads_per_group`` consecutive threads that ``tid`` belongs to.
 
     Up to 32 threads (a power of two): shuffles only. More (a multiple of 32): each warp shuffles, lane 0
@@ -37,7 +37,9 @@ def group_sum(value, tid, threads_per_group: int, scratch=None):
     then every thread adds its group's partials itself (broadcast reads). That is one barrier where
     ``T.cuda.cta_sum`` takes two (warp 0 reduces the partials and broadcasts through smem again), and it
     serves several groups per CTA and warp counts that are not a power of two (5 or 7 warps a row).
-    Call it once per ``scratch`` buffer: a second use needs a ``T.cuda.cta_sync()`` in between.
+    Call it once per ``scratch`` buffer: a second use needs a ``T.cuda.cta_sync()`` in between, or
+    alternate between two halves of a twice-as-long buffer with ``scratch_offset`` (0 / ``scratch_words``;
+    may be a TIR expression): a loop doing that needs only this one barrier per trip.
     """
     if threads_per_group <= WARP_SIZE:
         if threads_per_group & (threads_per_group - 1) or threads_per_group < 2:
@@ -53,9 +55,9 @@ def group_sum(value, tid, threads_per_group: int, scratch=None):
     warp = tid // WARP_SIZE
     with T.If(tid % WARP_SIZE == 0):
         with T.Then():
-            T.buffer_store(scratch, partial[0], [warp])
+            T.buffer_store(scratch, partial[0], [scratch_offset + warp])
     T.evaluate(T.cuda.cta_sync())
-    first = (warp // warps) * warps
+    first = scratch_offset + (warp // warps) * warps
     total = scratch[first]
     for i in range(1, warps):
         total = total + scratch[first + i]

@@ -55,9 +55,19 @@ def load_v4(regs, base, ptr, pred=None, *, l1_no_allocate: bool = False):
     _guarded(ld(regs[base], regs[base + 1], regs[base + 2], regs[base + 3], ptr), pred)
 
 
-def store_v4(ptr, regs, base, pred=None):
-    """``16 bytes at ptr <- regs[base:base+4]`` (``st.global.v4.b32``), only where ``pred`` holds."""
-    _guarded(T.ptx.st.global_.v4.b32(ptr, regs[base], regs[base + 1], regs[base + 2], regs[base + 3]), pred)
+def store_v4(ptr, regs, base, pred=None, *, streaming: bool = False):
+    """``16 bytes at ptr <- regs[base:base+4]`` (``st.global.v4.b32``), only where ``pred`` holds.
+
+    ``streaming`` emits ``st.global.cs`` (cache-streaming, evict-first): for outputs nobody re-reads soon.
+    """
+    st = T.ptx.st.global_.cs.v4.b32 if streaming else T.ptx.st.global_.v4.b32
+    _guarded(st(ptr, regs[base], regs[base + 1], regs[base + 2], regs[base + 3]), pred)
+
+
+def copy(dst, src, count, dst_base=0, src_base=0):
+    """``dst[dst_base:+count] = src[src_base:+count]`` (register moves between local word buffers)."""
+    for i in range(count):
+        T.buffer_store(dst, src[src_base + i], [dst_base + i])
 
 
 def fill(regs, base, count, value=0):

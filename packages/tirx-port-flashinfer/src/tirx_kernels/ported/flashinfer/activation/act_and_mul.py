@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 # Port of FlashInfer's gated activations (silu_and_mul, gelu_and_mul, gelu_tanh_and_mul).
 # Upstream: flashinfer (https://github.com/flashinfer-ai/flashinfer), include/flashinfer/activation.cuh
-# (act_and_mul_kernel) and the activation definitions of flashinfer/jit/activation.py, release v0.7.4.
+# (act_and_mul_kernel) and the activation definitions of flashinfer/jit/activation.py, release v0.7.4
+# (commit 77039051b0be921788dc2784ec41423b558878ec).
 # Written anew in TIRx: same semantics (fp32 math, one rounding), different kernel structure.
 """``out = act(x[..., :d]) * x[..., d:]`` for bf16/fp16 on Hopper, act in {silu, gelu (erf), gelu_tanh}.
 
@@ -18,6 +19,9 @@ any 16-byte row strides of x and out:
   waited for DRAM before the other loads left (it schedules for registers), until ``vector.after_all``
   made every word depend on every load: now all 8 LDG.E.NA.128 issue back to back (SASS, every config),
   at 40-65 registers, 0-byte stack, no spills (ptxas, nvcc 13.0).
+- Sweep variants (compile params ``schedule``, the tiling keys, ``ctas_per_sm``/``pipeline``/
+  ``streaming_store``; tools/sweep_variants.py): other tilings, ``st.global.cs`` stores, and a persistent
+  grid-stride loop over tiles that loads the next tile before the current one's math. Default: "tile".
 - Activation math as upstream: silu ``g / (1 + e^-g)`` (exp2 + fast reciprocal), gelu with ``erff``,
   gelu_tanh with ``tanh.approx.f32``.
 """
@@ -37,7 +41,7 @@ KERNEL_META = {
     "runtime_cuda_archs": ["sm_90a"],
     "description": "Gated activation act(x[..., :d]) * x[..., d:] (silu / gelu / gelu_tanh), bf16/fp16",
     "upstream": {"project": "flashinfer", "url": "https://github.com/flashinfer-ai/flashinfer",
-                 "commit": "v0.7.4"},
+                 "commit": "77039051b0be921788dc2784ec41423b558878ec"},
     "reference_requirements": [
         {"package": "flashinfer-python", "import": "flashinfer", "specifier": "==0.7.4"},
     ],
@@ -75,9 +79,17 @@ _VEC = 8  # 16-bit elements per 16-byte vector
 # (d / 8) vectors per row = segments x threads_per_segment x vectors_per_thread, rounded up. 4 vectors: 8
 # independent 16-byte loads (128 B) in flight per thread. Segments of at most 256 threads keep the CTA count
 # high at small M; rows of <= 32 threads are packed into CTAs of at least 128 threads.
-VECTORS_PER_THREAD = 4
-MAX_SEGMENT_THREADS = 256
+# Sweep on the H200 (tools/sweep_variants.py, cold L2): one vector per thread in 128-thread segments won at
+# every measured shape: 32768x14336 silu 673.0 us (4.19 TB/s) vs 691.5 with 2x224x4; 4096x14336 gelu_tanh
+# 88.4 vs 91.4; 4096x4096 silu 29.9 vs 30.7. Fewer registers (28 vs 40-44) -> more resident warps.
+VECTORS_PER_THREAD = 1
+MAX_SEGMENT_THREADS = 128
 MIN_CTA_THREADS = 128
+
+
+def sass_expect(act: str, dtype: str, d: int, **_) -> list[str]:
+    """SASS the CPU build test asserts: 16-byte loads of gate/up, 16-byte stores."""
+    return [r"LDG\.E(\.NA)?\.128", r"STG\.E\.128"]
 
 
 def tile_plan(d: int) -> dict:
@@ -93,22 +105,48 @@ def tile_plan(d: int) -> dict:
             "vectors_per_thread": -(-nvec // (segments * tps)), "rows_per_cta": max(1, MIN_CTA_THREADS // tps)}
 
 
+# Schedule variants (sweeps pin them through compile params; the public op uses the default, "tile").
+# "tile": one (row, segment) tile per CTA, the grid covers every tile (``build_kernel``).
+# "persistent": grid min(tiles, ctas_per_sm * NUM_SMS), tiles strided by the grid; with ``pipeline`` the
+# next tile's loads are issued before the current tile's math and stores (``build_kernel_persistent``).
+SCHEDULES = ("tile", "persistent")
+TILE_KEYS = ("segments", "threads_per_segment", "vectors_per_thread", "rows_per_cta")
+VARIANT_KEYS = ("schedule", *TILE_KEYS, "ctas_per_sm", "pipeline", "streaming_store")
+NUM_SMS = 132  # H200 SXM
+
+
 def compile_params(**cfg) -> dict:
-    return {"act": cfg["act"], "dtype": cfg["dtype"], "d": int(cfg["d"])}
+    params = {"act": cfg["act"], "dtype": cfg["dtype"], "d": int(cfg["d"])}
+    params.update({k: cfg[k] for k in VARIANT_KEYS if k in cfg})
+    return params
 
 
 # ---------------------------------------------------------------------------------------------------------
 # The TIRx function
 # ---------------------------------------------------------------------------------------------------------
 
-def get_kernel(act: str, dtype: str, d: int):
+def get_kernel(act: str, dtype: str, d: int, schedule: str = "tile", ctas_per_sm: int | None = None,
+               pipeline: bool = True, streaming_store: bool = False, **tiling):
+    """The kernel of ``schedule``; ``tiling`` (``TILE_KEYS``) overrides ``tile_plan(d)`` (the default)."""
     if act not in ACTS:
         raise ValueError(f"act_and_mul: act {act!r} is not one of {ACTS}")
     if dtype not in _DTYPES:
         raise ValueError(f"act_and_mul: dtype {dtype!r} is not one of {sorted(_DTYPES)}")
     if d % _VEC or d <= 0:
         raise ValueError(f"act_and_mul: d={d} must be a positive multiple of {_VEC}")
-    return build_kernel(act, dtype, d, **tile_plan(d))
+    if schedule not in SCHEDULES:
+        raise ValueError(f"act_and_mul: schedule {schedule!r} is not one of {SCHEDULES}")
+    unknown = set(tiling) - set(TILE_KEYS)
+    if unknown:
+        raise ValueError(f"act_and_mul: unknown compile params {sorted(unknown)}")
+    plan = {**tile_plan(d), **tiling}
+    if plan["segments"] * plan["threads_per_segment"] * plan["vectors_per_thread"] * _VEC < d:
+        raise ValueError(f"act_and_mul: tiling {plan} does not cover d={d}")
+    if schedule == "persistent":
+        plan.pop("rows_per_cta")
+        return build_kernel_persistent(act, dtype, d, **plan, ctas_per_sm=ctas_per_sm or 2, pipeline=pipeline,
+                                       streaming_store=streaming_store)
+    return build_kernel(act, dtype, d, **plan, streaming_store=streaming_store)
 
 
 def _activation(act: str, T, g, tmp, k):
@@ -124,7 +162,7 @@ def _activation(act: str, T, g, tmp, k):
 
 
 def build_kernel(act: str, dtype: str, d: int, segments: int, threads_per_segment: int,
-                 vectors_per_thread: int, rows_per_cta: int):
+                 vectors_per_thread: int, rows_per_cta: int, streaming_store: bool = False):
     """The kernel for an explicit tiling (``get_kernel`` takes it from ``tile_plan``; sweeps call this)."""
     from tvm.script import tirx as T
 
@@ -162,7 +200,8 @@ def build_kernel(act: str, dtype: str, d: int, segments: int, threads_per_segmen
                 u_lo, u_hi = vector.unpack2(ur[v * words + j] ^ dep[0], dtype)
                 vector.pack2(orr, j, _activation(act, T, g_lo, tmp, 2 * j) * u_lo,
                              _activation(act, T, g_hi, tmp, 2 * j + 1) * u_hi, dtype)
-            vector.store_v4(Yf.ptr_to([y_base + col(v, seg, lane)]), orr, 0, vector_pred(v, seg, lane, row, M))
+            vector.store_v4(Yf.ptr_to([y_base + col(v, seg, lane)]), orr, 0, vector_pred(v, seg, lane, row, M),
+                            streaming=streaming_store)
 
     @T.prim_func
     def act_and_mul(x_ptr: T.handle, y_ptr: T.handle, zero: T.int32):
@@ -191,6 +230,102 @@ def build_kernel(act: str, dtype: str, d: int, segments: int, threads_per_segmen
         # Every word depends on every load (``zero`` is 0): all 8 loads issue before any math.
         dep[0] = vector.after_all(gr, vpt * words, zero) | vector.after_all(ur, vpt * words, zero)
         compute_store(Yf, y_base, seg, lane, row, M, gr, ur, orr, tmp, dep)
+
+    return act_and_mul
+
+
+def build_kernel_persistent(act: str, dtype: str, d: int, segments: int, threads_per_segment: int,
+                            vectors_per_thread: int, ctas_per_sm: int, pipeline: bool = True,
+                            streaming_store: bool = False, num_sms: int = NUM_SMS):
+    """Persistent tiles: ``min(M * segments, ctas_per_sm * num_sms)`` CTAs of ``threads_per_segment``
+    threads; CTA ``c`` does tiles ``c, c + grid, ...`` (tile ``t``: row ``t // segments``, segment
+    ``t % segments``). With ``pipeline`` the next tile's gate/up go into a second register set before the
+    current tile's math and stores (plain ``ld.global``: ptxas cannot sink them below the stores), then
+    move into the first. ``__launch_bounds__(threads, ctas_per_sm)`` keeps the whole grid resident.
+    """
+    from tvm.script import tirx as T
+
+    from tirx_kernels.core.lang import vector
+
+    tps = threads_per_segment
+    vpt = vectors_per_thread
+    nvec = d // _VEC
+    words = vector.WORDS_PER_VECTOR
+    max_grid = ctas_per_sm * num_sms
+
+    def col_pred(v, seg, lane):
+        tail = ((segments - 1) * vpt + v + 1) * tps > nvec
+        return (seg * vpt + v) * tps + lane < nvec if tail else None
+
+    def both(a, b):
+        if a is None or b is None:
+            return b if a is None else a
+        return T.And(a, b)
+
+    def col(v, seg, lane):
+        return ((seg * vpt + v) * tps + lane) * _VEC
+
+    def tile_rc(t):
+        return (t, 0) if segments == 1 else (t // segments, t % segments)
+
+    def load_tile(gr, ur, Xf, t, x_stride, lane, tile_ok):
+        row, seg = tile_rc(t)
+        x_base = T.Cast("int64", row) * T.Cast("int64", x_stride)
+        for v in range(vpt):
+            pred = both(tile_ok, col_pred(v, seg, lane))
+            vector.load_v4(gr, v * words, Xf.ptr_to([x_base + col(v, seg, lane)]), pred, l1_no_allocate=True)
+            vector.load_v4(ur, v * words, Xf.ptr_to([x_base + d + col(v, seg, lane)]), pred, l1_no_allocate=True)
+
+    def compute_store(Yf, t, y_stride, lane, gr, ur, orr, tmp):
+        row, seg = tile_rc(t)
+        y_base = T.Cast("int64", row) * T.Cast("int64", y_stride)
+        for v in range(vpt):
+            for j in range(words):
+                g_lo, g_hi = vector.unpack2(gr[v * words + j], dtype)
+                u_lo, u_hi = vector.unpack2(ur[v * words + j], dtype)
+                vector.pack2(orr, j, _activation(act, T, g_lo, tmp, 2 * j) * u_lo,
+                             _activation(act, T, g_hi, tmp, 2 * j + 1) * u_hi, dtype)
+            vector.store_v4(Yf.ptr_to([y_base + col(v, seg, lane)]), orr, 0, col_pred(v, seg, lane),
+                            streaming=streaming_store)
+
+    @T.prim_func
+    def act_and_mul(x_ptr: T.handle, y_ptr: T.handle, zero: T.int32):
+        M = T.int32()
+        x_stride = T.int32()
+        y_stride = T.int32()
+        X = T.match_buffer(x_ptr, (M, 2 * d), dtype, strides=(x_stride, 1), align=16)
+        Y = T.match_buffer(y_ptr, (M, d), dtype, strides=(y_stride, 1), align=16)
+        T.device_entry()
+        T.attr({"tirx.launch_bounds_min_blocks_per_sm": ctas_per_sm})
+        Xf = T.decl_buffer((M * x_stride,), dtype, data=X.data)
+        Yf = T.decl_buffer((M * y_stride,), dtype, data=Y.data)
+        cta = T.cta_id([T.min(M * segments, max_grid)])
+        tid = T.thread_id([tps])
+        gr = T.alloc_local((vpt * words,), "uint32")
+        ur = T.alloc_local((vpt * words,), "uint32")
+        gn = T.alloc_local((vpt * words,), "uint32")
+        un = T.alloc_local((vpt * words,), "uint32")
+        orr = T.alloc_local((words,), "uint32")
+        tmp = T.alloc_local((2 * words,), "float32")
+        dep = T.alloc_local((1,), "uint32")
+        tiles = M * segments
+        grid = T.min(tiles, max_grid)
+        if pipeline:
+            load_tile(gr, ur, Xf, cta, x_stride, tid, None)
+        for it in range((tiles - 1 - cta) // grid + 1):
+            t = cta + it * grid
+            if pipeline:
+                load_tile(gn, un, Xf, t + grid, x_stride, tid, t + grid < tiles)
+            else:
+                load_tile(gr, ur, Xf, t, x_stride, tid, None)
+                # Every word depends on every load (``zero`` is 0): all loads issue before any math.
+                dep[0] = vector.after_all(gr, vpt * words, zero) | vector.after_all(ur, vpt * words, zero)
+                for i in range(vpt * words):
+                    T.buffer_store(gr, gr[i] ^ dep[0], [i])
+            compute_store(Yf, t, y_stride, tid, gr, ur, orr, tmp)
+            if pipeline:
+                vector.copy(gr, gn, vpt * words)
+                vector.copy(ur, un, vpt * words)
 
     return act_and_mul
 
@@ -252,7 +387,7 @@ def get_baselines(**cfg) -> dict:
         def f(x):
             d = x.shape[-1] // 2
             return _torch_act(act, x[..., :d]) * x[..., d:]
-        compiled = torch.compile(f)
+        compiled = torch.compile(f, dynamic=False)
         return lambda data: {"out": compiled(data["x"])}
 
     def flashinfer():

@@ -1,0 +1,370 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+"""Schedule-variant sweep for rmsnorm and act_and_mul: build every variant here, time them on the GPU host.
+
+    python tools/sweep_variants.py build --out build/sweep   # CPU machine: tvm + nvcc -> .so + variants.json
+    python tools/sweep_variants.py run --dir build/sweep     # GPU host: torch + apache-tvm-ffi only
+
+``run`` checks each variant against an fp32 torch oracle on fresh random inputs (NaN-poisoned output, every
+element must be written), then times all variants of a shape together with torch eager, torch.compile and
+liger / flashinfer (when importable) in one ``bench.time_calls`` dict (cold L2, interleaved rounds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "packages", "tirx-core", "src"))  # bench.time_calls without an install
+
+# ---------------------------------------------------------------------------------------------------------
+# Variants: (name, kernel, compile params). Each "row"/"tile" default is listed first (what the op runs).
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _rms(dtype, H, tag, **kw):
+    short = {"bfloat16": "bf16", "float16": "fp16"}[dtype]
+    return (f"rms_{short}_{H}_{tag}", "rmsnorm", {"dtype": dtype, "H": H, **kw})
+
+
+def _act(act, d, tag, **kw):
+    return (f"act_{act}_bf16_{d}_{tag}", "act_and_mul", {"act": act, "dtype": "bfloat16", "d": d, **kw})
+
+
+P = {"schedule": "persistent"}
+
+VARIANTS = [
+    # rmsnorm bf16 H=4096 (row plan: 128 threads x 4 vectors)
+    _rms("bfloat16", 4096, "row"),
+    _rms("bfloat16", 4096, "row_cs", schedule="row", streaming_store=True),
+    _rms("bfloat16", 4096, "p128k4", **P, threads_per_row=128, ctas_per_sm=4),
+    _rms("bfloat16", 4096, "p128k5", **P, threads_per_row=128, ctas_per_sm=5),
+    _rms("bfloat16", 4096, "p256k4", **P, threads_per_row=256, ctas_per_sm=4),
+    _rms("bfloat16", 4096, "p128k6np", **P, threads_per_row=128, ctas_per_sm=6, pipeline=False),
+    # rmsnorm bf16 H=8192 (row plan: 256 threads x 4 vectors)
+    _rms("bfloat16", 8192, "row"),
+    _rms("bfloat16", 8192, "row_cs", schedule="row", streaming_store=True),
+    _rms("bfloat16", 8192, "row512", schedule="row", threads_per_row=512),
+    _rms("bfloat16", 8192, "p256k2", **P, threads_per_row=256, ctas_per_sm=2),
+    _rms("bfloat16", 8192, "p256k2cs", **P, threads_per_row=256, ctas_per_sm=2, streaming_store=True),
+    _rms("bfloat16", 8192, "p512k2", **P, threads_per_row=512, ctas_per_sm=2),
+    _rms("bfloat16", 8192, "p256k3np", **P, threads_per_row=256, ctas_per_sm=3, pipeline=False),
+    _rms("bfloat16", 8192, "p512k1", **P, threads_per_row=512, ctas_per_sm=1),
+    # rmsnorm fp16 H=5120 (row plan: 160 threads x 4 vectors)
+    _rms("float16", 5120, "row"),
+    _rms("float16", 5120, "row_cs", schedule="row", streaming_store=True),
+    _rms("float16", 5120, "p160k3", **P, threads_per_row=160, ctas_per_sm=3),
+    _rms("float16", 5120, "p320k3", **P, threads_per_row=320, ctas_per_sm=3),
+    _rms("float16", 5120, "p160k4np", **P, threads_per_row=160, ctas_per_sm=4, pipeline=False),
+    # act_and_mul silu / gelu_tanh d=14336 (tile plan: 2 segments x 224 threads x 4 vectors)
+    *[v for act in ("silu", "gelu_tanh") for v in (
+        _act(act, 14336, "tile"),
+        _act(act, 14336, "tile_cs", schedule="tile", streaming_store=True),
+        _act(act, 14336, "t1x224x8", segments=1, threads_per_segment=224, vectors_per_thread=8, rows_per_cta=1),
+        _act(act, 14336, "t1x224x8cs", segments=1, threads_per_segment=224, vectors_per_thread=8, rows_per_cta=1,
+             streaming_store=True),
+        _act(act, 14336, "t2x128x7", segments=2, threads_per_segment=128, vectors_per_thread=7, rows_per_cta=1),
+        _act(act, 14336, "p2x224x4k2", **P, ctas_per_sm=2),
+        _act(act, 14336, "p2x224x4k2cs", **P, ctas_per_sm=2, streaming_store=True),
+        _act(act, 14336, "p2x128x7k3", **P, segments=2, threads_per_segment=128, vectors_per_thread=7, ctas_per_sm=3),
+        _act(act, 14336, "p1x224x8k3np", **P, segments=1, threads_per_segment=224, vectors_per_thread=8,
+             ctas_per_sm=3, pipeline=False),
+    )],
+    # act_and_mul silu d=4096 (tile plan: 1 segment x 128 threads x 4 vectors)
+    _act("silu", 4096, "tile"),
+    _act("silu", 4096, "tile_cs", schedule="tile", streaming_store=True),
+    _act("silu", 4096, "t1x64x8r2", segments=1, threads_per_segment=64, vectors_per_thread=8, rows_per_cta=2),
+    _act("silu", 4096, "t2x128x2", segments=2, threads_per_segment=128, vectors_per_thread=2, rows_per_cta=1),
+    _act("silu", 4096, "p1x128x4k4", **P, ctas_per_sm=4),
+    _act("silu", 4096, "p1x128x4k4cs", **P, ctas_per_sm=4, streaming_store=True),
+    _act("silu", 4096, "p1x128x4k6np", **P, ctas_per_sm=6, pipeline=False),
+    # Round 2 (after round 1 on the H200: fewer vectors per thread and more threads won; persistent lost).
+    _rms("bfloat16", 8192, "v2_row1024", schedule="row", threads_per_row=1024),
+    _rms("bfloat16", 4096, "v2_row512", schedule="row", threads_per_row=512),
+    _rms("bfloat16", 4096, "v2_row256", schedule="row", threads_per_row=256),
+    _rms("float16", 5120, "v2_row640", schedule="row", threads_per_row=640),
+    _rms("float16", 5120, "v2_row320", schedule="row", threads_per_row=320),
+    *[v for act in ("silu", "gelu_tanh") for v in (
+        _act(act, 14336, "v2_t7x256x1", segments=7, threads_per_segment=256, vectors_per_thread=1, rows_per_cta=1),
+        _act(act, 14336, "v2_t14x128x1", segments=14, threads_per_segment=128, vectors_per_thread=1, rows_per_cta=1),
+        _act(act, 14336, "v2_t7x128x2", segments=7, threads_per_segment=128, vectors_per_thread=2, rows_per_cta=1),
+        _act(act, 14336, "v2_t4x224x2", segments=4, threads_per_segment=224, vectors_per_thread=2, rows_per_cta=1),
+        _act(act, 14336, "v2_t8x224x1", segments=8, threads_per_segment=224, vectors_per_thread=1, rows_per_cta=1),
+    )],
+    _act("silu", 4096, "v2_t4x128x1", segments=4, threads_per_segment=128, vectors_per_thread=1, rows_per_cta=1),
+    _act("silu", 4096, "v2_t2x256x1", segments=2, threads_per_segment=256, vectors_per_thread=1, rows_per_cta=1),
+    _act("silu", 4096, "v2_t1x256x2", segments=1, threads_per_segment=256, vectors_per_thread=2, rows_per_cta=1),
+    _act("silu", 4096, "v2_t1x512x1", segments=1, threads_per_segment=512, vectors_per_thread=1, rows_per_cta=1),
+]
+
+CALLS = {
+    "rmsnorm": "fn(x2d, weight, out2d, eps: float, 0): x2d (M, H) and out2d (M, H) with unit column stride",
+    "act_and_mul": "fn(x2d, out2d, 0): x2d (M, 2d), out2d (M, d), unit column stride",
+}
+
+
+def _module(kernel: str):
+    if kernel == "rmsnorm":
+        from tirx_kernels.norm import rmsnorm as mod
+    else:
+        from tirx_kernels.ported.flashinfer.activation import act_and_mul as mod
+    return mod
+
+
+def _build_one(item):
+    name, kernel, cfg, out = item
+    from tirx_kernels.core import build
+
+    mod = _module(kernel)
+    params = mod.compile_params(**cfg)
+    so = os.path.join(out, f"{name}.so")
+    t0 = time.time()
+    try:
+        res = build.build_so(mod.get_kernel(**params), so)
+    except Exception as e:  # keep going: one bad variant must not cost the sweep
+        return {"name": name, "kernel": kernel, "params": params, "error": f"{type(e).__name__}: {e}"[-2000:]}
+    ptxas = next(iter(res.ptxas_info.get("kernels", {}).values()), {})
+    return {"name": name, "kernel": kernel, "params": params, "so": f"{name}.so", "call": CALLS[kernel],
+            "ptxas": ptxas, "build_s": round(time.time() - t0, 1)}
+
+
+def cmd_build(args) -> int:
+    from concurrent.futures import ProcessPoolExecutor
+
+    os.makedirs(args.out, exist_ok=True)
+    only = args.only.split(",") if args.only else None
+    items = [(n, k, c, args.out) for n, k, c in VARIANTS if not only or any(o in n for o in only)]
+    with ProcessPoolExecutor(max_workers=args.jobs or os.cpu_count()) as ex:
+        rows = list(ex.map(_build_one, items))
+    for r in rows:
+        p = r.get("ptxas", {})
+        status = r.get("error", "").splitlines()[0] if "error" in r else (
+            f"{p.get('registers')} regs, stack {p.get('stack_bytes')} B, spill {p.get('spill_store_bytes')} B")
+        print(f"{r['name']:32s} {status}")
+    with open(os.path.join(args.out, "variants.json"), "w") as f:
+        json.dump({"variants": rows}, f, indent=1)
+    bad = [r["name"] for r in rows if "error" in r]
+    print(f"built {len(rows) - len(bad)}/{len(rows)} into {args.out}" + (f"; FAILED: {bad}" if bad else ""))
+    return 1 if bad else 0
+
+
+# ---------------------------------------------------------------------------------------------------------
+# run (GPU host)
+# ---------------------------------------------------------------------------------------------------------
+
+SHAPES = [
+    {"kernel": "rmsnorm", "dtype": "bfloat16", "M": 8192, "H": 4096},
+    {"kernel": "rmsnorm", "dtype": "bfloat16", "M": 32768, "H": 8192},
+    {"kernel": "rmsnorm", "dtype": "bfloat16", "M": 4113, "H": 8192},
+    {"kernel": "rmsnorm", "dtype": "float16", "M": 4113, "H": 5120},
+    {"kernel": "act_and_mul", "act": "silu", "dtype": "bfloat16", "M": 32768, "d": 14336},
+    {"kernel": "act_and_mul", "act": "gelu_tanh", "dtype": "bfloat16", "M": 4096, "d": 14336},
+    {"kernel": "act_and_mul", "act": "silu", "dtype": "bfloat16", "M": 4096, "d": 4096},
+]
+
+
+def _matches(v: dict, shape: dict) -> bool:
+    p = v["params"]
+    if v["kernel"] != shape["kernel"] or p["dtype"] != shape["dtype"]:
+        return False
+    if shape["kernel"] == "rmsnorm":
+        return p["H"] == shape["H"]
+    return p["act"] == shape["act"] and p["d"] == shape["d"]
+
+
+def _torch_act(act, g):
+    import torch.nn.functional as F
+
+    return F.silu(g) if act == "silu" else F.gelu(g, approximate="tanh" if act == "gelu_tanh" else "none")
+
+
+def _references(shape: dict, data: dict) -> dict:
+    """{name: zero-arg fn} for the references that import; each returns its output."""
+    import torch
+    import torch.nn.functional as F
+
+    refs = {}
+    if shape["kernel"] == "rmsnorm":
+        x, w, eps = data["x"], data["w"], data["eps"]
+        refs["torch"] = lambda: F.rms_norm(x, (x.shape[-1],), w, eps)
+        comp = torch.compile(lambda x, w: F.rms_norm(x, (x.shape[-1],), w, eps), dynamic=False)
+        refs["torch.compile"] = lambda: comp(x, w)
+        try:
+            from liger_kernel.transformers.functional import liger_rms_norm
+
+            refs["liger"] = lambda: liger_rms_norm(x, w, eps, offset=0.0, casting_mode="gemma")
+        except Exception:
+            pass
+        try:
+            import flashinfer.norm
+
+            refs["flashinfer"] = lambda: flashinfer.norm.rmsnorm(x, w, eps)
+        except Exception:
+            pass
+        try:
+            import quack
+
+            refs["quack"] = lambda: quack.rmsnorm(x, w, eps=eps)
+        except Exception:
+            pass
+        return refs
+    x, act = data["x"], shape["act"]
+    d = x.shape[-1] // 2
+
+    def eager(x):
+        return _torch_act(act, x[..., :d]) * x[..., d:]
+
+    refs["torch"] = lambda: eager(x)
+    comp = torch.compile(eager, dynamic=False)
+    refs["torch.compile"] = lambda: comp(x)
+    try:
+        import flashinfer.activation
+
+        fi = getattr(flashinfer.activation, f"{act}_and_mul")
+        refs["flashinfer"] = lambda: fi(x)
+    except Exception:
+        pass
+    if act == "silu":
+        try:
+            from liger_kernel.ops.swiglu import LigerSiLUMulFunction
+
+            refs["liger"] = lambda: LigerSiLUMulFunction.apply(x[..., :d], x[..., d:])
+        except Exception:
+            pass
+    return refs
+
+
+def _data(shape: dict) -> dict:
+    import torch
+
+    t = {"bfloat16": torch.bfloat16, "float16": torch.float16}[shape["dtype"]]
+    if shape["kernel"] == "rmsnorm":
+        M, H = shape["M"], shape["H"]
+        x = torch.randn(M, H, device="cuda").to(t)
+        w = torch.randn(H, device="cuda").to(t)
+        xf = x.float()
+        ref = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6) * w.float()
+        return {"x": x, "w": w, "eps": 1e-6, "ref": ref, "out_shape": (M, H), "dtype": t,
+                "bytes": 2 * M * H * 2 + H * 2}
+    M, d = shape["M"], shape["d"]
+    x = torch.randn(M, 2 * d, device="cuda").to(t)
+    xf = x.float()
+    ref = _torch_act(shape["act"], xf[:, :d]) * xf[:, d:]
+    return {"x": x, "ref": ref, "out_shape": (M, d), "dtype": t, "bytes": 3 * M * d * 2}
+
+
+def _caller(v: dict, fn, data: dict, out):
+    if v["kernel"] == "rmsnorm":
+        x, w, eps = data["x"], data["w"], data["eps"]
+        return lambda: fn(x, w, out, eps, 0)
+    x = data["x"]
+    return lambda: fn(x, out, 0)
+
+
+def _check(out, ref, dtype) -> str | None:
+    import torch
+
+    if torch.isnan(out).any():
+        return f"{int(torch.isnan(out).sum())} elements not written (NaN)"
+    tol = 1.6e-2 if dtype == torch.bfloat16 else 4e-3
+    err = (out.float() - ref).abs()
+    bad = err > tol * (1 + ref.abs())
+    if bad.any():
+        return f"{int(bad.sum())} elements off, max abs err {float(err.max()):.3g}"
+    return None
+
+
+def cmd_run(args) -> int:
+    import torch
+    import tvm_ffi
+
+    from tirx_kernels.core.bench import time_calls
+
+    with open(os.path.join(args.dir, "variants.json")) as f:
+        variants = [v for v in json.load(f)["variants"] if "error" not in v]
+    t_start = time.time()
+    torch.manual_seed(0)
+    summary = []
+    for shape in SHAPES:
+        vs = [v for v in variants if _matches(v, shape)]
+        label = "x".join(str(shape[k]) for k in ("M", "H", "d") if k in shape)
+        title = f"{shape['kernel']} {shape.get('act', '')} {shape['dtype']} {label}".replace("  ", " ")
+        if not vs:
+            print(f"\n== {title}: no variants")
+            continue
+        data = _data(shape)
+        fns, errors = {}, {}
+        for v in vs:
+            try:
+                fn = tvm_ffi.load_module(os.path.join(args.dir, v["so"]))["main"]
+                out = torch.full(data["out_shape"], float("nan"), device="cuda", dtype=data["dtype"])
+                call = _caller(v, fn, data, out)
+                call()
+                torch.cuda.synchronize()
+                err = _check(out, data["ref"], data["dtype"])
+                if err is None:  # a second run on the same buffer after re-poisoning: no stale state
+                    out.fill_(float("nan"))
+                    call()
+                    torch.cuda.synchronize()
+                    err = _check(out, data["ref"], data["dtype"])
+            except Exception as e:
+                err = f"{type(e).__name__}: {e}"[:300]
+            if err:
+                errors[v["name"]] = err
+            else:
+                fns[v["name"]] = call
+        refs = {}
+        for name, fn in _references(shape, data).items():
+            try:
+                fn()
+                torch.cuda.synchronize()
+                refs[name] = fn
+            except Exception as e:
+                errors[f"ref:{name}"] = f"{type(e).__name__}: {e}"[:200]
+        times = time_calls({**fns, **refs}, calls=args.calls, rounds=args.rounds)
+        best_ref = min(refs, key=lambda n: times[n]["median_us"]) if refs else None
+        best_us = times[best_ref]["median_us"] if best_ref else float("nan")
+        print(f"\n== {title}  (best reference: {best_ref} {best_us:.1f} us)")
+        print(f"{'variant':34s} {'us':>8s} {'TB/s':>6s} {'ref/ours':>8s}  regs  spread(us)")
+        rows = sorted(times.items(), key=lambda kv: kv[1]["median_us"])
+        for name, t in rows:
+            us = t["median_us"]
+            regs = next((str(v["ptxas"].get("registers", "")) for v in vs if v["name"] == name), "ref")
+            spread = f"{min(t['rounds_us']):.1f}-{max(t['rounds_us']):.1f}"
+            print(f"{name:34s} {us:8.1f} {data['bytes'] / us / 1e6:6.2f} {best_us / us:8.3f}  {regs:>4s}  {spread}")
+        for name, e in errors.items():
+            print(f"{name:34s} FAILED: {e}")
+        ours = [(n, t["median_us"]) for n, t in rows if n in fns]
+        if ours:
+            summary.append((title, ours[0][0], ours[0][1], best_ref, best_us))
+        del data, fns, refs
+        torch.cuda.empty_cache()
+    print("\n== summary: best variant per shape vs best reference")
+    for title, name, us, ref, ref_us in summary:
+        print(f"{title:40s} {name:30s} {us:8.1f} us  {ref} {ref_us:8.1f} us  ref/ours {ref_us / us:.3f}")
+    print(f"(sweep {time.time() - t_start:.0f} s)")
+    print("SWEEP DONE")
+    return 0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    b = sub.add_parser("build", help="build every variant (CPU: tvm + nvcc)")
+    b.add_argument("--out", default="build/sweep")
+    b.add_argument("--only", default="", help="build only variants whose name contains this")
+    b.add_argument("--jobs", type=int, default=0)
+    r = sub.add_parser("run", help="check and time every variant (GPU host: torch + tvm-ffi)")
+    r.add_argument("--dir", default="build/sweep")
+    r.add_argument("--rounds", type=int, default=5)
+    r.add_argument("--calls", type=int, default=20)
+    args = ap.parse_args()
+    return cmd_build(args) if args.cmd == "build" else cmd_run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
