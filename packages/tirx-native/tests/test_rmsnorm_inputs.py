@@ -75,7 +75,8 @@ def test_row_plan_covers_the_row(H):
 
 
 def test_plans_of_the_configs():
-    assert mod.row_plan(4096) == {"threads_per_row": 128, "rows_per_cta": 1, "vectors_per_thread": 4}
+    assert mod.row_plan(4096) == {"threads_per_row": 256, "rows_per_cta": 1, "vectors_per_thread": 2}
+    assert mod.row_plan(8192) == {"threads_per_row": 512, "rows_per_cta": 1, "vectors_per_thread": 2}
     assert mod.row_plan(5120)["threads_per_row"] == 160  # 5 warps x 4 vectors: exact
     assert mod.row_plan(7168)["threads_per_row"] == 224
     assert mod.row_plan(128) == {"threads_per_row": 16, "rows_per_cta": 8, "vectors_per_thread": 1}
