@@ -26,15 +26,6 @@ def _error(where: str, reason: str) -> dict:
     return {"where": where, "reason": reason}
 
 
-def _roofline(model: dict, us: float, ceil: dict) -> dict:
-    t_mem = model.get("bytes", 0) / (ceil["copy_tb_s"] * 1e6)
-    t_cmp = model.get("flops", 0) / (ceil["bf16_tflop_s"] * 1e6)
-    bound = "memory" if t_mem >= t_cmp else "compute"
-    return {"tflop_s": model.get("flops", 0) / us / 1e6, "tb_s": model.get("bytes", 0) / us / 1e6, "bound": bound,
-            "pct_of_roofline": 100.0 * (t_mem if bound == "memory" else t_cmp) / us,
-            "model_bytes": model.get("bytes", 0), "model_flops": model.get("flops", 0)}
-
-
 def measure_row(mod, cfg: dict, with_references: bool, references: list | None, rounds: int) -> dict:
     """Time one config of a kernel module (and its enabled references) on the current GPU."""
     import torch
@@ -79,7 +70,8 @@ def measure_row(mod, cfg: dict, with_references: bool, references: list | None, 
             for impl, t in times.items() if impl != "ours"}
     return {"us": us, "timer": times["ours"]["timer"], "rounds_us": times["ours"]["rounds_us"],
             **{k: times["ours"][k] for k in extra if k in times["ours"]},
-            **_roofline(mod.roofline(**cfg), us, ceil), "ceilings": ceil, "references": refs, "errors": errors}
+            **bench.roofline_stats(mod.roofline(**cfg), us, ceil), "ceilings": ceil, "references": refs,
+            "errors": errors}
 
 
 def measure_spec(spec: dict) -> dict:

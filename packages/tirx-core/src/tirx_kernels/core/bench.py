@@ -92,6 +92,16 @@ def ceilings() -> dict:
     return {"copy_tb_s": 2 * n / t_copy / 1e6, "bf16_tflop_s": 2 * 8192**3 / t_mm / 1e6}
 
 
+def roofline_stats(model: dict, us: float, ceil: dict) -> dict:
+    """TFLOP/s, TB/s, the bound (whichever model time at the measured ceiling is larger) and % of it."""
+    t_mem = model.get("bytes", 0) / (ceil["copy_tb_s"] * 1e6)
+    t_cmp = model.get("flops", 0) / (ceil["bf16_tflop_s"] * 1e6)
+    bound = "memory" if t_mem >= t_cmp else "compute"
+    return {"tflop_s": model.get("flops", 0) / us / 1e6, "tb_s": model.get("bytes", 0) / us / 1e6, "bound": bound,
+            "pct_of_roofline": 100.0 * (t_mem if bound == "memory" else t_cmp) / us,
+            "model_bytes": model.get("bytes", 0), "model_flops": model.get("flops", 0)}
+
+
 def bench_config(mod, cfg: dict, with_references: bool = False) -> dict:
     """One bench row: our µs, TFLOP/s or TB/s, % of the measured ceiling, each reference's µs and ref/ours."""
     import torch
@@ -119,17 +129,11 @@ def bench_config(mod, cfg: dict, with_references: bool = False) -> dict:
                 times[name] = time_graph(fns[name])
             except Exception as e:  # a reference that cannot be captured keeps its event timing
                 times[name]["graph_error"] = f"{type(e).__name__}: {e}"
-    model = mod.roofline(**cfg)
     ceil = ceilings()
     us = times["ours"]["median_us"]
-    tflops = model.get("flops", 0) / us / 1e6
-    tbs = model.get("bytes", 0) / us / 1e6
-    t_mem = model.get("bytes", 0) / (ceil["copy_tb_s"] * 1e6)
-    t_cmp = model.get("flops", 0) / (ceil["bf16_tflop_s"] * 1e6)
-    bound = "memory" if t_mem >= t_cmp else "compute"
-    pct = 100.0 * (t_mem if bound == "memory" else t_cmp) / us
+    stats = roofline_stats(mod.roofline(**cfg), us, ceil)
     refs = {n: {"us": t["median_us"], "ref_over_ours": t["median_us"] / us, "timer": t["timer"]}
             for n, t in times.items() if n != "ours"}
     return {"kernel": mod.KERNEL_META["name"], "config": cfg, "us": us, "timer": times["ours"]["timer"],
-            "rounds_us": times["ours"]["rounds_us"], "tflop_s": tflops, "tb_s": tbs, "bound": bound,
-            "pct_of_ceiling": pct, "ceilings": ceil, "references": refs, "missing_references": missing}
+            "rounds_us": times["ours"]["rounds_us"], **stats, "pct_of_ceiling": stats["pct_of_roofline"],
+            "ceilings": ceil, "references": refs, "missing_references": missing}

@@ -19,6 +19,8 @@ import re
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
+from .references import installed_commit
+
 LOCK_FILE = "reference-dependencies.json"
 LOCK_FORMAT = 1
 COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
@@ -110,13 +112,6 @@ def pip_command(req: dict, python: str = "python3") -> list[str] | None:
             url += f"#subdirectory={req['subdirectory']}"
         return base + list(req.get("pip_args", [])) + [url]
     return base + list(req.get("pip_args", [])) + [f"{req['package']}{req['specifier']}"]
-
-
-def installed_commit(dist) -> str | None:
-    raw = dist.read_text("direct_url.json")
-    if not raw:
-        return None
-    return json.loads(raw).get("vcs_info", {}).get("commit_id")
 
 
 def check_requirement(req: dict) -> tuple[str, str]:
