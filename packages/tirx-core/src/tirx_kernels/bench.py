@@ -14,6 +14,7 @@ import json
 import sys
 
 from tirx_kernels import registry
+from tirx_kernels.core.arch import UnsupportedArchError
 
 
 def format_row(r: dict) -> str:
@@ -31,6 +32,17 @@ def main(argv=None) -> int:
     ap.add_argument("--with-references", action="store_true", help="also time every available reference")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
+    try:
+        rows = _bench(a)
+    except (KeyError, UnsupportedArchError) as e:
+        print(f"error: {e.args[0] if isinstance(e, KeyError) else e}", file=sys.stderr)
+        return 2
+    if a.json:
+        print(json.dumps(rows, indent=2, default=str))
+    return 0
+
+
+def _bench(a) -> list[dict]:
     rows = []
     for name in a.kernel:
         mod = registry.load(name)
@@ -47,9 +59,7 @@ def main(argv=None) -> int:
             rows.append(r)
             if not a.json:
                 print(format_row(r), flush=True)
-    if a.json:
-        print(json.dumps(rows, indent=2, default=str))
-    return 0
+    return rows
 
 
 if __name__ == "__main__":

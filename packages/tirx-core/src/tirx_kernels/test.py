@@ -24,7 +24,11 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     results = []
     for name in a.kernel:
-        mod = registry.load(name)
+        try:
+            mod = registry.load(name)
+        except KeyError as e:
+            print(f"error: {e.args[0]}", file=sys.stderr)
+            return 2
         rows = [c for c in mod.CONFIGS if a.config is None or c["label"] == a.config]
         if not rows:
             print(f"error: kernel '{name}' has no config '{a.config}'", file=sys.stderr)
