@@ -16,7 +16,7 @@ def _cases():
     for e in registry.list_kernels():
         mod = registry.load(e.name)
         seen = {}
-        for c in list(mod.CONFIGS) + list(getattr(mod, "BENCH_CONFIGS", None) or []):
+        for c in harness.all_configs(mod):
             params = mod.compile_params(**harness.full_config(mod, c))
             seen.setdefault(artifacts.canonical_params(params), (params, c["label"]))
         out += [pytest.param(e.name, p, id=f"{e.name}-{label}") for p, label in seen.values()]

@@ -15,6 +15,7 @@ import sys
 
 from tirx_kernels import registry
 from tirx_kernels.core.arch import UnsupportedArchError
+from tirx_kernels.core.harness import bench_configs, find_config
 
 
 def format_row(r: dict) -> str:
@@ -46,11 +47,7 @@ def _bench(a) -> list[dict]:
     rows = []
     for name in a.kernel:
         mod = registry.load(name)
-        configs = getattr(mod, "BENCH_CONFIGS", None) or mod.CONFIGS
-        if a.config:
-            from tirx_kernels.core.harness import find_config
-
-            configs = [find_config(mod, a.config, bench=True)]
+        configs = [find_config(mod, a.config, bench=True)] if a.config else bench_configs(mod)
         if not a.json:
             print(f"== {name}: label, ours, rate, % of ceiling, references (ref/ours)", flush=True)
         for c in configs:

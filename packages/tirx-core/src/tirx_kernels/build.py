@@ -20,7 +20,7 @@ from tirx_kernels.core import artifacts
 
 def plan(names: list[str], label: str | None = None, extra_params: dict | None = None) -> list[tuple]:
     """Unique (kernel, module, params, labels) to build, from CONFIGS (+ BENCH_CONFIGS)."""
-    from tirx_kernels.core.harness import full_config
+    from tirx_kernels.core.harness import all_configs, full_config
 
     out: dict[tuple, dict] = {}
     for name in names:
@@ -28,7 +28,7 @@ def plan(names: list[str], label: str | None = None, extra_params: dict | None =
         if extra_params is not None:
             rows = [{"label": "custom", "_params": extra_params}]
         else:
-            rows = list(mod.CONFIGS) + [c for c in (getattr(mod, "BENCH_CONFIGS", None) or []) if c not in mod.CONFIGS]
+            rows = all_configs(mod)
             if label:
                 rows = [c for c in rows if c["label"] == label]
                 if not rows:

@@ -113,14 +113,13 @@ def bench_config(mod, cfg: dict, with_references: bool = False) -> dict:
     fns = {"ours": functools.partial(mod.launch, cfg, data)}
     missing = {}
     if with_references and hasattr(mod, "get_baselines"):
-        inputs = {k: v for k, v in data.items()}
         for name, builder in mod.get_baselines(**cfg).items():
             try:
                 ref_fn = builder()
             except ImportError as e:
                 missing[name] = str(e)
                 continue
-            fns[name] = functools.partial(ref_fn, inputs)
+            fns[name] = functools.partial(ref_fn, data)
     torch.cuda.synchronize()
     times = time_calls(fns)
     for name in list(times):

@@ -7,7 +7,6 @@ A kernel module ends with ``run_test, run_bench = harness.bind(__name__)``.
 from __future__ import annotations
 
 import importlib
-import math
 import os
 
 from . import references
@@ -29,10 +28,21 @@ def full_config(mod, cfg: dict) -> dict:
     return cfg
 
 
+def bench_configs(mod) -> list[dict]:
+    """The rows a benchmark sweeps by default: ``BENCH_CONFIGS``, or ``CONFIGS`` where there are none."""
+    return list(getattr(mod, "BENCH_CONFIGS", None) or mod.CONFIGS)
+
+
+def all_configs(mod) -> list[dict]:
+    """Every row of ``CONFIGS`` and ``BENCH_CONFIGS`` once (by label): what gets built and can be named."""
+    rows = list(mod.CONFIGS)
+    labels = {c["label"] for c in rows}
+    return rows + [c for c in getattr(mod, "BENCH_CONFIGS", None) or [] if c["label"] not in labels]
+
+
 def find_config(mod, label: str, bench: bool = False) -> dict:
-    rows = (getattr(mod, "BENCH_CONFIGS", None) or mod.CONFIGS) if bench else mod.CONFIGS
-    if bench:
-        rows = list(rows) + [c for c in mod.CONFIGS if c not in rows]
+    """The row called ``label`` (in ``CONFIGS``; with ``bench``, also in ``BENCH_CONFIGS``)."""
+    rows = all_configs(mod) if bench else mod.CONFIGS
     for c in rows:
         if c["label"] == label:
             return c
@@ -96,7 +106,7 @@ def _seed_note() -> str:
     return f" (TIRX_SEED={os.environ['TIRX_SEED']})" if "TIRX_SEED" in os.environ else ""
 
 
-def check_outputs(mod, cfg: dict, data: dict, outputs: dict, expected: dict, what: str) -> dict:
+def check_outputs(mod, outputs: dict, expected: dict, what: str) -> dict:
     tol_table = {**DEFAULT_TOLERANCE, **getattr(mod, "TOLERANCE", {})}
     stats = {}
     for key, ref in expected.items():
@@ -105,11 +115,15 @@ def check_outputs(mod, cfg: dict, data: dict, outputs: dict, expected: dict, wha
     return stats
 
 
+def upstream_baselines(mod) -> set[str]:
+    """Baseline names of the upstream references (``reference_requirements``: ``baseline`` key, else import)."""
+    return {r.get("baseline", r["import"]) for r in mod.KERNEL_META.get("reference_requirements", [])}
+
+
 def correctness_baselines(mod) -> set[str]:
-    """Baselines ``run_test`` compares against: the upstream references (``reference_requirements``, named by
-    their ``baseline`` key or import) and plain ``torch``; compiled/autotuned variants are only timed."""
-    reqs = mod.KERNEL_META.get("reference_requirements", [])
-    return {"torch", "cublas"} | {r.get("baseline", r["import"]) for r in reqs}
+    """Baselines ``run_test`` compares against: the upstream references and plain ``torch`` / cuBLAS;
+    compiled/autotuned variants are only timed."""
+    return {"torch", "cublas"} | upstream_baselines(mod)
 
 
 def run_reference_checks(mod, cfg: dict, inputs: dict, ours: dict) -> dict:
@@ -128,7 +142,7 @@ def run_reference_checks(mod, cfg: dict, inputs: dict, ours: dict) -> dict:
         got = fn({k: v.clone() if hasattr(v, "clone") else v for k, v in inputs.items()})
         got = {k: v for k, v in got.items() if k in ours}
         try:
-            stats = check_outputs(mod, cfg, inputs, ours, got, f"reference '{name}'")
+            stats = check_outputs(mod, ours, got, f"reference '{name}'")
             out[name] = {"status": "passed", "stats": stats}
         except KernelCheckError as e:
             out[name] = {"status": "failed", "reason": str(e)}
@@ -163,7 +177,7 @@ def run_test(mod, **cfg) -> dict:
         if outside.numel() and not (outside == poison).all():
             n = int((outside != poison).sum())
             raise KernelCheckError(f"{name}: {n} elements written outside output '{k}' (guard band / stride gap)")
-    stats = check_outputs(mod, cfg, data, {k: data[k] for k in out_names}, expected, "the fp32 oracle")
+    stats = check_outputs(mod, {k: data[k] for k in out_names}, expected, "the fp32 oracle")
     refs = run_reference_checks(mod, cfg, inputs, {k: data[k] for k in out_names})
     failed = {n: r for n, r in refs.items() if r["status"] == "failed"}
     if failed:
@@ -195,6 +209,3 @@ def bind(module_name: str):
         f.__tirx_harness__ = module_name
     return bound_run_test, bound_run_bench
 
-
-def fmt_us(x: float | None) -> str:
-    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.1f}"

@@ -42,15 +42,14 @@ def check_correctness(kernel: str, label: str) -> dict:
 def check_upstream(kernel: str, label: str) -> None:
     """Our outputs against the upstream reference(s) of ``reference_requirements``; skips with the reason."""
     from tirx_kernels.core import references
-    from tirx_kernels.core.harness import find_config
+    from tirx_kernels.core.harness import find_config, upstream_baselines
 
     mod = load_or_skip(kernel)
-    reqs = mod.KERNEL_META.get("reference_requirements", [])
-    if not reqs:
+    if not mod.KERNEL_META.get("reference_requirements"):
         pytest.skip(f"{kernel} declares no upstream reference")
     missing = [d for ok, d in references.resolve_all(mod.KERNEL_META).values() if not ok]
     res = mod.run_test(**find_config(mod, label))
-    upstream = {r.get("baseline", r["import"]) for r in reqs}
+    upstream = upstream_baselines(mod)
     checked = {n: r for n, r in res["references"].items() if n in upstream}
     passed = [n for n, r in checked.items() if r["status"] == "passed"]
     if not passed:
@@ -81,4 +80,4 @@ def check_graph_replay(kernel: str, label: str) -> None:
         data[k].fill_(float("nan"))
     g.replay()
     torch.cuda.synchronize()
-    check_outputs(mod, cfg, data, {k: data[k] for k in expected}, expected, "the fp32 oracle (graph replay)")
+    check_outputs(mod, {k: data[k] for k in expected}, expected, "the fp32 oracle (graph replay)")
