@@ -8,7 +8,7 @@ PIP="python3 -m pip"
 python3 -c "import torch" 2>/dev/null || $PIP install -q torch==2.13.0
 $PIP install -q \
   "apache-tvm==0.27.0.post1" "apache-tvm-ffi==0.1.15.post2" "hatchling>=1.21" "editables>=0.5" "packaging>=23" \
-  "pytest>=8" "pytest-xdist>=3.5" "ruff==0.17.6" "nvidia-cuda-cuobjdump==13.2.51" \
+  "pytest>=8" "pytest-xdist>=3.5" "ruff==0.17.6" "nvidia-cuda-cuobjdump==13.2.51" "nvidia-cuda-nvdisasm==13.2.86" \
   "pyyaml==6.0.3" "kcoral==0.1.1" "matplotlib==3.11.2"
 # One pip call: editable installs of namespace packages; build isolation off (hatchling and editables, its
 # editable-build requirement, are installed above).

@@ -37,68 +37,30 @@ def _act(act, d, tag, **kw):
 
 P = {"schedule": "persistent"}
 
+# Rounds 1-2 (tilings, persistent/pipelined schedules, streaming stores; logs in
+# docs/measurements/2026-12-02-h200/sweep-round{1,2}.log) picked the tilings; round 3 (cache qualifiers of
+# the loads, register caps, late weight) found that L1::no_allocate loads cost 4 % at act_and_mul
+# 32768x14336 (672 -> 646 us with plain loads) and 1.5 % at rmsnorm 32768x8192; round 4 (L1 eviction
+# qualifiers, store qualifiers, persistent/multi-row schedules with plain loads) moved nothing further
+# (logs: docs/measurements/2026-12-02-h200-b/). Earlier variant lists are in git history. Round 5: rmsnorm
+# in two passes over x (torch.compile's reduction: load, reduce, load again from L1/L2 with the weight).
+D = {"load_cache": "default"}
+
 VARIANTS = [
-    # rmsnorm bf16 H=4096 (row plan: 128 threads x 4 vectors)
-    _rms("bfloat16", 4096, "row"),
-    _rms("bfloat16", 4096, "row_cs", schedule="row", streaming_store=True),
-    _rms("bfloat16", 4096, "p128k4", **P, threads_per_row=128, ctas_per_sm=4),
-    _rms("bfloat16", 4096, "p128k5", **P, threads_per_row=128, ctas_per_sm=5),
-    _rms("bfloat16", 4096, "p256k4", **P, threads_per_row=256, ctas_per_sm=4),
-    _rms("bfloat16", 4096, "p128k6np", **P, threads_per_row=128, ctas_per_sm=6, pipeline=False),
-    # rmsnorm bf16 H=8192 (row plan: 256 threads x 4 vectors)
-    _rms("bfloat16", 8192, "row"),
-    _rms("bfloat16", 8192, "row_cs", schedule="row", streaming_store=True),
-    _rms("bfloat16", 8192, "row512", schedule="row", threads_per_row=512),
-    _rms("bfloat16", 8192, "p256k2", **P, threads_per_row=256, ctas_per_sm=2),
-    _rms("bfloat16", 8192, "p256k2cs", **P, threads_per_row=256, ctas_per_sm=2, streaming_store=True),
-    _rms("bfloat16", 8192, "p512k2", **P, threads_per_row=512, ctas_per_sm=2),
-    _rms("bfloat16", 8192, "p256k3np", **P, threads_per_row=256, ctas_per_sm=3, pipeline=False),
-    _rms("bfloat16", 8192, "p512k1", **P, threads_per_row=512, ctas_per_sm=1),
-    # rmsnorm fp16 H=5120 (row plan: 160 threads x 4 vectors)
-    _rms("float16", 5120, "row"),
-    _rms("float16", 5120, "row_cs", schedule="row", streaming_store=True),
-    _rms("float16", 5120, "p160k3", **P, threads_per_row=160, ctas_per_sm=3),
-    _rms("float16", 5120, "p320k3", **P, threads_per_row=320, ctas_per_sm=3),
-    _rms("float16", 5120, "p160k4np", **P, threads_per_row=160, ctas_per_sm=4, pipeline=False),
-    # act_and_mul silu / gelu_tanh d=14336 (tile plan: 2 segments x 224 threads x 4 vectors)
-    *[v for act in ("silu", "gelu_tanh") for v in (
-        _act(act, 14336, "tile"),
-        _act(act, 14336, "tile_cs", schedule="tile", streaming_store=True),
-        _act(act, 14336, "t1x224x8", segments=1, threads_per_segment=224, vectors_per_thread=8, rows_per_cta=1),
-        _act(act, 14336, "t1x224x8cs", segments=1, threads_per_segment=224, vectors_per_thread=8, rows_per_cta=1,
-             streaming_store=True),
-        _act(act, 14336, "t2x128x7", segments=2, threads_per_segment=128, vectors_per_thread=7, rows_per_cta=1),
-        _act(act, 14336, "p2x224x4k2", **P, ctas_per_sm=2),
-        _act(act, 14336, "p2x224x4k2cs", **P, ctas_per_sm=2, streaming_store=True),
-        _act(act, 14336, "p2x128x7k3", **P, segments=2, threads_per_segment=128, vectors_per_thread=7, ctas_per_sm=3),
-        _act(act, 14336, "p1x224x8k3np", **P, segments=1, threads_per_segment=224, vectors_per_thread=8,
-             ctas_per_sm=3, pipeline=False),
+    *[v for H in (8192, 7168, 4096) for v in (
+        _rms("bfloat16", H, "row_stream", load_cache="stream"),
+        _rms("bfloat16", H, "row_evict_last", load_cache="evict_last"),
+        _rms("bfloat16", H, "2p_el_ef", load_cache="evict_last", reload_cache="evict_first"),
+        _rms("bfloat16", H, "2p_el_d", load_cache="evict_last", reload_cache="default"),
+        _rms("bfloat16", H, "2p_d_d", load_cache="default", reload_cache="default"),
+        _rms("bfloat16", H, "2p_el_ef_k4", load_cache="evict_last", reload_cache="evict_first", ctas_per_sm=4),
     )],
-    # act_and_mul silu d=4096 (tile plan: 1 segment x 128 threads x 4 vectors)
-    _act("silu", 4096, "tile"),
-    _act("silu", 4096, "tile_cs", schedule="tile", streaming_store=True),
-    _act("silu", 4096, "t1x64x8r2", segments=1, threads_per_segment=64, vectors_per_thread=8, rows_per_cta=2),
-    _act("silu", 4096, "t2x128x2", segments=2, threads_per_segment=128, vectors_per_thread=2, rows_per_cta=1),
-    _act("silu", 4096, "p1x128x4k4", **P, ctas_per_sm=4),
-    _act("silu", 4096, "p1x128x4k4cs", **P, ctas_per_sm=4, streaming_store=True),
-    _act("silu", 4096, "p1x128x4k6np", **P, ctas_per_sm=6, pipeline=False),
-    # Round 2 (after round 1 on the H200: fewer vectors per thread and more threads won; persistent lost).
-    _rms("bfloat16", 8192, "v2_row1024", schedule="row", threads_per_row=1024),
-    _rms("bfloat16", 4096, "v2_row512", schedule="row", threads_per_row=512),
-    _rms("bfloat16", 4096, "v2_row256", schedule="row", threads_per_row=256),
-    _rms("float16", 5120, "v2_row640", schedule="row", threads_per_row=640),
-    _rms("float16", 5120, "v2_row320", schedule="row", threads_per_row=320),
-    *[v for act in ("silu", "gelu_tanh") for v in (
-        _act(act, 14336, "v2_t7x256x1", segments=7, threads_per_segment=256, vectors_per_thread=1, rows_per_cta=1),
-        _act(act, 14336, "v2_t14x128x1", segments=14, threads_per_segment=128, vectors_per_thread=1, rows_per_cta=1),
-        _act(act, 14336, "v2_t7x128x2", segments=7, threads_per_segment=128, vectors_per_thread=2, rows_per_cta=1),
-        _act(act, 14336, "v2_t4x224x2", segments=4, threads_per_segment=224, vectors_per_thread=2, rows_per_cta=1),
-        _act(act, 14336, "v2_t8x224x1", segments=8, threads_per_segment=224, vectors_per_thread=1, rows_per_cta=1),
-    )],
-    _act("silu", 4096, "v2_t4x128x1", segments=4, threads_per_segment=128, vectors_per_thread=1, rows_per_cta=1),
-    _act("silu", 4096, "v2_t2x256x1", segments=2, threads_per_segment=256, vectors_per_thread=1, rows_per_cta=1),
-    _act("silu", 4096, "v2_t1x256x2", segments=1, threads_per_segment=256, vectors_per_thread=2, rows_per_cta=1),
-    _act("silu", 4096, "v2_t1x512x1", segments=1, threads_per_segment=512, vectors_per_thread=1, rows_per_cta=1),
+    _rms("bfloat16", 7168, "2p448_el_ef", threads_per_row=448, load_cache="evict_last", reload_cache="evict_first"),
+    _rms("bfloat16", 8192, "2p1024_el_ef", threads_per_row=1024, load_cache="evict_last",
+         reload_cache="evict_first"),
+    _rms("bfloat16", 8192, "2p256_el_ef", threads_per_row=256, load_cache="evict_last", reload_cache="evict_first"),
+    _rms("float16", 5120, "row_stream", load_cache="stream"),
+    _rms("float16", 5120, "2p_el_ef", load_cache="evict_last", reload_cache="evict_first"),
 ]
 
 CALLS = {
@@ -160,6 +122,7 @@ SHAPES = [
     {"kernel": "rmsnorm", "dtype": "bfloat16", "M": 8192, "H": 4096},
     {"kernel": "rmsnorm", "dtype": "bfloat16", "M": 32768, "H": 8192},
     {"kernel": "rmsnorm", "dtype": "bfloat16", "M": 4113, "H": 8192},
+    {"kernel": "rmsnorm", "dtype": "bfloat16", "M": 8192, "H": 7168},
     {"kernel": "rmsnorm", "dtype": "float16", "M": 4113, "H": 5120},
     {"kernel": "act_and_mul", "act": "silu", "dtype": "bfloat16", "M": 32768, "d": 14336},
     {"kernel": "act_and_mul", "act": "gelu_tanh", "dtype": "bfloat16", "M": 4096, "d": 14336},

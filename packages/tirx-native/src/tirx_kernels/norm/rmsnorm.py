@@ -15,13 +15,16 @@ Design (memory-bound: 2 bytes read + 2 written per element, the weight stays in 
 - Rows of <= 32 threads are reduced with shuffles only, several rows per CTA (CTAs of >= 128 threads);
   wider rows take one CTA per row (or two for H <= 2048) and one shared-memory exchange
   (``reduce.group_sum``, one barrier).
-- x loads bypass L1 allocation (``L1::no_allocate``): every CTA on an SM reads the same weight, which
+- x loads carry an L1 qualifier chosen per H (``x_load_cache``, measured): ``L1::no_allocate`` up to
+  H = 5120 (every CTA on an SM reads the same weight, which should stay in L1 while x streams past),
+  ``L1::evict_last`` above (1.6 % faster at 32768 x 8192: 259.2 vs 263.5 us).
   should stay in L1 while x streams past.
 - ptxas (nvcc 13.0), every config: 28-65 registers, 0-byte stack, no spills; SASS has only
-  LDG.E.NA.128 (x) / LDG.E.128 (weight) / STG.E.128 global accesses, all loads ahead of the first FFMA.
+  LDG.E.NA.128 or LDG.E.EL.128 (x) / LDG.E.128 (weight) / STG.E.128 global accesses, all loads ahead of
+  the first FFMA.
 
 - Sweep variants (compile params ``schedule``/``threads_per_row``/``ctas_per_sm``/``pipeline``/
-  ``streaming_store``; tools/sweep_variants.py): "persistent" rows with the weight loaded once per CTA and
+  ``store_cache``; tools/sweep_variants.py): "persistent" rows with the weight loaded once per CTA and
   the next row's x loaded before the current row is reduced. The default stays "row" until measured.
 
 Measured (examples/rmsnorm_bf16.py, the same structure with 256 threads and the weight loaded after the
@@ -102,10 +105,21 @@ MIN_H, MAX_H = 16, 16384
 VECTORS_PER_THREAD = [(256, 1), (4096, 2), (7168, 4), (8192, 2), (MAX_H, 4)]
 MIN_CTA_THREADS = 128  # rows of <= 32 threads are packed into CTAs of at least this many threads
 
+# (max H, L1 qualifier of the x loads): sweep rounds 3-5 on the H200 (cold L2; logs in
+# docs/measurements/2026-12-02-h200-b/). 32768x8192: L1::evict_last 259.2 us, plain 259.9, L1::no_allocate
+# 263.5 (torch.compile 252.5; two passes over x as torch.compile does: 262.4); 8192x7168: evict_last
+# 60.2-60.7, no_allocate 60.9-62.0; 8192x4096: no_allocate 36.0-36.1, evict_last 36.8-37.5; fp16 4113x5120:
+# equal (23.8).
+X_LOAD_CACHE = [(5120, "stream"), (MAX_H, "evict_last")]
+
+
+def x_load_cache(H: int) -> str:
+    return next(c for max_h, c in X_LOAD_CACHE if H <= max_h)
+
 
 def sass_expect(dtype: str, H: int, **_) -> list[str]:
     """SASS the CPU build test asserts: 16-byte loads of x and weight, 16-byte stores."""
-    return [r"LDG\.E(\.NA)?\.128", r"STG\.E\.128"]
+    return [r"LDG\.E(\.NA|\.EL)?\.128", r"STG\.E\.128"]
 
 
 def row_plan(H: int) -> dict:
@@ -133,7 +147,8 @@ def row_plan(H: int) -> dict:
 # time, rows strided by the grid; the weight is loaded once per CTA, and with ``pipeline`` the next row's
 # x loads are issued before the current row is reduced and stored (``build_kernel_persistent``).
 SCHEDULES = ("row", "persistent")
-VARIANT_KEYS = ("schedule", "threads_per_row", "rows_per_cta", "ctas_per_sm", "pipeline", "streaming_store")
+VARIANT_KEYS = ("schedule", "threads_per_row", "rows_per_cta", "ctas_per_sm", "pipeline", "store_cache",
+                "load_cache", "weight_late", "reload_cache")
 NUM_SMS = 132  # H200 SXM
 
 
@@ -149,7 +164,8 @@ def compile_params(**cfg) -> dict:
 
 def get_kernel(dtype: str, H: int, schedule: str = "row", threads_per_row: int | None = None,
                rows_per_cta: int | None = None, ctas_per_sm: int | None = None, pipeline: bool = True,
-               streaming_store: bool = False):
+               store_cache: str = "default", load_cache: str | None = None, weight_late: bool = False,
+               reload_cache: str | None = None):
     """The kernel of ``schedule``; unset plan entries come from ``row_plan`` (the default variant)."""
     if dtype not in _DTYPES:
         raise ValueError(f"rmsnorm: dtype {dtype!r} is not one of {sorted(_DTYPES)}")
@@ -159,14 +175,27 @@ def get_kernel(dtype: str, H: int, schedule: str = "row", threads_per_row: int |
         raise ValueError(f"rmsnorm: schedule {schedule!r} is not one of {SCHEDULES}")
     plan = row_plan(H)
     tpr = threads_per_row or plan["threads_per_row"]
+    load_cache = load_cache or x_load_cache(H)
     if schedule == "persistent":
-        return build_kernel_persistent(dtype, H, tpr, ctas_per_sm or 2, pipeline, streaming_store)
+        return build_kernel_persistent(dtype, H, tpr, ctas_per_sm or 2, pipeline, store_cache,
+                                       load_cache=load_cache)
     rows = rows_per_cta or (plan["rows_per_cta"] if threads_per_row is None else max(1, MIN_CTA_THREADS // tpr))
-    return build_kernel(dtype, H, tpr, rows, streaming_store)
+    return build_kernel(dtype, H, tpr, rows, store_cache, load_cache=load_cache, min_ctas_per_sm=ctas_per_sm,
+                        weight_late=weight_late, reload_cache=reload_cache)
 
 
-def build_kernel(dtype: str, H: int, threads_per_row: int, rows_per_cta: int, streaming_store: bool = False):
-    """The kernel for an explicit plan (``get_kernel`` takes it from ``row_plan``; sweeps call this)."""
+def build_kernel(dtype: str, H: int, threads_per_row: int, rows_per_cta: int, store_cache: str = "default",
+                 load_cache: str = "stream", min_ctas_per_sm: int | None = None, weight_late: bool = False,
+                 reload_cache: str | None = None):
+    """The kernel for an explicit plan (``get_kernel`` takes it from ``row_plan``; sweeps call this).
+
+    ``load_cache``: ``vector.LOAD_CACHE`` qualifiers of the x loads. ``min_ctas_per_sm``: emit
+    ``__launch_bounds__(threads, min_ctas_per_sm)`` (a register cap). ``weight_late``: load the weight
+    after the reduction instead of with x (fewer live registers; its L1/L2 latency is then exposed).
+    ``reload_cache``: two passes over x, as torch.compile's reduction does: x is not held across the
+    reduction but loaded again after it (an L1/L2 hit) with these qualifiers, together with the weight.
+    """
+    weight_late = weight_late or reload_cache is not None
     from tvm.script import tirx as T
 
     from tirx_kernels.core.lang import reduce, vector
@@ -190,13 +219,12 @@ def build_kernel(dtype: str, H: int, threads_per_row: int, rows_per_cta: int, st
             return col_ok if row_ok is None else row_ok
         return T.And(row_ok, col_ok)
 
-    def load_row(regs, buf, base, lane, row_ok, l1_no_allocate):
+    def load_row(regs, buf, base, lane, row_ok, cache):
         for v in range(vpt):
             pred = vector_pred(v, lane, row_ok)
             if pred is not None:
                 vector.fill(regs, v * words, words)  # masked vectors add 0 to the sum of squares
-            vector.load_v4(regs, v * words, buf.ptr_to([base + (v * tpr + lane) * _VEC]), pred,
-                           l1_no_allocate=l1_no_allocate)
+            vector.load_v4(regs, v * words, buf.ptr_to([base + (v * tpr + lane) * _VEC]), pred, cache=cache)
 
     def sum_squares(acc, xr):
         for i in range(vpt * words):
@@ -210,7 +238,7 @@ def build_kernel(dtype: str, H: int, threads_per_row: int, rows_per_cta: int, st
                 w_lo, w_hi = vector.unpack2(wr[v * words + j], dtype)
                 vector.pack2(orr, j, x_lo * rs * w_lo, x_hi * rs * w_hi, dtype)
             vector.store_v4(buf.ptr_to([base + (v * tpr + lane) * _VEC]), orr, 0, vector_pred(v, lane, row_ok),
-                            streaming=streaming_store)
+                            cache=store_cache)
 
     @T.prim_func
     def rmsnorm(x_ptr: T.handle, w_ptr: T.handle, y_ptr: T.handle, eps: T.float32, zero: T.int32):
@@ -221,6 +249,8 @@ def build_kernel(dtype: str, H: int, threads_per_row: int, rows_per_cta: int, st
         Wt = T.match_buffer(w_ptr, (H,), dtype, align=16)
         Y = T.match_buffer(y_ptr, (M, H), dtype, strides=(y_stride, 1), align=16)
         T.device_entry()
+        if min_ctas_per_sm is not None:
+            T.attr({"tirx.launch_bounds_min_blocks_per_sm": min_ctas_per_sm})
         # Flat views indexed row * stride + col: TIRx 0.27 binds match_buffer strides on the host but
         # drops them from device indexing (it addresses X[r, c] as r * H + c).
         Xf = T.decl_buffer((M * x_stride,), dtype, data=X.data)
@@ -239,14 +269,22 @@ def build_kernel(dtype: str, H: int, threads_per_row: int, rows_per_cta: int, st
         row = cta * rows_per_cta + tid // tpr
         lane = tid % tpr
         x_base = T.Cast("int64", row) * T.Cast("int64", x_stride)
-        load_row(wr, Wt, 0, lane, None, False)
-        load_row(xr, Xf, x_base, lane, row_pred(row, M), True)
+        if weight_late:
+            load_row(xr, Xf, x_base, lane, row_pred(row, M), load_cache)
+            acc[0] = T.cuda.uint_as_float(vector.after_all(xr, vpt * words, zero))  # 0.0, after all of x
+        else:
+            load_row(wr, Wt, 0, lane, None, "default")
+            load_row(xr, Xf, x_base, lane, row_pred(row, M), load_cache)
+            acc[0] = T.cuda.uint_as_float(vector.after_all(wr, vpt * words, zero))  # 0.0, after the weight
 
         # Sum of squares in fp32 over the row, then the reciprocal RMS.
-        acc[0] = T.cuda.uint_as_float(vector.after_all(wr, vpt * words, zero))  # 0.0, after the weight
         sum_squares(acc, xr)
         total = reduce.group_sum(acc[0], tid, tpr, scratch)
         rs = T.rsqrt(total * T.float32(inv_h) + eps)
+        if weight_late:
+            load_row(wr, Wt, 0, lane, None, "default")
+        if reload_cache is not None:
+            load_row(xr, Xf, x_base, lane, row_pred(row, M), reload_cache)
 
         # out = x * rs * w, rounded once.
         y_base = T.Cast("int64", row) * T.Cast("int64", y_stride)
@@ -256,7 +294,7 @@ def build_kernel(dtype: str, H: int, threads_per_row: int, rows_per_cta: int, st
 
 
 def build_kernel_persistent(dtype: str, H: int, threads_per_row: int, ctas_per_sm: int, pipeline: bool = True,
-                            streaming_store: bool = False, num_sms: int = NUM_SMS):
+                            store_cache: str = "default", num_sms: int = NUM_SMS, load_cache: str = "stream"):
     """Persistent rows: ``min(M, ctas_per_sm * num_sms)`` CTAs of ``threads_per_row`` threads (a multiple
     of 32), CTA ``c`` doing rows ``c, c + grid, ...``. The weight is loaded into registers once per CTA.
     With ``pipeline`` the x of the next row goes into a second register set before the current row's sum
@@ -280,15 +318,14 @@ def build_kernel_persistent(dtype: str, H: int, threads_per_row: int, ctas_per_s
     def col_pred(v, lane):
         return (v * tpr + lane) * _VEC < H if (v + 1) * tpr * _VEC > H else None
 
-    def load_row(regs, buf, base, lane, row_ok, l1_no_allocate):
+    def load_row(regs, buf, base, lane, row_ok, cache):
         for v in range(vpt):
             pred = col_pred(v, lane)
             if pred is not None:
                 vector.fill(regs, v * words, words)
             if row_ok is not None:
                 pred = row_ok if pred is None else T.And(row_ok, pred)
-            vector.load_v4(regs, v * words, buf.ptr_to([base + (v * tpr + lane) * _VEC]), pred,
-                           l1_no_allocate=l1_no_allocate)
+            vector.load_v4(regs, v * words, buf.ptr_to([base + (v * tpr + lane) * _VEC]), pred, cache=cache)
 
     def sum_squares(acc, xr):
         for i in range(vpt * words):
@@ -302,7 +339,7 @@ def build_kernel_persistent(dtype: str, H: int, threads_per_row: int, ctas_per_s
                 w_lo, w_hi = vector.unpack2(wr[v * words + j], dtype)
                 vector.pack2(orr, j, x_lo * rs * w_lo, x_hi * rs * w_hi, dtype)
             vector.store_v4(buf.ptr_to([base + (v * tpr + lane) * _VEC]), orr, 0, col_pred(v, lane),
-                            streaming=streaming_store)
+                            cache=store_cache)
 
     @T.prim_func
     def rmsnorm(x_ptr: T.handle, w_ptr: T.handle, y_ptr: T.handle, eps: T.float32, zero: T.int32):
@@ -325,16 +362,16 @@ def build_kernel_persistent(dtype: str, H: int, threads_per_row: int, ctas_per_s
         acc = T.alloc_local((1,), "float32")
         scratch = T.alloc_shared((2 * half,), "float32")
         grid = T.min(M, max_grid)
-        load_row(wr, Wt, 0, tid, None, False)
+        load_row(wr, Wt, 0, tid, None, "default")
         if pipeline:
-            load_row(xr, Xf, T.Cast("int64", cta) * T.Cast("int64", x_stride), tid, None, True)
+            load_row(xr, Xf, T.Cast("int64", cta) * T.Cast("int64", x_stride), tid, None, load_cache)
         for it in range((M - 1 - cta) // grid + 1):
             row = cta + it * grid
             if pipeline:
                 nrow = row + grid
-                load_row(xn, Xf, T.Cast("int64", nrow) * T.Cast("int64", x_stride), tid, nrow < M, True)
+                load_row(xn, Xf, T.Cast("int64", nrow) * T.Cast("int64", x_stride), tid, nrow < M, load_cache)
             else:
-                load_row(xr, Xf, T.Cast("int64", row) * T.Cast("int64", x_stride), tid, None, True)
+                load_row(xr, Xf, T.Cast("int64", row) * T.Cast("int64", x_stride), tid, None, load_cache)
             acc[0] = T.cuda.uint_as_float(vector.after_all(wr, vpt * words, zero))  # 0.0, after the weight
             sum_squares(acc, xr)
             total = reduce.group_sum(acc[0], tid, tpr, scratch, (it % 2) * half)

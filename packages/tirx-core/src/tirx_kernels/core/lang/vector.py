@@ -44,23 +44,57 @@ def _guarded(call, pred):
                 T.evaluate(call)
 
 
-def load_v4(regs, base, ptr, pred=None, *, l1_no_allocate: bool = False):
+# Cache qualifiers of a 16-byte global load (``load_v4(..., cache=...)``): the PTX text between
+# ``ld.global`` and ``.v4.b32``. "stream" (L1::no_allocate) is what streaming kernels used first; the
+# others are sweep candidates (tools/sweep_variants.py) measured against it on the H200.
+LOAD_CACHE = {
+    "default": "",
+    "stream": ".L1::no_allocate",
+    "nc": ".nc",
+    "nc_stream": ".nc.L1::no_allocate",
+    "l2_256": ".L2::256B",
+    "stream_l2_256": ".L1::no_allocate.L2::256B",
+    "nc_stream_l2_256": ".nc.L1::no_allocate.L2::256B",
+    "evict_first": ".L1::evict_first",
+    "evict_last": ".L1::evict_last",
+    "evict_unchanged": ".L1::evict_unchanged",
+}
+
+
+def load_v4(regs, base, ptr, pred=None, *, l1_no_allocate: bool = False, cache: str | None = None):
     """``regs[base:base+4] <- 16 bytes at ptr`` (``ld.global.v4.b32``), only where ``pred`` holds.
 
     ``ptr`` must be 16-byte aligned (``X.ptr_to([...])``). Where ``pred`` is false the words keep their
     previous value: zero them first (``fill``) when they feed a reduction. ``l1_no_allocate`` streams data
-    read once past L1 so that it does not evict data that is reused (e.g. the RMSNorm weight).
+    read once past L1 so that it does not evict data that is reused (e.g. the RMSNorm weight); ``cache``
+    (a ``LOAD_CACHE`` name) overrides it with any of the qualifier sets there.
     """
-    ld = T.ptx.ld.global_.L1__no_allocate.v4.b32 if l1_no_allocate else T.ptx.ld.global_.v4.b32
+    if cache is None:
+        cache = "stream" if l1_no_allocate else "default"
+    if cache not in LOAD_CACHE:
+        raise ValueError(f"vector.load_v4: cache {cache!r} is not one of {sorted(LOAD_CACHE)}")
+    ld = T.ptx[f"ld.global{LOAD_CACHE[cache]}.v4.b32"]
     _guarded(ld(regs[base], regs[base + 1], regs[base + 2], regs[base + 3], ptr), pred)
 
 
-def store_v4(ptr, regs, base, pred=None, *, streaming: bool = False):
+# Cache qualifiers of a 16-byte global store (``store_v4(..., cache=...)``); "cs" is st.global.cs
+# (cache-streaming, evict-first), which lost 1-2 % on the H200 for rmsnorm and act_and_mul (sweep round 1).
+STORE_CACHE = {
+    "default": "",
+    "cs": ".cs",
+    "no_allocate": ".L1::no_allocate",
+    "evict_first": ".L1::evict_first",
+}
+
+
+def store_v4(ptr, regs, base, pred=None, *, cache: str = "default"):
     """``16 bytes at ptr <- regs[base:base+4]`` (``st.global.v4.b32``), only where ``pred`` holds.
 
-    ``streaming`` emits ``st.global.cs`` (cache-streaming, evict-first): for outputs nobody re-reads soon.
+    ``cache`` is a ``STORE_CACHE`` name (the qualifiers after ``st.global``).
     """
-    st = T.ptx.st.global_.cs.v4.b32 if streaming else T.ptx.st.global_.v4.b32
+    if cache not in STORE_CACHE:
+        raise ValueError(f"vector.store_v4: cache {cache!r} is not one of {sorted(STORE_CACHE)}")
+    st = T.ptx[f"st.global{STORE_CACHE[cache]}.v4.b32"]
     _guarded(st(ptr, regs[base], regs[base + 1], regs[base + 2], regs[base + 3]), pred)
 
 

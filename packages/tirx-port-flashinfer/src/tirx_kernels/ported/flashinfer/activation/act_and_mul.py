@@ -17,11 +17,14 @@ any 16-byte row strides of x and out:
   division, and the tiling divides d exactly (a dynamic-d draft needed a division and carried row/column
   steps per vector). ptxas still issued only 3 of the 8 loads before the first vector's math, which then
   waited for DRAM before the other loads left (it schedules for registers), until ``vector.after_all``
-  made every word depend on every load: now all 8 LDG.E.NA.128 issue back to back (SASS, every config),
+  made every word depend on every load: now all 8 LDG.E.128 issue back to back (SASS, every config),
   at 40-65 registers, 0-byte stack, no spills (ptxas, nvcc 13.0).
 - Sweep variants (compile params ``schedule``, the tiling keys, ``ctas_per_sm``/``pipeline``/
-  ``streaming_store``; tools/sweep_variants.py): other tilings, ``st.global.cs`` stores, and a persistent
+  ``store_cache``; tools/sweep_variants.py): other tilings, ``st.global.cs`` stores, and a persistent
   grid-stride loop over tiles that loads the next tile before the current one's math. Default: "tile".
+- Plain ``ld.global`` loads (no cache qualifier): ``L1::no_allocate`` (the first version) cost 4 % at
+  32768 x 2x14336 on the H200 (672 vs 643 us; sweep rounds 3-4, docs/measurements/2026-12-02-h200-b/); no
+  other L1 eviction or store qualifier moved it further.
 - Activation math as upstream: silu ``g / (1 + e^-g)`` (exp2 + fast reciprocal), gelu with ``erff``,
   gelu_tanh with ``tanh.approx.f32``.
 """
@@ -84,12 +87,16 @@ _VEC = 8  # 16-bit elements per 16-byte vector
 # 88.4 vs 91.4; 4096x4096 silu 29.9 vs 30.7. Fewer registers (28 vs 40-44) -> more resident warps.
 VECTORS_PER_THREAD = 1
 MAX_SEGMENT_THREADS = 128
+# Gate/up loads: plain. Sweep rounds 3-4 on the H200 (32768 x 2x14336 silu, cold L2): plain 643.2 us (4.38 TB/s,
+# torch.compile 642.6 in the same run), L1::evict_last / evict_unchanged 643.3-643.4, L1::no_allocate 673.5,
+# L2::256B prefetch 646.9, .nc + no_allocate 672.5; store qualifiers (evict_first, no_allocate) within 0.1 %.
+LOAD_CACHE = "default"
 MIN_CTA_THREADS = 128
 
 
 def sass_expect(act: str, dtype: str, d: int, **_) -> list[str]:
     """SASS the CPU build test asserts: 16-byte loads of gate/up, 16-byte stores."""
-    return [r"LDG\.E(\.NA)?\.128", r"STG\.E\.128"]
+    return [r"LDG\.E\.128", r"STG\.E\.128"]
 
 
 def tile_plan(d: int) -> dict:
@@ -111,7 +118,7 @@ def tile_plan(d: int) -> dict:
 # next tile's loads are issued before the current tile's math and stores (``build_kernel_persistent``).
 SCHEDULES = ("tile", "persistent")
 TILE_KEYS = ("segments", "threads_per_segment", "vectors_per_thread", "rows_per_cta")
-VARIANT_KEYS = ("schedule", *TILE_KEYS, "ctas_per_sm", "pipeline", "streaming_store")
+VARIANT_KEYS = ("schedule", *TILE_KEYS, "ctas_per_sm", "pipeline", "store_cache", "load_cache")
 NUM_SMS = 132  # H200 SXM
 
 
@@ -126,7 +133,7 @@ def compile_params(**cfg) -> dict:
 # ---------------------------------------------------------------------------------------------------------
 
 def get_kernel(act: str, dtype: str, d: int, schedule: str = "tile", ctas_per_sm: int | None = None,
-               pipeline: bool = True, streaming_store: bool = False, **tiling):
+               pipeline: bool = True, store_cache: str = "default", load_cache: str = LOAD_CACHE, **tiling):
     """The kernel of ``schedule``; ``tiling`` (``TILE_KEYS``) overrides ``tile_plan(d)`` (the default)."""
     if act not in ACTS:
         raise ValueError(f"act_and_mul: act {act!r} is not one of {ACTS}")
@@ -145,8 +152,9 @@ def get_kernel(act: str, dtype: str, d: int, schedule: str = "tile", ctas_per_sm
     if schedule == "persistent":
         plan.pop("rows_per_cta")
         return build_kernel_persistent(act, dtype, d, **plan, ctas_per_sm=ctas_per_sm or 2, pipeline=pipeline,
-                                       streaming_store=streaming_store)
-    return build_kernel(act, dtype, d, **plan, streaming_store=streaming_store)
+                                       store_cache=store_cache, load_cache=load_cache)
+    return build_kernel(act, dtype, d, **plan, store_cache=store_cache, load_cache=load_cache,
+                        min_ctas_per_sm=ctas_per_sm)
 
 
 def _activation(act: str, T, g, tmp, k):
@@ -162,8 +170,13 @@ def _activation(act: str, T, g, tmp, k):
 
 
 def build_kernel(act: str, dtype: str, d: int, segments: int, threads_per_segment: int,
-                 vectors_per_thread: int, rows_per_cta: int, streaming_store: bool = False):
-    """The kernel for an explicit tiling (``get_kernel`` takes it from ``tile_plan``; sweeps call this)."""
+                 vectors_per_thread: int, rows_per_cta: int, store_cache: str = "default",
+                 load_cache: str = LOAD_CACHE, min_ctas_per_sm: int | None = None):
+    """The kernel for an explicit tiling (``get_kernel`` takes it from ``tile_plan``; sweeps call this).
+
+    ``load_cache``: the ``vector.LOAD_CACHE`` qualifiers of the gate/up loads; ``min_ctas_per_sm``: emit
+    ``__launch_bounds__(threads, min_ctas_per_sm)`` (caps registers so that many CTAs stay resident).
+    """
     from tvm.script import tirx as T
 
     from tirx_kernels.core.lang import vector
@@ -189,9 +202,9 @@ def build_kernel(act: str, dtype: str, d: int, segments: int, threads_per_segmen
     def load_all(gr, ur, Xf, x_base, seg, lane, row, M):
         for v in range(vpt):
             vector.load_v4(gr, v * words, Xf.ptr_to([x_base + col(v, seg, lane)]), vector_pred(v, seg, lane, row, M),
-                           l1_no_allocate=True)
+                           cache=load_cache)
             vector.load_v4(ur, v * words, Xf.ptr_to([x_base + d + col(v, seg, lane)]),
-                           vector_pred(v, seg, lane, row, M), l1_no_allocate=True)
+                           vector_pred(v, seg, lane, row, M), cache=load_cache)
 
     def compute_store(Yf, y_base, seg, lane, row, M, gr, ur, orr, tmp, dep):
         for v in range(vpt):
@@ -201,7 +214,7 @@ def build_kernel(act: str, dtype: str, d: int, segments: int, threads_per_segmen
                 vector.pack2(orr, j, _activation(act, T, g_lo, tmp, 2 * j) * u_lo,
                              _activation(act, T, g_hi, tmp, 2 * j + 1) * u_hi, dtype)
             vector.store_v4(Yf.ptr_to([y_base + col(v, seg, lane)]), orr, 0, vector_pred(v, seg, lane, row, M),
-                            streaming=streaming_store)
+                            cache=store_cache)
 
     @T.prim_func
     def act_and_mul(x_ptr: T.handle, y_ptr: T.handle, zero: T.int32):
@@ -211,6 +224,8 @@ def build_kernel(act: str, dtype: str, d: int, segments: int, threads_per_segmen
         X = T.match_buffer(x_ptr, (M, 2 * d), dtype, strides=(x_stride, 1), align=16)
         Y = T.match_buffer(y_ptr, (M, d), dtype, strides=(y_stride, 1), align=16)
         T.device_entry()
+        if min_ctas_per_sm is not None:
+            T.attr({"tirx.launch_bounds_min_blocks_per_sm": min_ctas_per_sm})
         # Flat views indexed row * stride + col: TIRx 0.27 binds match_buffer strides on the host but
         # drops them from device indexing.
         Xf = T.decl_buffer((M * x_stride,), dtype, data=X.data)
@@ -236,7 +251,7 @@ def build_kernel(act: str, dtype: str, d: int, segments: int, threads_per_segmen
 
 def build_kernel_persistent(act: str, dtype: str, d: int, segments: int, threads_per_segment: int,
                             vectors_per_thread: int, ctas_per_sm: int, pipeline: bool = True,
-                            streaming_store: bool = False, num_sms: int = NUM_SMS):
+                            store_cache: str = "default", num_sms: int = NUM_SMS, load_cache: str = LOAD_CACHE):
     """Persistent tiles: ``min(M * segments, ctas_per_sm * num_sms)`` CTAs of ``threads_per_segment``
     threads; CTA ``c`` does tiles ``c, c + grid, ...`` (tile ``t``: row ``t // segments``, segment
     ``t % segments``). With ``pipeline`` the next tile's gate/up go into a second register set before the
@@ -273,8 +288,8 @@ def build_kernel_persistent(act: str, dtype: str, d: int, segments: int, threads
         x_base = T.Cast("int64", row) * T.Cast("int64", x_stride)
         for v in range(vpt):
             pred = both(tile_ok, col_pred(v, seg, lane))
-            vector.load_v4(gr, v * words, Xf.ptr_to([x_base + col(v, seg, lane)]), pred, l1_no_allocate=True)
-            vector.load_v4(ur, v * words, Xf.ptr_to([x_base + d + col(v, seg, lane)]), pred, l1_no_allocate=True)
+            vector.load_v4(gr, v * words, Xf.ptr_to([x_base + col(v, seg, lane)]), pred, cache=load_cache)
+            vector.load_v4(ur, v * words, Xf.ptr_to([x_base + d + col(v, seg, lane)]), pred, cache=load_cache)
 
     def compute_store(Yf, t, y_stride, lane, gr, ur, orr, tmp):
         row, seg = tile_rc(t)
@@ -286,7 +301,7 @@ def build_kernel_persistent(act: str, dtype: str, d: int, segments: int, threads
                 vector.pack2(orr, j, _activation(act, T, g_lo, tmp, 2 * j) * u_lo,
                              _activation(act, T, g_hi, tmp, 2 * j + 1) * u_hi, dtype)
             vector.store_v4(Yf.ptr_to([y_base + col(v, seg, lane)]), orr, 0, col_pred(v, seg, lane),
-                            streaming=streaming_store)
+                            cache=store_cache)
 
     @T.prim_func
     def act_and_mul(x_ptr: T.handle, y_ptr: T.handle, zero: T.int32):
