@@ -522,3 +522,72 @@ def test_ws_skeleton_sass(tmp_path):
         pytest.skip("cuobjdump not installed (pip install nvidia-cuda-cuobjdump)")
     sass = build.sass(res.so_path)
     assert sass.count("USETMAXREG") >= 2
+
+
+# --- clusters: DSMEM loads through mapa, non-aligned cluster barrier, named barriers ------------------------
+
+def _dsmem_kernel():
+    from tirx_kernels.core.lang import cluster
+
+    @T.prim_func
+    def dsmem(x_ptr: T.handle):
+        N = T.int32()
+        X = T.match_buffer(x_ptr, (N,), "float32", align=16)
+        T.device_entry()
+        bx = T.cta_id([(N + 127) // 128 * 4])
+        rank = T.cta_id_in_cluster([4])
+        wg = T.warpgroup_id([2])
+        tid = T.thread_id([256])
+        pool = T.SMEMPool()
+        P = pool.alloc((512,), "float32", align=1024)
+        pool.commit()
+        v = T.alloc_local((4,), "float32")
+        scratch = T.alloc_local((1,), "uint32")
+        if wg == 0:
+            # A "producer" warpgroup joining both cluster barriers from its own branch.
+            cluster.arrive(relaxed=True)
+            cluster.wait()
+            cluster.arrive(relaxed=True)
+            cluster.wait()
+        else:
+            ct = tid - 128
+            for e in T.unroll(4):
+                P[ct * 4 + e] = T.Cast("float32", rank * 1000 + ct * 4 + e)
+            cluster.named_sync(1, 128)
+            cluster.arrive()  # release: the writes above are visible to the peers after their wait
+            cluster.wait()
+            cluster.load_v4_f32(v, 0, P.ptr_to([ct * 4]), (rank + 1) % 4, scratch[0])
+            X[bx * 128 + ct] = v[0] + v[1] + v[2] + v[3]
+            cluster.sync()
+
+    return dsmem
+
+
+def test_dsmem_codegen():
+    src = build.codegen(_dsmem_kernel())
+    for text in ("mapa.shared::cluster.u32", "ld.shared::cluster.v4.f32", "barrier.cluster.arrive;",
+                 "barrier.cluster.arrive.relaxed;", "barrier.cluster.wait;", "bar.sync",
+                 "cudaLaunchAttributeClusterDimension"):
+        assert text in src, text
+    # Only the non-aligned forms: legal where the warpgroups reach the barrier in different branches.
+    assert "barrier.cluster.arrive.aligned" not in src and "barrier.cluster.wait.aligned" not in src
+
+
+def test_cluster_helpers_reject_bad_named_barrier():
+    from tirx_kernels.core.lang import cluster
+
+    for bad in ((0, 128), (16, 128), (1, 100)):
+        with pytest.raises(ValueError):
+            cluster.named_sync(*bad)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
+def test_dsmem_sass(tmp_path):
+    res = build.build_so(_dsmem_kernel(), str(tmp_path / "dsmem.so"))
+    kern = next(iter(res.ptxas_info["kernels"].values()))
+    assert kern["spill_store_bytes"] == 0 and kern["stack_bytes"] == 0
+    if build.cuobjdump() is None:
+        pytest.skip("cuobjdump not installed (pip install nvidia-cuda-cuobjdump)")
+    sass = build.sass(res.so_path)
+    for op in ("UCGABAR_ARV", "UCGABAR_WAIT", "LD.E.128", "BAR.SYNC.DEFER_BLOCKING 0x1, 0x80"):
+        assert op in sass, op

@@ -56,17 +56,31 @@ def test_fake_impl_shapes():
 
 
 def test_tile_heuristic_and_params():
-    assert mod.choose_tile(4096, 4096, 4096) in mod.TILE_CONFIGS
-    assert mod.choose_tile(1, 8, 8) in mod.TILE_CONFIGS
+    kind = {t: c.get("kind") for t, c in mod.TILE_CONFIGS.items()}
+    assert mod.TILE_TABLE[-1][:3] == (None, None, None)  # a catch-all row
+    assert kind[mod.choose_tile(1, 4096, 4096)] == "small_m"
+    assert kind[mod.choose_tile(128, 14336, 4096)] == "small_m"
+    assert mod.choose_tile(512, 4096, 4096) == "persistent_128x128x64_s6_g8"
+    assert mod.choose_tile(4096, 4096, 4096) == "persistent_128x256x64_s3_g8"
+    assert mod.choose_tile(8192, 8192, 8192) == "persistent_128x256x64_s3_g8"
     p = mod.compile_params(**{**mod.DEFAULTS, "M": 1000, "N": 1032, "K": 1048})
-    assert p == {"dtype": "bfloat16", "tile": "ws_128x256x64_s3"}
-    # M, N, K are dynamic: every config of one dtype shares one artifact (per pinned tile, if any)
+    assert p == {"dtype": "bfloat16", "tile": "persistent_128x128x64_s6_g8"}
+    # M, N, K are runtime arguments: an unpinned config's artifact is the heuristic tile's, and a bundle
+    # carries every tile the heuristic can pick for both dtypes.
+    for c in mod.CONFIGS:
+        if "tile" not in c:
+            assert mod.compile_params(**{**mod.DEFAULTS, **c})["tile"] == mod.choose_tile(c["M"], c["N"], c["K"])
+    table_tiles = {row[-1] for row in mod.TILE_TABLE}
+    assert {(p["dtype"], p["tile"]) for p in mod.artifact_params()} == {
+        (d, t) for d in ("bfloat16", "float16") for t in table_tiles}
+
     def key(c):
         return tuple(sorted(mod.compile_params(**{**mod.DEFAULTS, **c}).items()))
 
-    assert len({key(c) for c in mod.CONFIGS if "tile" not in c}) == 2
     pinned = [c for c in mod.CONFIGS if "tile" in c]
-    assert len({key(c) for c in pinned}) == len({(c["dtype"], c["tile"]) for c in pinned})
+    variant_keys = ("layout", "out_dtype", "epilogue", "bias_dtype")
+    assert len({key(c) for c in pinned}) == len({(c["dtype"], c["tile"], *(c.get(k) for k in variant_keys))
+                                                 for c in pinned})
 
 
 def test_protocol_literals():
@@ -87,3 +101,117 @@ def test_unknown_tile_is_rejected():
     a = torch.randn(16, 64).to(torch.bfloat16)
     with pytest.raises(TirxInputError, match="argument 'tile': expected one of"):
         mod.gemm_nt(a, a, tile="no_such_tile")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# gemm_nn and the epilogue / output-dtype arguments of both ops
+# ---------------------------------------------------------------------------------------------------------
+
+f32 = torch.float32
+
+
+@pytest.mark.parametrize("a, b, out, arg, what", [
+    (_t(64, 64), _t(72, 64), None, "b", "shape"),  # B (K, N): K mismatch
+    (_t(64, 64), _t(64, 60), None, "b", "multiple of 8"),  # N % 8 (B's rows)
+    (_t(64, 64), _t(64, 128)[:, ::2], None, "b", "unit stride"),
+    (_t(64, 64), _t(32, 64).t(), None, "b", "unit stride"),  # an NT-style B passed to gemm_nn
+    (_t(64, 64), _t(128, 32)[::2], None, "b", "contiguous"),
+    (_t(64, 64), _t(64, 32, dtype=torch.float16), None, "b", "dtype"),
+    (_t(64, 64), _t(64, 32), _t(32, 64), "out", "shape"),
+    (_t(64, 64), _t(64, 32), _t(64, 32, dtype=f32), "out", "dtype"),  # fp32 out needs out_dtype=float32
+    (_t(64, 64), _t(64, 32), None, "a", "CUDA"),
+])
+def test_nn_rejected_inputs_name_the_argument(a, b, out, arg, what):
+    with pytest.raises(TirxInputError, match=f"gemm_nn: argument '{arg}': expected .*{what}"):
+        mod.gemm_nn(a, b, out=out)
+
+
+@pytest.mark.parametrize("op", ["gemm_nt", "gemm_nn"])
+@pytest.mark.parametrize("kwargs, arg, what", [
+    ({"bias": _t(40)}, "bias", "shape \\(32\\)"),
+    ({"bias": _t(32, 1)}, "bias", "shape"),
+    ({"bias": _t(32, dtype=torch.float16)}, "bias", "dtype bfloat16 or float32"),
+    ({"bias": _t(64)[::2]}, "bias", "unit stride"),
+    ({"bias": [0.0] * 32}, "bias", "torch.Tensor"),
+    ({"beta": 0.5}, "beta", "0 when 'out' is not given"),
+    ({"alpha": float("nan")}, "alpha", "finite"),
+    ({"alpha": torch.tensor(2.0)}, "alpha", "finite Python float"),
+    ({"beta": True, "out": _t(64, 32)}, "beta", "finite Python float"),
+    ({"out_dtype": torch.float16}, "out_dtype", "bfloat16 .*or float32"),
+    ({"out_dtype": f32, "out": _t(64, 32)}, "out", "dtype float32 \\(out_dtype\\)"),
+    ({"out_dtype": f32, "out": _t(64, 32, dtype=f32), "tile": "ws_128x256x64_s3"}, "tile", "persistent"),
+    ({"bias": _t(32), "tile": "ws_128x256x64_s3"}, "tile", "persistent"),
+    ({"alpha": 2.0, "tile": "ws_128x256x64_s3"}, "tile", "persistent"),
+    ({"bias": _t(32, dtype=f32), "alpha": 0.5, "beta": -1.0, "out": _t(64, 32, dtype=f32), "out_dtype": f32},
+     "a", "CUDA"),  # valid except the device
+])
+def test_epilogue_args_rejected(op, kwargs, arg, what):
+    a = _t(64, 64)
+    b = _t(32, 64) if op == "gemm_nt" else _t(64, 32)
+    if op == "gemm_nn" and arg == "tile":
+        kwargs = {k: v for k, v in kwargs.items() if k not in ("bias", "alpha")}  # NN alone needs persistent
+    with pytest.raises(TirxInputError, match=f"{op}: argument '{arg}': expected .*{what}"):
+        getattr(mod, op)(a, b, **kwargs)
+
+
+def test_plain_nt_accepts_ws_tile_but_nn_does_not():
+    a, b = _t(64, 64), _t(32, 64)
+    with pytest.raises(TirxInputError, match="argument 'a': expected a CUDA tensor"):  # past the tile check
+        mod.gemm_nt(a, b, tile="ws_128x256x64_s3")
+    with pytest.raises(TirxInputError, match="gemm_nn: argument 'tile': expected a persistent tile"):
+        mod.gemm_nn(a, b.t().contiguous(), tile="ws_128x256x64_s3")
+
+
+def test_fake_impls_of_the_new_ops():
+    a = torch.empty(129, 72, dtype=bf16, device="meta")
+    b_nn = torch.empty(72, 264, dtype=bf16, device="meta")
+    c = torch.ops.tirx.gemm_nn(a, b_nn)
+    assert c.shape == (129, 264) and c.dtype == bf16 and c.device.type == "meta"
+    c = torch.ops.tirx.gemm_nn(a, b_nn, None, None, 2.0, f32)
+    assert c.shape == (129, 264) and c.dtype == f32
+    b_nt = torch.empty(264, 72, dtype=bf16, device="meta")
+    bias = torch.empty(264, dtype=f32, device="meta")
+    c = torch.ops.tirx.gemm_nt(a, b_nt, bias=bias, alpha=0.5, out_dtype=f32)
+    assert c.shape == (129, 264) and c.dtype == f32
+    for name in ("gemm_nt_out", "gemm_nn_out"):
+        schema = str(getattr(torch.ops.tirx, name).default._schema)
+        assert "Tensor(a!) out" in schema and "Tensor? bias=None" in schema
+        assert "float alpha=1." in schema and "float beta=0." in schema
+    assert "ScalarType? out_dtype=None" in str(torch.ops.tirx.gemm_nn.default._schema)
+
+
+def test_variant_compile_params():
+    base = {"dtype": "bfloat16", "M": 4096, "N": 4096, "K": 4096}
+    # The plain kernel keeps its artifact key: no variant keys at all.
+    assert mod.compile_params(**base, layout="nt", out_dtype="bfloat16", epilogue="none") == \
+        mod.compile_params(**base)
+    p = mod.compile_params(**base, layout="nn")
+    assert p == {"dtype": "bfloat16", "tile": mod.VARIANT_TILE, "layout": "nn", "out_dtype": "bfloat16",
+                 "epilogue": "none"}
+    assert mod.TILE_CONFIGS[mod.VARIANT_TILE]["kind"] == "persistent"
+    p = mod.compile_params(**base, epilogue="bias", tile="persistent_128x128x64_s6_g8")
+    assert p["tile"] == "persistent_128x128x64_s6_g8" and p["bias_dtype"] == "bfloat16"
+    p = mod.compile_params(**base, out_dtype="float32", epilogue="alpha_beta")
+    assert p["out_dtype"] == "float32" and "bias_dtype" not in p
+
+
+def test_config_rows_match_what_the_op_compiles():
+    """A row's epilogue is the one the public op derives from its arguments, so the build test builds the
+    artifact the GPU run loads."""
+    for c in mod.CONFIGS:
+        epi = c.get("epilogue", "none")
+        bias = object() if epi in ("bias", "alpha_beta_bias") else None
+        assert mod._epilogue(bias, c.get("alpha", 1.0), c.get("beta", 0.0)) == epi, c["label"]
+        if mod.is_variant(c["dtype"], c.get("layout"), c.get("out_dtype"), epi):
+            assert mod.TILE_CONFIGS[c["tile"]]["kind"] == "persistent", c["label"]
+
+
+def test_variant_roofline():
+    r = mod.roofline(dtype="bfloat16", M=2, N=3, K=4, out_dtype="float32", epilogue="alpha_beta_bias",
+                     bias_dtype="float32", beta=1.0)
+    assert r == {"bytes": (8 + 12) * 2 + 2 * 6 * 4 + 3 * 4, "flops": 48}
+
+
+def test_ws_kernel_rejects_variants():
+    with pytest.raises(ValueError, match="need a persistent tile"):
+        mod.get_kernel("bfloat16", "ws_128x256x64_s3", layout="nn")

@@ -33,6 +33,9 @@ def plan(names: list[str], label: str | None = None, extra_params: dict | None =
                 rows = [c for c in rows if c["label"] == label]
                 if not rows:
                     raise SystemExit(f"kernel '{name}' has no config '{label}'")
+        if extra_params is None and not label and hasattr(mod, "artifact_params"):
+            # Params the public op picks at run time for shapes no config names (e.g. GEMM heuristic tiles).
+            rows += [{"label": "artifact_params", "_params": p} for p in mod.artifact_params()]
         for c in rows:
             params = c.get("_params") or mod.compile_params(**full_config(mod, c))
             key = (name, artifacts.canonical_params(params))

@@ -21,6 +21,22 @@ Design:
   CTA lies past M: it still loads (zero-filled) A, multicasts its B half and joins every barrier, but
   stores nothing.
 - Every shared buffer, barriers included, in one ``T.SMEMPool`` (1024-aligned only then).
+
+Variants (compile parameters; the defaults build exactly the plain kernel above):
+- ``layout="nn"``: B is (K, N), N contiguous: an MN-major wgmma operand (transpose-B immediate). Each
+  stage's B tile is ``block_n / 64`` TMA boxes of (block_k K-rows x 64 N-columns), 128B-swizzled, one
+  after the other; the SW128 MN-major descriptor has LBO = one box (the next 64 N-columns) and SBO =
+  1024 B (the next 8 K-rows), and each k16 step moves 16 K-rows = 2048 B.
+- ``out_dtype="float32"``: the staging tile keeps its 16-bit size, so the fp32 slab goes out in two
+  passes of block_n / 2 columns (TMA store boxes of 64 rows x 32 fp32 = one 128-byte swizzle row); the
+  second pass waits for the first pass's stores to have read the staging tile.
+- ``epilogue``: ``"bias"`` adds ``bias[n]`` (bf16/fp16/fp32, ``bias_dtype``); ``"alpha_beta"`` computes
+  ``alpha * acc + beta * C`` with runtime fp32 scalars (kernel arguments); ``"alpha_beta_bias"`` both.
+  When ``beta != 0`` (a uniform runtime branch) each consumer warpgroup TMA-loads its slab of the old C
+  into the staging tile (the same boxes and swizzle the store uses, completing on a per-warpgroup
+  mbarrier) and reads its own elements back from there; ``beta == 0`` never reads C (BLAS semantics:
+  ``out`` may hold NaN).
+  The kernel's arguments are ``(a, b, c[, bias][, alpha, beta])``.
 """
 
 from __future__ import annotations
@@ -28,28 +44,68 @@ from __future__ import annotations
 SMEM_LIMIT = 232448  # 227 KB: the H200's opt-in maximum dynamic shared memory per block
 NUM_CONSUMERS = 2
 
+LAYOUTS = ("nt", "nn")
+EPILOGUES = ("none", "bias", "alpha_beta", "alpha_beta_bias")
 
-def smem_bytes(dtype: str, block_m: int, block_n: int, block_k: int, num_stages: int) -> int:
-    """Bytes of the pool: the A/B ring, the C staging tile, the 2 x num_stages barriers."""
+
+def has_bias(epilogue: str) -> bool:
+    return epilogue in ("bias", "alpha_beta_bias")
+
+
+def has_alpha_beta(epilogue: str) -> bool:
+    return epilogue in ("alpha_beta", "alpha_beta_bias")
+
+
+def smem_bytes(dtype: str, block_m: int, block_n: int, block_k: int, num_stages: int,
+               epilogue: str = "none") -> int:
+    """Bytes of the pool: the A/B ring, the C staging tile (16-bit sized whatever the output dtype: fp32
+    goes out in two passes), the 2 x num_stages ring barriers (+ one C-load barrier per consumer
+    warpgroup when the epilogue reads C)."""
     elem = 2
-    return num_stages * (block_m + block_n) * block_k * elem + block_m * block_n * elem + 2 * num_stages * 8
+    bars = 2 * num_stages + (NUM_CONSUMERS if has_alpha_beta(epilogue) else 0)
+    return num_stages * (block_m + block_n) * block_k * elem + block_m * block_n * elem + bars * 8
+
+
+def _drop_params(func, names):
+    """``func`` without the parameters called ``names`` (ones its body never reads): one kernel source
+    serves every argument list."""
+    from tvm import tirx
+
+    keep = [p for p in func.params if p.name not in names]
+    if len(keep) == len(func.params):
+        return func
+    return tirx.PrimFunc(keep, func.body, func.ret_type, func.attrs)
 
 
 def build_persistent_kernel(dtype: str, block_m: int, block_n: int, block_k: int, num_stages: int,
-                            cluster_m: int, group_m: int, num_sms: int):
+                            cluster_m: int, group_m: int, num_sms: int, layout: str = "nt",
+                            out_dtype: str | None = None, epilogue: str = "none", bias_dtype: str | None = None):
     from tvm.script import tirx as T
 
-    from tirx_kernels.core.lang import mbarrier, roles, scheduler, tma, wgmma
+    from tirx_kernels.core.lang import mbarrier, roles, scheduler, tma, vector, wgmma
 
     elem = tma.elem_bytes(dtype)
+    out_dtype = out_dtype or dtype
+    if layout not in LAYOUTS:
+        raise ValueError(f"persistent gemm: layout {layout!r} is not one of {LAYOUTS}")
+    if layout == "nn" and not wgmma.can_transpose(dtype):
+        raise ValueError(f"persistent gemm: an NN (MN-major B) {dtype} operand cannot be transposed")
+    if out_dtype not in (dtype, "float32"):
+        raise ValueError(f"persistent gemm: out_dtype {out_dtype!r} must be {dtype!r} or 'float32'")
+    if epilogue not in EPILOGUES:
+        raise ValueError(f"persistent gemm: epilogue {epilogue!r} is not one of {EPILOGUES}")
+    if has_bias(epilogue) != (bias_dtype is not None) or bias_dtype not in (None, dtype, "float32"):
+        raise ValueError(f"persistent gemm: bias_dtype {bias_dtype!r} must be {dtype!r} or 'float32' exactly "
+                         f"when the epilogue adds a bias (epilogue {epilogue!r})")
     if block_m != NUM_CONSUMERS * wgmma.M or block_k * elem != 128:
         raise ValueError("persistent gemm: block_m must be 128 (2 x m64) and block_k one 128-byte SW128 row")
     if block_n % 64 or not 64 <= block_n <= 256:
         raise ValueError(f"persistent gemm: block_n={block_n} must be a multiple of 64 in [64, 256]")
     if cluster_m not in (1, 2) or group_m % cluster_m or num_sms < cluster_m:
         raise ValueError(f"persistent gemm: cluster_m={cluster_m} (1 or 2) must divide group_m={group_m}")
-    if smem_bytes(dtype, block_m, block_n, block_k, num_stages) > SMEM_LIMIT:
-        raise ValueError(f"persistent gemm: {smem_bytes(dtype, block_m, block_n, block_k, num_stages)} B of smem")
+    nbytes = smem_bytes(dtype, block_m, block_n, block_k, num_stages, epilogue)
+    if nbytes > SMEM_LIMIT:
+        raise ValueError(f"persistent gemm: {nbytes} B of smem")
     assert roles.register_split_fits(NUM_CONSUMERS)
 
     a_tile = block_m * block_k  # elements per stage
@@ -66,6 +122,55 @@ def build_persistent_kernel(dtype: str, block_m: int, block_n: int, block_k: int
     ring = mbarrier.Ring(num_stages, empty_arrivals)
     cvt_pack = {"bfloat16": T.ptx.cvt.rn.bf16x2.f32, "float16": T.ptx.cvt.rn.f16x2.f32}[dtype]
 
+    # NN: B's smem tile per stage is (block_n / mn_chunk) boxes of block_k K-rows x mn_chunk N-cols.
+    mn_chunk = 128 // elem  # N-columns per 128-byte swizzle row
+    if layout == "nn" and b_share % mn_chunk:
+        raise ValueError(f"persistent gemm: NN needs block_n / cluster_m = {b_share} to be a multiple of {mn_chunk}")
+    b_boxes = b_share // mn_chunk  # B boxes each CTA loads per stage (NN)
+    b_major = wgmma.K_MAJOR if layout == "nt" else wgmma.MN_MAJOR
+    nn_lbo, nn_sbo = (1, 64) if layout == "nt" else wgmma.desc_offsets(
+        wgmma.MN_MAJOR, wgmma.SWIZZLE_128B, mn_chunk_bytes=128 * block_k)
+    b_kstep = wgmma.k_step_bytes(b_major, wgmma.SWIZZLE_128B, dtype) // elem  # elements per k16 step
+
+    # Epilogue variants. `plain` is the original bf16/fp16-out, no-epilogue path, kept statement for
+    # statement.
+    out_elem = tma.elem_bytes(out_dtype)
+    plain = epilogue == "none" and out_elem == 2
+    reads_c = has_alpha_beta(epilogue)
+    add_bias = has_bias(epilogue)
+    passes = out_elem // 2  # the staging tile holds block_n 16-bit columns = block_n / 2 fp32 columns
+    pass_cols = block_n // passes
+    out_cols = 128 // out_elem  # one SW128 store box: 64 rows x 128 bytes
+    out_box = store_rows * out_cols  # out elements per box
+    boxes_per_pass = pass_cols // out_cols
+    cs_dtype = "uint32" if out_elem == 2 else "float32"  # 4-byte words: packed 16-bit pairs, or fp32
+    out_pack = None if out_elem == 4 else cvt_pack
+
+    def b_shape(N, K):  # noqa: N803
+        return (N, K) if layout == "nt" else (K, N)
+
+    def word(e):  # staging word index of out element e
+        return e * out_elem // 4
+
+    def epi_value(x, cin, bias_v, alpha, beta):
+        """alpha * acc + beta * C_in + bias[n] in fp32, each term only where the epilogue has it."""
+        if reads_c:
+            # beta == 0 never loaded C: the staging words are stale (or uninitialised) there.
+            x = x * alpha + T.Select(beta != T.float32(0), cin, T.float32(0)) * beta
+        if add_bias:
+            x = x + bias_v
+        return x
+
+    def bias_at(Bias, n, N):  # noqa: N803
+        # Columns past N (N % 8 == 0, so a pair is in or out) are clipped by the store: clamp the index.
+        return T.Cast("float32", Bias[T.min(n, N - 1)])
+
+    def c_in(Cs, idx):
+        """The two fp32 values of C_in at staging element idx (even)."""
+        if out_elem == 4:
+            return Cs[idx], Cs[idx + 1]
+        return vector.unpack2(Cs[idx // 2], out_dtype)
+
     def cluster_tiles(M, N):  # noqa: N803 (M, N are the kernel's dims)
         num_m, num_n = scheduler.num_tiles(M, N, block_m, block_n)
         return scheduler.ceil_div(num_m, cluster_m) * num_n
@@ -81,22 +186,51 @@ def build_persistent_kernel(dtype: str, block_m: int, block_n: int, block_k: int
         num_m, num_n = scheduler.num_tiles(M, N, block_m, block_n)
         return scheduler.cluster_tile_coords(tile, num_m, num_n, group_m, cluster_m, 0)[1]
 
+
+    def epilogue_pair(Cs, packed, acc, Bias, alpha, beta, N, n0, ebase, p, jj, r, warp, lane):  # noqa: N803
+        """One (column block, row half) of the accumulator: two adjacent columns of one row, through the
+        epilogue math into the SW128 staging tile (where C_in was loaded, if it was)."""
+        j = p * (pass_cols // 8) + jj  # accumulator column block
+        row = wgmma.acc_row(warp, lane, r)
+        colp = wgmma.acc_col(lane, jj)  # column inside this pass
+        box = jj * 8 // out_cols
+        idx = ebase + box * out_box + tma.sw128_offset(row, colp % out_cols, out_dtype)
+        cin = c_in(Cs, idx) if reads_c else (None, None)
+        n = n0 + p * pass_cols + colp
+        b0 = bias_at(Bias, n, N) if add_bias else None
+        b1 = bias_at(Bias, n + 1, N) if add_bias else None
+        v0 = epi_value(acc[wgmma.acc_index(j, r, 0)], cin[0], b0, alpha, beta)
+        v1 = epi_value(acc[wgmma.acc_index(j, r, 1)], cin[1], b1, alpha, beta)
+        if out_pack is None:
+            T.buffer_store(Cs, v0, [idx])
+            T.buffer_store(Cs, v1, [idx + 1])
+        else:
+            T.evaluate(out_pack(packed[0], v1, v0))
+            T.buffer_store(Cs, packed[0], [idx // 2])
+
     @T.prim_func
-    def fp16_bf16_gemm_persistent(a_ptr: T.handle, b_ptr: T.handle, c_ptr: T.handle):
+    def fp16_bf16_gemm_persistent(a_ptr: T.handle, b_ptr: T.handle, c_ptr: T.handle, bias_ptr: T.handle,
+                                  alpha: T.float32, beta: T.float32):
         M = T.int32()
         N = T.int32()
         K = T.int32()
         ldc = T.int32()
         A = T.match_buffer(a_ptr, (M, K), dtype, align=16)
-        B = T.match_buffer(b_ptr, (N, K), dtype, align=16)
-        C = T.match_buffer(c_ptr, (M, N), dtype, strides=(ldc, 1), align=16)
+        B = T.match_buffer(b_ptr, b_shape(N, K), dtype, align=16)
+        C = T.match_buffer(c_ptr, (M, N), out_dtype, strides=(ldc, 1), align=16)
+        # Read element by element: any element-aligned bias works (a slice too).
+        Bias = T.match_buffer(bias_ptr, (N,), bias_dtype or "float32", align=tma.elem_bytes(bias_dtype or "float32"))
         # Host: tensor maps with this call's dims (rows/cols past the edge: zero-fill on load, clip on store).
         a_map = T.Bind(T.tvm_stack_alloca("tensormap", 1))
         b_map = T.Bind(T.tvm_stack_alloca("tensormap", 1))
         c_map = T.Bind(T.tvm_stack_alloca("tensormap", 1))
         tma.encode_2d(a_map, A.data, M, K, K, block_m, block_k, dtype, l2_promotion=tma.L2_PROMOTION_256B)
-        tma.encode_2d(b_map, B.data, N, K, K, b_share, block_k, dtype, l2_promotion=tma.L2_PROMOTION_256B)
-        tma.encode_2d(c_map, C.data, M, N, ldc, store_rows, store_cols, dtype)
+        if layout == "nt":
+            tma.encode_2d(b_map, B.data, N, K, K, b_share, block_k, dtype, l2_promotion=tma.L2_PROMOTION_256B)
+        else:
+            # B (K, N): boxes of block_k K-rows x 64 N-columns (one 128-byte swizzle row each).
+            tma.encode_2d(b_map, B.data, K, N, N, block_k, mn_chunk, dtype, l2_promotion=tma.L2_PROMOTION_256B)
+        tma.encode_2d(c_map, C.data, M, N, ldc, store_rows, out_cols, out_dtype)
         T.device_entry()
         T.attr({"tirx.launch_bounds_min_blocks_per_sm": 1})
         cta = T.cta_id([grid_ctas(M, N)])
@@ -115,9 +249,10 @@ def build_persistent_kernel(dtype: str, block_m: int, block_n: int, block_k: int
         pool = T.SMEMPool()
         As = pool.alloc((num_stages * a_tile,), dtype, align=1024)
         Bs = pool.alloc((num_stages * b_tile,), dtype, align=1024)
-        Cs = pool.alloc((block_m * block_n * elem // 4,), "uint32", align=1024)  # packed pairs, SW128
+        Cs = pool.alloc((block_m * block_n * elem // 4,), cs_dtype, align=1024)  # packed pairs / fp32, SW128
         full = pool.alloc((num_stages,), "uint64", align=8)
         empty = pool.alloc((num_stages,), "uint64", align=8)
+        cbar = pool.alloc((NUM_CONSUMERS if reads_c else 0,), "uint64", align=8)  # C_in loads, per warpgroup
         pool.commit()
         acc = T.alloc_local((nacc,), "float32")
         desc_a = T.alloc_local((1,), "uint64")
@@ -127,6 +262,9 @@ def build_persistent_kernel(dtype: str, block_m: int, block_n: int, block_k: int
 
         if tid == 0:
             ring.init(full, empty)
+            if reads_c:
+                for i in T.unroll(NUM_CONSUMERS):
+                    mbarrier.init(cbar.ptr_to([i]), 1)
             mbarrier.fence_init()
         if cluster_m == 2:
             T.cuda.cluster_sync()
@@ -147,11 +285,22 @@ def build_persistent_kernel(dtype: str, block_m: int, block_n: int, block_k: int
                         ring.producer_acquire(empty, it)
                         ring.producer_expect(full, it, stage_bytes)
                         tma.load_2d(As.ptr_to([s * a_tile]), a_map, k * block_k, m0, full.ptr_to([s]))
-                        if cluster_m == 2:
-                            tma.load_2d(Bs.ptr_to([s * b_tile + rank * b_share * block_k]), b_map, k * block_k,
-                                        n0 + rank * b_share, full.ptr_to([s]), multicast_mask=3)
+                        if layout == "nt":
+                            if cluster_m == 2:
+                                tma.load_2d(Bs.ptr_to([s * b_tile + rank * b_share * block_k]), b_map, k * block_k,
+                                            n0 + rank * b_share, full.ptr_to([s]), multicast_mask=3)
+                            else:
+                                tma.load_2d(Bs.ptr_to([s * b_tile]), b_map, k * block_k, n0, full.ptr_to([s]))
                         else:
-                            tma.load_2d(Bs.ptr_to([s * b_tile]), b_map, k * block_k, n0, full.ptr_to([s]))
+                            # NN: box c holds N-columns [64c, 64c + 64) of the tile, all block_k K-rows.
+                            for c in T.unroll(b_boxes):
+                                if cluster_m == 2:
+                                    tma.load_2d(Bs.ptr_to([s * b_tile + (rank * b_boxes + c) * mn_chunk * block_k]),
+                                                b_map, n0 + (rank * b_boxes + c) * mn_chunk, k * block_k,
+                                                full.ptr_to([s]), multicast_mask=3)
+                                else:
+                                    tma.load_2d(Bs.ptr_to([s * b_tile + c * mn_chunk * block_k]), b_map,
+                                                n0 + c * mn_chunk, k * block_k, full.ptr_to([s]))
         else:
             # Math warpgroups: consumer cw owns rows [64*cw, 64*cw + 64) of every tile.
             cw, ct, warp, lane = roles.consumer_role(wg, tid)
@@ -170,10 +319,15 @@ def build_persistent_kernel(dtype: str, block_m: int, block_n: int, block_k: int
                     for kk in T.unroll(k_steps):
                         wgmma.encode_desc_kmajor_sw128(desc_a.ptr_to([0]),
                                                        As.ptr_to([s * a_tile + cw * wgmma.M * block_k + kk * 16]))
-                        wgmma.encode_desc_kmajor_sw128(desc_b.ptr_to([0]), Bs.ptr_to([s * b_tile + kk * 16]))
+                        if layout == "nt":
+                            wgmma.encode_desc_kmajor_sw128(desc_b.ptr_to([0]), Bs.ptr_to([s * b_tile + kk * 16]))
+                        else:
+                            # MN-major SW128: LBO = the next 64-column box, SBO = the next 8 K-rows.
+                            wgmma.encode_desc(desc_b.ptr_to([0]), Bs.ptr_to([s * b_tile + kk * b_kstep]),
+                                              nn_lbo, nn_sbo, wgmma.SWIZZLE_128B)
                         # NOTES: the tile's first wgmma overwrites the accumulator (scale-d = 0): no zeroing
                         # loop between tiles.
-                        wgmma.mma(block_n, acc, desc_a[0], desc_b[0], dtype, scale_d=k + kk > 0)
+                        wgmma.mma(block_n, acc, desc_a[0], desc_b[0], dtype, scale_d=k + kk > 0, b_major=b_major)
                     wgmma.commit()
                     # NOTES: one group in flight; once down to one, use it-1's wgmmas have read their smem.
                     wgmma.wait(1)
@@ -184,34 +338,67 @@ def build_persistent_kernel(dtype: str, block_m: int, block_n: int, block_k: int
                 if lane == 0:
                     ring.consumer_release(empty, t * k_tiles + k_tiles - 1, cluster_m, remote[0])
 
-                # Epilogue: this warpgroup's 64 x block_n slab as block_n/64 SW128 boxes of 64 x 64.
-                # The staging tile is free once the previous tile's stores have read it.
-                if ct == 0:
-                    tma.store_wait_read(0)
-                T.cuda.warpgroup_sync(1 + cw)
-                for j in T.unroll(block_n // 8):
-                    for r in T.unroll(2):
-                        T.evaluate(cvt_pack(packed[0], acc[wgmma.acc_index(j, r, 1)],
-                                            acc[wgmma.acc_index(j, r, 0)]))
-                        row = wgmma.acc_row(warp, lane, r)
-                        col = wgmma.acc_col(lane, j)
-                        box = j * 8 // store_cols
-                        Cs[(cs_base + box * store_rows * store_cols
-                            + tma.sw128_offset(row, col % store_cols, dtype)) // 2] = packed[0]
-                tma.fence_proxy_async()
-                T.cuda.warpgroup_sync(1 + cw)
-                row0 = m0 + cw * wgmma.M
-                if ct == 0 and row0 < M:
-                    for box in range(block_n // store_cols):
-                        # Boxes wholly past N are skipped rather than relying on a fully clipped store.
-                        if n0 + box * store_cols < N:
-                            tma.store_2d(c_map, n0 + box * store_cols, row0,
-                                         Cs.ptr_to([(cs_base + box * store_rows * store_cols) // 2]))
-                    tma.store_commit()
+                if plain:
+                    # Epilogue: this warpgroup's 64 x block_n slab as block_n/64 SW128 boxes of 64 x 64.
+                    # The staging tile is free once the previous tile's stores have read it.
+                    if ct == 0:
+                        tma.store_wait_read(0)
+                    T.cuda.warpgroup_sync(1 + cw)
+                    for j in T.unroll(block_n // 8):
+                        for r in T.unroll(2):
+                            T.evaluate(cvt_pack(packed[0], acc[wgmma.acc_index(j, r, 1)],
+                                                acc[wgmma.acc_index(j, r, 0)]))
+                            row = wgmma.acc_row(warp, lane, r)
+                            col = wgmma.acc_col(lane, j)
+                            box = j * 8 // store_cols
+                            Cs[(cs_base + box * store_rows * store_cols
+                                + tma.sw128_offset(row, col % store_cols, dtype)) // 2] = packed[0]
+                    tma.fence_proxy_async()
+                    T.cuda.warpgroup_sync(1 + cw)
+                    row0 = m0 + cw * wgmma.M
+                    if ct == 0 and row0 < M:
+                        for box in range(block_n // store_cols):
+                            # Boxes wholly past N are skipped rather than relying on a fully clipped store.
+                            if n0 + box * store_cols < N:
+                                tma.store_2d(c_map, n0 + box * store_cols, row0,
+                                             Cs.ptr_to([(cs_base + box * store_rows * store_cols) // 2]))
+                        tma.store_commit()
+                else:
+                    # General epilogue: `passes` rounds of pass_cols columns (2 for fp32 out), each
+                    # [load C_in into the staging tile] -> alpha/beta/bias in fp32 -> staging -> TMA store.
+                    grow0 = m0 + cw * wgmma.M
+                    ebase = cw * wgmma.M * pass_cols  # this warpgroup's staging slab, in out elements
+                    for p in T.unroll(passes):
+                        # The staging tile is free once the previous stores (previous tile or pass) read it.
+                        if ct == 0:
+                            tma.store_wait_read(0)
+                        T.cuda.warpgroup_sync(1 + cw)
+                        if reads_c:
+                            if beta != T.float32(0):
+                                # C_in: the same boxes the store writes, TMA-loaded into the staging tile.
+                                if ct == 0:
+                                    mbarrier.arrive_expect_tx(cbar.ptr_to([cw]), boxes_per_pass * out_box * out_elem)
+                                    for box in T.unroll(boxes_per_pass):
+                                        tma.load_2d(Cs.ptr_to([word(ebase + box * out_box)]), c_map,
+                                                    n0 + p * pass_cols + box * out_cols, grow0, cbar.ptr_to([cw]))
+                                mbarrier.wait(cbar.ptr_to([cw]), (t * passes + p) % 2)
+                        for jj in T.unroll(pass_cols // 8):
+                            for r in T.unroll(2):
+                                epilogue_pair(Cs, packed, acc, Bias, alpha, beta, N, n0, ebase, p, jj, r,
+                                              warp, lane)
+                        tma.fence_proxy_async()
+                        T.cuda.warpgroup_sync(1 + cw)
+                        if ct == 0 and grow0 < M:
+                            for box in range(boxes_per_pass):
+                                if n0 + p * pass_cols + box * out_cols < N:
+                                    tma.store_2d(c_map, n0 + p * pass_cols + box * out_cols, grow0,
+                                                 Cs.ptr_to([word(ebase + box * out_box)]))
+                            tma.store_commit()
             if ct == 0:
                 tma.store_wait(0)
         if cluster_m == 2:
             # No CTA may exit while its peer still multicasts into its smem or arrives on its barriers.
             T.cuda.cluster_sync()
 
-    return fp16_bf16_gemm_persistent
+    unused = (() if add_bias else ("bias_ptr", "Bias")) + (() if reads_c else ("alpha", "beta"))
+    return _drop_params(fp16_bf16_gemm_persistent, unused)

@@ -1,6 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
 """C = A·Bᵀ for bf16/fp16 on Hopper: A (M, K), B (N, K), C (M, N), K contiguous, fp32 accumulation.
 
+Public ops: ``gemm_nt`` (A·Bᵀ) and ``gemm_nn`` (A·B, B (K, N) row-major), both with an optional
+``alpha * acc + beta * C + bias[n]`` epilogue and bf16/fp16/fp32 output; those variants run the persistent
+kernel (``gemm/_persistent.py``; ``docs/gemm.md`` "Layouts, output dtype, epilogue"). The plain kernel:
+
 Warp-specialized TMA + wgmma kernel (one launch per call, M, N, K dynamic):
 - 384 threads: warpgroup 0 is the TMA producer (setmaxnreg 40, one thread issues), warpgroups 1-2 are
   consumers (setmaxnreg 232), each owning 64 rows of the 128x256 CTA tile with a 128-register
@@ -17,6 +21,7 @@ against cuBLAS 678-773 in the same rounds, bit-identical to torch.
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 
@@ -28,8 +33,9 @@ KERNEL_META = {
     "name": "fp16_bf16_gemm",
     "category": "gemm",
     "runtime_cuda_archs": ["sm_90a"],
-    "description": "C = A @ B^T, bf16/fp16 in and out, fp32 accumulate; warp-specialized TMA + wgmma",
-    "public_ops": ["gemm_nt"],
+    "description": "C = A @ B^T (or A @ B), bf16/fp16 in, bf16/fp16/fp32 out, fp32 accumulate, optional "
+                   "bias and alpha/beta epilogue; warp-specialized TMA + wgmma",
+    "public_ops": ["gemm_nt", "gemm_nn"],
 }
 
 CONFIGS = [
@@ -63,6 +69,53 @@ CONFIGS = [
      "tile": "persistent_128x128x64_s6_g8"},
     {"label": "fp16_1000x1032x1048_persistent_128x128", "dtype": "float16", "M": 1000, "N": 1032, "K": 1048,
      "tile": "persistent_128x128x64_s6_g8"},
+    # Layout / output dtype / epilogue variants (persistent kernel only). NN: B is (K, N). alpha/beta rows
+    # read C_in (random, copied into the output by `launch`); bias is random.
+    {"label": "bf16_4096x4096x4096_nn", "dtype": "bfloat16", "M": 4096, "N": 4096, "K": 4096, "layout": "nn",
+     "tile": "persistent_128x256x64_s3_g8"},
+    {"label": "fp16_1000x1032x1048_nn", "dtype": "float16", "M": 1000, "N": 1032, "K": 1048, "layout": "nn",
+     "tile": "persistent_128x256x64_s3_g8"},
+    {"label": "bf16_129x264x72_out_fp32", "dtype": "bfloat16", "M": 129, "N": 264, "K": 72, "out_dtype": "float32",
+     "tile": "persistent_128x256x64_s3_g8"},
+    {"label": "bf16_1000x1032x1048_bias", "dtype": "bfloat16", "M": 1000, "N": 1032, "K": 1048, "epilogue": "bias",
+     "bias_dtype": "bfloat16", "tile": "persistent_128x256x64_s3_g8"},
+    {"label": "fp16_300x520x24_alpha_beta_bias", "dtype": "float16", "M": 300, "N": 520, "K": 24,
+     "epilogue": "alpha_beta_bias", "bias_dtype": "float32", "alpha": 0.5, "beta": -1.5,
+     "tile": "persistent_128x256x64_s3_g8"},
+    {"label": "bf16_1024x1024x1024_nn_alpha_beta", "dtype": "bfloat16", "M": 1024, "N": 1024, "K": 1024,
+     "layout": "nn", "epilogue": "alpha_beta", "alpha": 1.5, "beta": 0.75, "tile": "persistent_128x256x64_s3_g8"},
+    # The NN B multicast (2-CTA cluster) and the fp32 two-pass epilogue on the 128x128 tile.
+    {"label": "bf16_300x520x24_nn_c2", "dtype": "bfloat16", "M": 300, "N": 520, "K": 24, "layout": "nn",
+     "tile": "persistent_128x256x64_s3_c2_g8"},
+    {"label": "fp16_1000x1032x1048_nn_out_fp32_128x128", "dtype": "float16", "M": 1000, "N": 1032, "K": 1048,
+     "layout": "nn", "out_dtype": "float32", "tile": "persistent_128x128x64_s6_g8"},
+    # The small-M split-K cluster kernel (gemm/_small_m.py), pinned until the H200 run confirms it.
+    {"label": "bf16_1x4096x4096_smallm_k4", "dtype": "bfloat16", "M": 1, "N": 4096, "K": 4096,
+     "tile": "smallm_64x128x64_s8_k4"},
+    {"label": "bf16_16x14336x4096_smallm_k2", "dtype": "bfloat16", "M": 16, "N": 14336, "K": 4096,
+     "tile": "smallm_64x128x64_s8_k2"},
+    {"label": "fp16_64x4096x14336_smallm_k4", "dtype": "float16", "M": 64, "N": 4096, "K": 14336,
+     "tile": "smallm_64x128x64_s8_k4"},
+    {"label": "bf16_128x14336x4096_smallm_k2", "dtype": "bfloat16", "M": 128, "N": 14336, "K": 4096,
+     "tile": "smallm_128x128x64_s6_k2"},
+    {"label": "bf16_128x14336x4096_smallm_256_k2", "dtype": "bfloat16", "M": 128, "N": 14336, "K": 4096,
+     "tile": "smallm_128x256x64_s4_k2"},
+    {"label": "bf16_2x2048x7168_smallm_k8", "dtype": "bfloat16", "M": 2, "N": 2048, "K": 7168,
+     "tile": "smallm_64x128x64_s8_k8"},
+    # Ragged: K = 1048 is 17 K-tiles (4/4/4/5 over the ranks, the last one partial), N = 520 ends 8 columns
+    # into its 5th N-tile, M = 37 inside one M-tile.
+    {"label": "bf16_37x520x1048_smallm_k4", "dtype": "bfloat16", "M": 37, "N": 520, "K": 1048,
+     "tile": "smallm_64x128x64_s8_k4"},
+    {"label": "fp16_37x520x1048_smallm_k1", "dtype": "float16", "M": 37, "N": 520, "K": 1048,
+     "tile": "smallm_64x128x64_s8_k1"},
+    # Tiny K: 2 K-tiles over 4 (8) ranks, so some ranks stream nothing and contribute zeros; M = 100 is a
+    # partial 128-row tile (two 64-row tiles, the second partial, at block_m 64).
+    {"label": "bf16_100x264x72_smallm_k4", "dtype": "bfloat16", "M": 100, "N": 264, "K": 72,
+     "tile": "smallm_128x128x64_s6_k4"},
+    {"label": "bf16_100x264x72_smallm_k8", "dtype": "bfloat16", "M": 100, "N": 264, "K": 72,
+     "tile": "smallm_64x128x64_s8_k8"},
+    {"label": "fp16_129x520x1048_smallm_256_k2", "dtype": "float16", "M": 129, "N": 520, "K": 1048,
+     "tile": "smallm_128x256x64_s4_k2"},
 ]
 
 # Square sizes and one LLM projection; the persistent/cluster variants side by side in the same run.
@@ -81,15 +134,46 @@ BENCH_CONFIGS = [
      "tile": "persistent_128x128x64_s6_g8"},
     {"label": "bf16_4096x14336x4096", "dtype": "bfloat16", "M": 4096, "N": 14336, "K": 4096},
     {"label": "bf16_128x14336x4096", "dtype": "bfloat16", "M": 128, "N": 14336, "K": 4096},
+    # Small M (memory-bound: judge by TB/s of B streamed), the split-K cluster kernel beside the default.
+    {"label": "bf16_1x14336x4096_smallm_k2", "dtype": "bfloat16", "M": 1, "N": 14336, "K": 4096,
+     "tile": "smallm_64x128x64_s8_k2"},
+    {"label": "bf16_16x14336x4096_smallm_k2", "dtype": "bfloat16", "M": 16, "N": 14336, "K": 4096,
+     "tile": "smallm_64x128x64_s8_k2"},
+    {"label": "bf16_64x14336x4096_smallm_k2", "dtype": "bfloat16", "M": 64, "N": 14336, "K": 4096,
+     "tile": "smallm_64x128x64_s8_k2"},
+    {"label": "bf16_64x14336x4096_smallm_256_k2", "dtype": "bfloat16", "M": 64, "N": 14336, "K": 4096,
+     "tile": "smallm_64x256x64_s5_k2"},
+    {"label": "bf16_128x14336x4096_smallm_k2", "dtype": "bfloat16", "M": 128, "N": 14336, "K": 4096,
+     "tile": "smallm_128x128x64_s6_k2"},
+    {"label": "bf16_128x14336x4096_smallm_256_k2", "dtype": "bfloat16", "M": 128, "N": 14336, "K": 4096,
+     "tile": "smallm_128x256x64_s4_k2"},
+    {"label": "bf16_1x4096x14336_smallm_k4", "dtype": "bfloat16", "M": 1, "N": 4096, "K": 14336,
+     "tile": "smallm_64x128x64_s8_k4"},
+    {"label": "bf16_16x4096x14336_smallm_k4", "dtype": "bfloat16", "M": 16, "N": 4096, "K": 14336,
+     "tile": "smallm_64x128x64_s8_k4"},
+    {"label": "bf16_64x4096x14336_smallm_k4", "dtype": "bfloat16", "M": 64, "N": 4096, "K": 14336,
+     "tile": "smallm_64x128x64_s8_k4"},
+    {"label": "bf16_128x4096x14336_smallm_k4", "dtype": "bfloat16", "M": 128, "N": 4096, "K": 14336,
+     "tile": "smallm_128x128x64_s6_k4"},
+    {"label": "bf16_128x4096x4096_smallm_k4", "dtype": "bfloat16", "M": 128, "N": 4096, "K": 4096,
+     "tile": "smallm_128x128x64_s6_k4"},
 ]
 
 DEFAULTS = {"dtype": "bfloat16"}
 
 # Output rounding: bf16 2^-9 relative (half ulp), fp16 2^-12; atol is a fraction of the oracle's RMS.
-TOLERANCE = {"bfloat16": (1e-2, 1.6e-2), "float16": (2e-3, 4e-3)}
+TOLERANCE = {"bfloat16": (1e-2, 1.6e-2), "float16": (2e-3, 4e-3),
+             # fp32 out: only the accumulation order differs from the fp32 oracle of the same inputs.
+             "float32": (1e-4, 1e-3)}
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+_OUT_DTYPES = {**_DTYPES, "float32": torch.float32}
 _OP = "gemm_nt"
+# Compile-parameter values beyond the plain NT, 16-bit-out, no-epilogue kernel (gemm/_persistent.py only).
+LAYOUTS = ("nt", "nn")
+EPILOGUES = ("none", "bias", "alpha_beta", "alpha_beta_bias")
+# The tile a variant gets when the caller pins none and choose_tile's pick is not a persistent one.
+VARIANT_TILE = "persistent_128x256x64_s3_g8"
 
 # ---------------------------------------------------------------------------------------------------------
 # Tile configurations and the heuristic that picks one
@@ -112,20 +196,70 @@ TILE_CONFIGS = {
     # staging = 224 KB.
     "persistent_128x128x64_s6_g8": {"kind": "persistent", "block_m": 128, "block_n": 128, "block_k": 64,
                                     "num_stages": 6, "cluster_m": 1, "group_m": 8, "num_sms": 132},
+    # Small M (gemm/_small_m.py, memory-bound: stream B once): one CTA per (M-tile, N-tile, K-slice), the
+    # split_k K-slices of a tile one cluster, reduced through DSMEM. block_m 64 = 1 consumer warpgroup
+    # (M <= 64), 128 = 2 (M <= 128). Rings of 192-200 KB = the bytes in flight per SM.
+    # CTAs = M-tiles x ceil(N / block_n) x split_k, e.g. N=4096: 32 x 4 = 128; N=14336: 112 x 2 = 224.
+    "smallm_64x128x64_s8_k1": {"kind": "small_m", "block_m": 64, "block_n": 128, "block_k": 64,
+                               "num_stages": 8, "split_k": 1},
+    "smallm_64x128x64_s8_k2": {"kind": "small_m", "block_m": 64, "block_n": 128, "block_k": 64,
+                               "num_stages": 8, "split_k": 2},
+    "smallm_64x128x64_s8_k4": {"kind": "small_m", "block_m": 64, "block_n": 128, "block_k": 64,
+                               "num_stages": 8, "split_k": 4},
+    "smallm_64x128x64_s8_k8": {"kind": "small_m", "block_m": 64, "block_n": 128, "block_k": 64,
+                               "num_stages": 8, "split_k": 8},
+    "smallm_64x256x64_s5_k2": {"kind": "small_m", "block_m": 64, "block_n": 256, "block_k": 64,
+                               "num_stages": 5, "split_k": 2},
+    "smallm_128x128x64_s6_k2": {"kind": "small_m", "block_m": 128, "block_n": 128, "block_k": 64,
+                                "num_stages": 6, "split_k": 2},
+    "smallm_128x128x64_s6_k4": {"kind": "small_m", "block_m": 128, "block_n": 128, "block_k": 64,
+                                "num_stages": 6, "split_k": 4},
+    "smallm_128x128x64_s6_k8": {"kind": "small_m", "block_m": 128, "block_n": 128, "block_k": 64,
+                                "num_stages": 6, "split_k": 8},
+    # 128 x 256: A (re-read from L2 by every N-tile) is a third of the smem fill instead of a half.
+    "smallm_128x256x64_s4_k2": {"kind": "small_m", "block_m": 128, "block_n": 256, "block_k": 64,
+                                "num_stages": 4, "split_k": 2},
 }
 
-# (max M, max N, max K, tile): the first row that fits wins. One config for now; the table is where
-# small-M / small-N tiles go when they exist.
+# (max M, max N, max K, tile): the first row that fits wins (``choose_tile``; ``gemm_nt(..., tile=)`` pins one).
 TILE_TABLE = [
-    (None, None, None, "ws_128x256x64_s3"),
+    # Small M: B streams from DRAM; the split-K cluster kernel (gemm/_small_m.py) keeps ~100-130 CTAs
+    # streaming. Picked from the H200 sweep of 2026-12-02 (tools/gemm_sweep.py, 32 shapes, cold L2; raw rows
+    # in docs/measurements/2026-12-02-h200-b/gemm-small.json); each row lists where it won.
+    (64, 2048, None, "smallm_64x128x64_s8_k4"),    # N=2048 K=7168: 14.8-16.0 us vs cuBLAS 17.0-17.9
+    (64, 7168, None, "smallm_64x128x64_s8_k2"),    # N=4096/6144/7168: within 0.5 us of the best tile
+    (64, None, None, "smallm_64x256x64_s5_k2"),    # N=8192/14336/28672: best or within 2 % at M=1/16
+    (128, 2048, None, "smallm_128x128x64_s6_k4"),  # 19.1 vs cuBLAS 18.9
+    (128, 8192, None, "smallm_128x128x64_s6_k2"),  # N=4096-8192: 0.88-1.01x cuBLAS (M=128 is the weak row)
+    (128, 16384, None, "smallm_128x256x64_s4_k2"),  # N=14336: 44.2 vs cuBLAS 41.5
+    (128, None, None, "ws_128x256x64_s3"),          # N=28672 K=8192: 132.8 vs cuBLAS 131.1
+    # Larger M: the persistent kernel (second sweep, 29 shapes with M >= 512, gemm-issue.json). Half-width
+    # tiles where 128x256 tiles would leave SMs idle or each tile's mainloop is short: M <= 512 (4 of 6
+    # projections at 0.93-1.00x cuBLAS vs 0.40-0.88 with 128x256) and K <= 2048 at M = 2048 (0.93 vs 0.84).
+    (512, None, None, "persistent_128x128x64_s6_g8"),
+    (2048, None, 2048, "persistent_128x128x64_s6_g8"),
+    (None, None, None, "persistent_128x256x64_s3_g8"),  # 0.97-1.04x cuBLAS from 2048 x 4096 up
 ]
 
 
-def sass_expect(dtype: str, tile: str) -> list[str]:
-    """SASS the CPU build test asserts: the wgmma shape, TMA loads/stores, register reconfiguration."""
-    n = TILE_CONFIGS[tile]["block_n"]
-    return [rf"HGMMA\.64x{n}x16\.F32" + (r"\.BF16" if dtype == "bfloat16" else r"\b"), r"UTMALDG\.2D",
-            r"UTMASTG\.2D", r"USETMAXREG"]
+def sass_expect(dtype: str, tile: str, layout: str = "nt", **_) -> list[str]:
+    """SASS the CPU build test asserts: the wgmma shape, TMA loads/stores, register reconfiguration; the
+    transposed-B wgmma for NN; the small-M kernel's own list (cluster barrier, DSMEM loads)."""
+    cfg = TILE_CONFIGS[tile]
+    if cfg.get("kind") == "small_m":
+        from tirx_kernels.gemm import _small_m
+
+        return _small_m.sass_expect(dtype, **{k: v for k, v in cfg.items() if k != "kind"})
+    n = cfg["block_n"]
+    out = [rf"HGMMA\.64x{n}x16\.F32" + (r"\.BF16" if dtype == "bfloat16" else r"\b"), r"UTMALDG\.2D",
+           r"UTMASTG\.2D", r"USETMAXREG"]
+    return out + ([r"tnspB"] if layout == "nn" else [])
+
+
+def artifact_params() -> list[dict]:
+    """Compile params a prebuilt bundle needs beyond the CONFIGS rows: every tile the heuristic can pick, for
+    both dtypes (M, N, K are runtime arguments, so these serve every shape of the plain op)."""
+    return [{"dtype": d, "tile": t} for d in _DTYPES for t in dict.fromkeys(row[-1] for row in TILE_TABLE)]
 
 
 def choose_tile(M: int, N: int, K: int) -> str:
@@ -135,23 +269,48 @@ def choose_tile(M: int, N: int, K: int) -> str:
     raise AssertionError("TILE_TABLE has no catch-all row")
 
 
+def is_variant(dtype: str, layout: str | None = None, out_dtype: str | None = None,
+               epilogue: str | None = None) -> bool:
+    """Anything but plain NT, dtype-out, no epilogue (which only the persistent kernel builds)."""
+    return (layout or "nt") != "nt" or (out_dtype or dtype) != dtype or (epilogue or "none") != "none"
+
+
 def compile_params(**cfg) -> dict:
     tile = cfg.get("tile") or choose_tile(cfg.get("M", 0), cfg.get("N", 0), cfg.get("K", 0))
-    return {"dtype": cfg["dtype"], "tile": tile}
+    dtype = cfg["dtype"]
+    if not is_variant(dtype, cfg.get("layout"), cfg.get("out_dtype"), cfg.get("epilogue")):
+        return {"dtype": dtype, "tile": tile}  # the plain kernel: the same artifact key as before variants
+    if not cfg.get("tile") and TILE_CONFIGS[tile].get("kind") != "persistent":
+        tile = VARIANT_TILE
+    epilogue = cfg.get("epilogue") or "none"
+    p = {"dtype": dtype, "tile": tile, "layout": cfg.get("layout") or "nt", "out_dtype": cfg.get("out_dtype") or dtype,
+         "epilogue": epilogue}
+    if epilogue in ("bias", "alpha_beta_bias"):
+        p["bias_dtype"] = cfg.get("bias_dtype") or dtype
+    return p
 
 
 # ---------------------------------------------------------------------------------------------------------
 # The TIRx function
 # ---------------------------------------------------------------------------------------------------------
 
-def get_kernel(dtype: str, tile: str):
+def get_kernel(dtype: str, tile: str, layout: str = "nt", out_dtype: str | None = None, epilogue: str = "none",
+               bias_dtype: str | None = None):
     if dtype not in _DTYPES:
         raise ValueError(f"fp16_bf16_gemm: dtype {dtype!r} is not one of {sorted(_DTYPES)}")
     params = dict(TILE_CONFIGS[tile])
+    if params.get("kind") != "persistent" and is_variant(dtype, layout, out_dtype, epilogue):
+        raise ValueError(f"fp16_bf16_gemm: tile {tile!r} builds only NT, {dtype} out, no epilogue; layout "
+                         f"{layout!r} / out_dtype {out_dtype!r} / epilogue {epilogue!r} need a persistent tile")
     if params.pop("kind", None) == "persistent":
         from tirx_kernels.gemm import _persistent
 
-        return _persistent.build_persistent_kernel(dtype, **params)
+        return _persistent.build_persistent_kernel(dtype, **params, layout=layout, out_dtype=out_dtype,
+                                                   epilogue=epilogue, bias_dtype=bias_dtype)
+    if TILE_CONFIGS[tile].get("kind") == "small_m":
+        from tirx_kernels.gemm import _small_m
+
+        return _small_m.build_small_m_kernel(dtype, **params)
     return _build_kernel(dtype, **params)
 
 
@@ -288,33 +447,88 @@ def _generator() -> torch.Generator:
     return g
 
 
-def prepare_data(dtype: str, M: int, N: int, K: int, **_) -> dict:
+def prepare_data(dtype: str, M: int, N: int, K: int, layout: str = "nt", out_dtype: str | None = None,
+                 epilogue: str = "none", bias_dtype: str | None = None, alpha: float = 1.0, beta: float = 0.0,
+                 **_) -> dict:
+    """Inputs and the (NaN-poisoned by the harness) output ``c``. Variants add ``layout`` / ``alpha`` /
+    ``beta`` (plain values), a random ``bias`` and, where beta reads the output, a random ``c_in`` that
+    ``launch`` copies into ``c`` first (the harness poisons ``c`` itself); both are scaled like the product
+    (RMS ~ sqrt(K)) so that they matter."""
     g = _generator()
     t = _DTYPES[dtype]
     a = torch.randn(M, K, generator=g, device="cuda", dtype=torch.float32).to(t)
-    b = torch.randn(N, K, generator=g, device="cuda", dtype=torch.float32).to(t)
-    c = torch.full((M, N), float("nan"), device="cuda", dtype=t)
-    return {"a": a, "b": b, "c": c}
+    b = torch.randn(*((N, K) if layout == "nt" else (K, N)), generator=g, device="cuda", dtype=torch.float32).to(t)
+    ot = _OUT_DTYPES[out_dtype or dtype]
+    c = torch.full((M, N), float("nan"), device="cuda", dtype=ot)
+    data = {"a": a, "b": b, "c": c}
+    if not is_variant(dtype, layout, out_dtype, epilogue):
+        return data
+    data["layout"] = layout
+    scale = max(K, 1) ** 0.5
+    if epilogue in ("bias", "alpha_beta_bias"):
+        bias = torch.randn(N, generator=g, device="cuda", dtype=torch.float32) * scale
+        data["bias"] = bias.to(_OUT_DTYPES[bias_dtype or dtype])
+    if epilogue in ("alpha_beta", "alpha_beta_bias"):
+        data["alpha"], data["beta"] = float(alpha), float(beta)
+        if beta != 0:
+            data["c_in"] = (torch.randn(M, N, generator=g, device="cuda", dtype=torch.float32) * scale).to(ot)
+    return data
 
 
-def reference(a, b, **_) -> dict:
-    return {"c": a.float() @ b.float().T}
+def reference(a, b, layout: str = "nt", bias=None, c_in=None, alpha: float = 1.0, beta: float = 0.0, **_) -> dict:
+    """fp32 oracle: alpha * (a @ op(b)) + beta * c_in + bias."""
+    r = a.float() @ (b.float().T if layout == "nt" else b.float())
+    if alpha != 1.0:
+        r = r * alpha
+    if c_in is not None and beta != 0:
+        r = r + beta * c_in.float()
+    if bias is not None:
+        r = r + bias.float()
+    return {"c": r}
 
 
 def launch(cfg: dict, data: dict) -> None:
-    gemm_nt(data["a"], data["b"], out=data["c"], tile=cfg.get("tile"))
+    if "c_in" in data:  # beta reads the output: it must hold C_in (the harness poisoned it)
+        data["c"].copy_(data["c_in"])
+    if not is_variant(cfg["dtype"], cfg.get("layout"), cfg.get("out_dtype"), cfg.get("epilogue")):
+        gemm_nt(data["a"], data["b"], out=data["c"], tile=cfg.get("tile"))
+        return
+    op = gemm_nn if data.get("layout") == "nn" else gemm_nt
+    op(data["a"], data["b"], out=data["c"], bias=data.get("bias"), alpha=data.get("alpha", 1.0),
+       beta=data.get("beta", 0.0), out_dtype=data["c"].dtype, tile=cfg.get("tile"))
 
 
-def roofline(dtype: str, M: int, N: int, K: int, **_) -> dict:
+def roofline(dtype: str, M: int, N: int, K: int, out_dtype: str | None = None, epilogue: str = "none",
+             bias_dtype: str | None = None, beta: float = 0.0, **_) -> dict:
     elem = 2
-    return {"bytes": (M * K + N * K + M * N) * elem, "flops": 2 * M * N * K}
+    out_elem = 4 if out_dtype == "float32" else 2
+    c_bytes = M * N * out_elem * (2 if epilogue in ("alpha_beta", "alpha_beta_bias") and beta != 0 else 1)
+    bias_bytes = N * (4 if bias_dtype == "float32" else 2) if epilogue in ("bias", "alpha_beta_bias") else 0
+    return {"bytes": (M * K + N * K) * elem + c_bytes + bias_bytes, "flops": 2 * M * N * K}
 
 
 def get_baselines(**cfg) -> dict:
+    plain = not is_variant(cfg["dtype"], cfg.get("layout"), cfg.get("out_dtype"), cfg.get("epilogue"))
+    fp32_out = cfg.get("out_dtype") == "float32"
+    out_t = _OUT_DTYPES[cfg.get("out_dtype") or cfg["dtype"]]
+
     def cublas():
         import torch.nn.functional as F
 
-        return lambda data: {"c": F.linear(data["a"], data["b"])}
+        if plain:
+            return lambda data: {"c": F.linear(data["a"], data["b"])}
+
+        def variant(data):
+            # cuBLAS GEMM in the input dtype (fp32 GEMM of the upcast inputs for fp32 out), epilogue in fp32.
+            a, b = (data["a"].float(), data["b"].float()) if fp32_out else (data["a"], data["b"])
+            r = (F.linear(a, b) if data.get("layout", "nt") == "nt" else a @ b).float() * data.get("alpha", 1.0)
+            if "c_in" in data:
+                r = r + data["beta"] * data["c_in"].float()
+            if "bias" in data:
+                r = r + data["bias"].float()
+            return {"c": r.to(out_t)}  # (the baseline sees the inputs only, not "c")
+
+        return variant
 
     return {"cublas": cublas}
 
@@ -323,76 +537,178 @@ def get_baselines(**cfg) -> dict:
 # Public op
 # ---------------------------------------------------------------------------------------------------------
 
-def _check_inputs(a, b, out) -> None:
-    checks.tensor(_OP, "a", a, dtypes=tuple(_DTYPES.values()), ndim=2, contiguous=True, cuda=False)
-    checks.tensor(_OP, "b", b, ndim=2, cuda=False)
-    checks.same_dtype(_OP, "a", a, b=b)
-    checks.tensor(_OP, "b", b, shape=(None, a.shape[1]), contiguous=True, cuda=False)
+def _fail(op: str, name: str, expected: str, got) -> None:
+    raise checks.TirxInputError(f"{op}: argument '{name}': expected {expected}, got {got}")
+
+
+def _scalar(op: str, name: str, v) -> float:
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+        _fail(op, name, "a finite Python float", repr(v))
+    return float(v)
+
+
+def _check_inputs(a, b, out, op: str = _OP, layout: str = "nt", bias=None, alpha=1.0, beta=0.0,
+                  out_dtype=None, tile=None) -> tuple[float, float]:
+    """Validate every argument (shape/dtype -> layout -> device); returns (alpha, beta) as floats."""
+    checks.tensor(op, "a", a, dtypes=tuple(_DTYPES.values()), ndim=2, contiguous=True, cuda=False)
+    checks.tensor(op, "b", b, ndim=2, cuda=False)
+    checks.same_dtype(op, "a", a, b=b)
+    if layout == "nt":
+        checks.tensor(op, "b", b, shape=(None, a.shape[1]), contiguous=True, cuda=False)
+        n = b.shape[0]
+    else:
+        checks.tensor(op, "b", b, shape=(a.shape[1], None), contiguous=True, cuda=False)
+        n = b.shape[1]
     # TMA: global row strides must be multiples of 16 bytes.
-    checks.multiple_of(_OP, "a", a.shape[1], 8, "K: TMA needs 16-byte row strides")
-    checks.multiple_of(_OP, "b", b.shape[0], 8, "N: C's rows need 16-byte strides for the TMA store")
+    checks.multiple_of(op, "a", a.shape[1], 8, "K: TMA needs 16-byte row strides")
+    checks.multiple_of(op, "b", n, 8, "N: C's rows need 16-byte strides for the TMA store" if layout == "nt"
+                       else "N: B (K, N) and C rows need 16-byte strides for TMA")
+    if out_dtype is not None and out_dtype not in (a.dtype, torch.float32):
+        _fail(op, "out_dtype", f"None, {str(a.dtype).replace('torch.', '')} (the dtype of 'a') or float32",
+              out_dtype)
+    alpha = _scalar(op, "alpha", alpha)
+    beta = _scalar(op, "beta", beta)
     if out is not None:
-        checks.tensor(_OP, "out", out, shape=(a.shape[0], b.shape[0]), cuda=False)
-        checks.same_dtype(_OP, "a", a, out=out)
-    checks.tensor(_OP, "a", a, cuda=True)
-    checks.same_device(_OP, "a", a, b=b, **({} if out is None else {"out": out}))
+        checks.tensor(op, "out", out, shape=(a.shape[0], n), cuda=False)
+        if out_dtype is None:
+            checks.same_dtype(op, "a", a, out=out)
+        elif out.dtype != out_dtype:
+            _fail(op, "out", f"dtype {str(out_dtype).replace('torch.', '')} (out_dtype)",
+                  str(out.dtype).replace("torch.", ""))
+    elif beta != 0:
+        _fail(op, "beta", "0 when 'out' is not given (beta != 0 reads out as C_in)", beta)
+    if bias is not None:
+        checks.tensor(op, "bias", bias, dtypes=(a.dtype, torch.float32), cuda=False)
+        checks.tensor(op, "bias", bias, shape=(n,), cuda=False)
+    if tile is not None and TILE_CONFIGS[tile].get("kind") != "persistent":
+        od = out.dtype if out is not None else (out_dtype or a.dtype)
+        if layout != "nt" or od != a.dtype or _epilogue(bias, alpha, beta) != "none":
+            _fail(op, "tile", "a persistent tile (layout nn, out_dtype float32, bias, alpha and beta need the "
+                  "persistent kernel)", repr(tile))
+    checks.tensor(op, "a", a, cuda=True)
+    others = {k: v for k, v in (("b", b), ("out", out), ("bias", bias)) if v is not None}
+    checks.same_device(op, "a", a, **others)
+    return alpha, beta
 
 
-def gemm_nt(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None, *,
-            tile: str | None = None) -> torch.Tensor:
-    """``a @ b.T`` for bf16/fp16 ``a`` (M, K), ``b`` (N, K), both contiguous; K and N multiples of 8.
-
-    Writes ``out`` (M, N, same dtype, unit column stride, 16-byte row stride) when given. ``tile`` pins a
-    ``TILE_CONFIGS`` entry instead of ``choose_tile``'s pick (for tuning and benchmarks).
-    """
+def _gemm(layout: str, a, b, out, bias, alpha, beta, out_dtype, tile):
+    op = "gemm_" + layout
     if tile is not None and tile not in TILE_CONFIGS:
-        raise checks.TirxInputError(f"{_OP}: argument 'tile': expected one of {sorted(TILE_CONFIGS)}, got {tile!r}")
-    _check_inputs(a, b, out)
+        raise checks.TirxInputError(f"{op}: argument 'tile': expected one of {sorted(TILE_CONFIGS)}, got {tile!r}")
+    alpha, beta = _check_inputs(a, b, out, op, layout, bias, alpha, beta, out_dtype, tile)
     if out is None:
-        return torch.ops.tirx.gemm_nt(a, b, tile)
-    torch.ops.tirx.gemm_nt_out(a, b, out, tile)
+        if layout == "nt":
+            return torch.ops.tirx.gemm_nt(a, b, tile, bias, alpha, out_dtype)
+        return torch.ops.tirx.gemm_nn(a, b, tile, bias, alpha, out_dtype)
+    if layout == "nt":
+        torch.ops.tirx.gemm_nt_out(a, b, out, tile, bias, alpha, beta)
+    else:
+        torch.ops.tirx.gemm_nn_out(a, b, out, tile, bias, alpha, beta)
     return out
 
 
-def _run(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, tile: str | None = None) -> None:
+def gemm_nt(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None, *, bias: torch.Tensor | None = None,
+            alpha: float = 1.0, beta: float = 0.0, out_dtype: torch.dtype | None = None,
+            tile: str | None = None) -> torch.Tensor:
+    """``alpha * (a @ b.T) + beta * out + bias`` for bf16/fp16 ``a`` (M, K), ``b`` (N, K), both contiguous;
+    K and N multiples of 8; fp32 accumulation.
+
+    - ``out`` (M, N; unit column stride, 16-byte row stride): written when given; its dtype is
+      ``out_dtype`` (default: ``a``'s dtype; ``torch.float32`` for an fp32 output).
+    - ``bias`` (N,), ``a``'s dtype or float32: added to every row.
+    - ``alpha`` / ``beta``: fp32 scalars. ``beta != 0`` reads ``out`` as C_in, so ``out`` must be given;
+      ``beta == 0`` never reads it (it may hold NaN).
+    - ``tile`` pins a ``TILE_CONFIGS`` entry instead of ``choose_tile``'s pick (for tuning and benchmarks).
+      The plain call (no bias, alpha 1, beta 0, output in ``a``'s dtype) runs the plain kernel; the other
+      forms need a persistent tile (``VARIANT_TILE`` unless pinned).
+    """
+    return _gemm("nt", a, b, out, bias, alpha, beta, out_dtype, tile)
+
+
+def gemm_nn(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None, *, bias: torch.Tensor | None = None,
+            alpha: float = 1.0, beta: float = 0.0, out_dtype: torch.dtype | None = None,
+            tile: str | None = None) -> torch.Tensor:
+    """``alpha * (a @ b) + beta * out + bias`` for bf16/fp16 ``a`` (M, K), ``b`` (K, N) row-major (N
+    contiguous), both contiguous; K and N multiples of 8. Same keyword arguments as :func:`gemm_nt`; always
+    the persistent kernel (B is an MN-major wgmma operand)."""
+    return _gemm("nn", a, b, out, bias, alpha, beta, out_dtype, tile)
+
+
+def _epilogue(bias, alpha: float, beta: float) -> str:
+    ab = alpha != 1.0 or beta != 0.0
+    if bias is None:
+        return "alpha_beta" if ab else "none"
+    return "alpha_beta_bias" if ab else "bias"
+
+
+def _run(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, tile: str | None = None, layout: str = "nt",
+         bias: torch.Tensor | None = None, alpha: float = 1.0, beta: float = 0.0) -> None:
+    op = "gemm_" + layout
     M, K = a.shape
-    N = b.shape[0]
+    N = out.shape[1]
     if M == 0 or N == 0:
         return
-    if K == 0:  # a tensor map cannot have a zero extent
-        out.zero_()
+    if K == 0:  # a tensor map cannot have a zero extent: out = beta * out + bias
+        if beta == 0:
+            out.zero_()
+        else:
+            out.mul_(beta)
+        if bias is not None:
+            out.add_(bias)
         return
-    checks.aligned(_OP, "a", a)
-    checks.aligned(_OP, "b", b)
-    checks.aligned(_OP, "out", out)
+    checks.aligned(op, "a", a)
+    checks.aligned(op, "b", b)
+    checks.aligned(op, "out", out)
     from tirx_kernels.core import runtime
 
     dtype = str(a.dtype).replace("torch.", "")
-    fn = runtime.get_function(sys.modules[__name__], compile_params(dtype=dtype, M=M, N=N, K=K, tile=tile))
-    fn(a, b, out)
+    epilogue = _epilogue(bias, alpha, beta)
+    params = compile_params(dtype=dtype, M=M, N=N, K=K, tile=tile, layout=layout,
+                            out_dtype=str(out.dtype).replace("torch.", ""), epilogue=epilogue,
+                            bias_dtype=None if bias is None else str(bias.dtype).replace("torch.", ""))
+    fn = runtime.get_function(sys.modules[__name__], params)
+    args = [a, b, out]
+    if bias is not None:
+        args.append(bias)
+    if epilogue in ("alpha_beta", "alpha_beta_bias"):
+        args += [alpha, beta]
+    fn(*args)
 
 
-@torch.library.custom_op("tirx::gemm_nt", mutates_args=(), schema="(Tensor a, Tensor b, str? tile=None) -> Tensor")
-def _gemm_nt_op(a: torch.Tensor, b: torch.Tensor, tile: str | None = None) -> torch.Tensor:
-    out = torch.empty((a.shape[0], b.shape[0]), dtype=a.dtype, device=a.device)
-    _run(a, b, out, tile)
-    return out
+def _register(layout: str):
+    """``tirx::gemm_{layout}`` (returns a new tensor) and ``tirx::gemm_{layout}_out`` (writes ``out``)."""
+    name = "gemm_" + layout
+
+    def n_of(b):
+        return b.shape[0] if layout == "nt" else b.shape[1]
+
+    @torch.library.custom_op(f"tirx::{name}", mutates_args=(),
+                             schema="(Tensor a, Tensor b, str? tile=None, Tensor? bias=None, float alpha=1.0, "
+                                    "ScalarType? out_dtype=None) -> Tensor")
+    def functional(a, b, tile=None, bias=None, alpha=1.0, out_dtype=None):
+        out = torch.empty((a.shape[0], n_of(b)), dtype=out_dtype or a.dtype, device=a.device)
+        _run(a, b, out, tile, layout, bias, alpha, 0.0)
+        return out
+
+    @functional.register_fake
+    def _(a, b, tile=None, bias=None, alpha=1.0, out_dtype=None):
+        return a.new_empty((a.shape[0], n_of(b)), dtype=out_dtype or a.dtype)
+
+    @torch.library.custom_op(f"tirx::{name}_out", mutates_args=("out",),
+                             schema="(Tensor a, Tensor b, Tensor(a!) out, str? tile=None, Tensor? bias=None, "
+                                    "float alpha=1.0, float beta=0.0) -> ()")
+    def with_out(a, b, out, tile=None, bias=None, alpha=1.0, beta=0.0):
+        _run(a, b, out, tile, layout, bias, alpha, beta)
+
+    @with_out.register_fake
+    def _(a, b, out, tile=None, bias=None, alpha=1.0, beta=0.0):
+        return None
+
+    return functional, with_out
 
 
-@_gemm_nt_op.register_fake
-def _(a, b, tile=None):
-    return a.new_empty((a.shape[0], b.shape[0]))
-
-
-@torch.library.custom_op("tirx::gemm_nt_out", mutates_args=("out",),
-                         schema="(Tensor a, Tensor b, Tensor(a!) out, str? tile=None) -> ()")
-def _gemm_nt_out_op(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, tile: str | None = None) -> None:
-    _run(a, b, out, tile)
-
-
-@_gemm_nt_out_op.register_fake
-def _(a, b, out, tile=None):
-    return None
+_gemm_nt_op, _gemm_nt_out_op = _register("nt")
+_gemm_nn_op, _gemm_nn_out_op = _register("nn")
 
 
 from tirx_kernels.core import harness  # noqa: E402

@@ -1,0 +1,147 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+"""GEMM shape x tile sweep on the GPU host: every candidate tile of ``fp16_bf16_gemm`` against cuBLAS.
+
+    python -m tirx_kernels.build --kernel fp16_bf16_gemm --out build/artifacts   # CPU machine (+ tiles below)
+    python tools/gemm_sweep.py tiles                  # the tiles a sweep needs (build them into the bundle)
+    python tools/gemm_sweep.py run --out sweep.json   # GPU host: torch + apache-tvm-ffi + the bundle
+
+The shapes are issue #4's: square 1024 ... 16384 and the LLM projections (N, K) of Llama-3-8B/70B, Qwen3-32B
+and DeepSeek-V3 at M in {1, 16, 64, 128, 512, 2048, 8192}. Each (shape, tile) is checked against an fp32
+oracle on fresh random inputs (NaN-poisoned output) before it is timed; all tiles of a shape and cuBLAS
+(``F.linear``) are timed together (``bench.time_calls``: cold L2, interleaved rounds). The table reports the
+best tile, cuBLAS, cuBLAS/ours, and TFLOP/s or (small M, memory-bound) TB/s of the byte model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+for pkg in ("tirx-core", "tirx-native"):
+    sys.path.insert(0, os.path.join(ROOT, "packages", pkg, "src"))
+
+PROJECTIONS = [(4096, 4096), (14336, 4096), (4096, 14336), (6144, 4096), (28672, 8192), (8192, 28672),
+               (7168, 2048), (2048, 7168)]
+MS = [1, 16, 64, 128, 512, 2048, 8192]
+SQUARES = [1024, 2048, 4096, 8192, 16384]
+SMALL_M = 128  # at or below: memory-bound (B streams from DRAM), judged by TB/s
+
+
+def shapes(which: str) -> list[tuple[int, int, int]]:
+    out = []
+    if which in ("issue", "small"):
+        out += [(m, n, k) for n, k in PROJECTIONS for m in MS if which == "issue" or m <= SMALL_M]
+    if which in ("issue", "square"):
+        out += [(s, s, s) for s in SQUARES]
+    return out
+
+
+def candidate_tiles(M: int) -> list[str]:  # noqa: N803
+    from tirx_kernels.gemm import fp16_bf16_gemm as mod
+
+    kinds = ("small_m",) if M <= SMALL_M else ("persistent", None)
+    tiles = [t for t, c in mod.TILE_CONFIGS.items() if c.get("kind") in kinds]
+    default = mod.choose_tile(M, 4096, 4096)
+    return sorted(set(tiles) | {default})
+
+
+def cmd_tiles(_args) -> int:
+    from tirx_kernels.gemm import fp16_bf16_gemm as mod
+
+    for t in mod.TILE_CONFIGS:
+        print(json.dumps({"dtype": "bfloat16", "tile": t}))
+    return 0
+
+
+def _gemm_call(mod, a, b, out, tile):
+    return lambda: mod.gemm_nt(a, b, out=out, tile=tile)
+
+
+def _cublas_call(F, a, b):  # noqa: N803
+    return lambda: F.linear(a, b)
+
+
+def cmd_run(args) -> int:
+    import torch
+    import torch.nn.functional as F
+
+    from tirx_kernels.core.bench import time_calls
+    from tirx_kernels.gemm import fp16_bf16_gemm as mod
+
+    rows = []
+    t_start = time.time()
+    print(f"{'M':>5} {'N':>6} {'K':>6} | {'best tile':34s} {'ours us':>9} {'cuBLAS us':>9} {'cuBLAS/ours':>11} "
+          f"{'rate':>12} | heuristic tile (ratio)")
+    for M, N, K in shapes(args.shapes):
+        a = torch.randn(M, K, device="cuda").to(torch.bfloat16)
+        b = torch.randn(N, K, device="cuda").to(torch.bfloat16)
+        ref = a.float() @ b.float().T
+        fns, errors = {}, {}
+        for tile in candidate_tiles(M):
+            out = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
+            call = _gemm_call(mod, a, b, out, tile)
+            try:
+                call()
+                torch.cuda.synchronize()
+                err = float((out.float() - ref).norm() / ref.norm())
+                if not err < 1e-2:
+                    raise AssertionError(f"rel. error {err:.3g}")
+            except Exception as e:  # one bad tile must not cost the sweep
+                errors[tile] = f"{type(e).__name__}: {e}"[:160]
+                continue
+            fns[tile] = call
+        fns["cublas"] = _cublas_call(F, a, b)
+        times = time_calls(fns, calls=args.calls, rounds=args.rounds)
+        ours = {t: v["median_us"] for t, v in times.items() if t != "cublas"}
+        cublas = times["cublas"]["median_us"]
+        heuristic = mod.choose_tile(M, N, K)
+        row = {"M": M, "N": N, "K": K, "cublas_us": cublas, "tiles_us": ours, "errors": errors,
+               "heuristic": heuristic}
+        rows.append(row)
+        if not ours:
+            print(f"{M:5d} {N:6d} {K:6d} | every tile failed: {errors}")
+            continue
+        best = min(ours, key=ours.get)
+        us = ours[best]
+        rate = (f"{(M * K + N * K + M * N) * 2 / us / 1e6:6.2f} TB/s" if M <= SMALL_M
+                else f"{2 * M * N * K / us / 1e6:6.0f} TF/s")
+        h = f"{heuristic} ({cublas / ours[heuristic]:.3f})" if heuristic in ours else f"{heuristic} (failed)"
+        print(f"{M:5d} {N:6d} {K:6d} | {best:34s} {us:9.1f} {cublas:9.1f} {cublas / us:11.3f} {rate:>12} | {h}")
+        for t, e in errors.items():
+            print(f"      FAILED {t}: {e}")
+        torch.cuda.empty_cache()
+    import math
+
+    for name, key in (("best tile", None), ("heuristic", "heuristic")):
+        ratios = [r["cublas_us"] / (r["tiles_us"][r["heuristic"]] if key else min(r["tiles_us"].values()))
+                  for r in rows if r["tiles_us"] and (not key or r["heuristic"] in r["tiles_us"])]
+        if ratios:
+            gm = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
+            print(f"{name}: geomean cuBLAS/ours {gm:.3f} over {len(ratios)} shapes, worst {min(ratios):.3f}")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"rows": rows, "gpu": torch.cuda.get_device_name(), "torch": torch.__version__}, f, indent=1)
+    print(f"(gemm sweep {time.time() - t_start:.0f} s)")
+    return 0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("tiles", help="print the compile params of every tile (one JSON per line)")
+    r = sub.add_parser("run", help="check and time every candidate tile per shape (GPU host)")
+    r.add_argument("--shapes", choices=("issue", "small", "square"), default="issue")
+    r.add_argument("--calls", type=int, default=20)
+    r.add_argument("--rounds", type=int, default=3)
+    r.add_argument("--out", default="")
+    args = ap.parse_args()
+    return cmd_tiles(args) if args.cmd == "tiles" else cmd_run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
