@@ -372,6 +372,27 @@ def test_source_stamp_stands_in_for_git(tmp_path):
     assert st["commit"] is None and st["dirty"] is None and "stamp" in st["reason"]
 
 
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+def test_stamp_wins_over_a_stale_git_head(tmp_path):
+    """The device tool carries the base commit's .git with a newer tree: a run trusts the stamp."""
+    repo = tmp_path / "repo"
+    (repo / "packages" / "tirx-core").mkdir(parents=True)
+    (repo / "packages" / "tirx-core" / "a.py").write_text("x = 1\n")
+    _git(repo, "init", "-q")
+    _git(repo, "add", ".")
+    _git(repo, "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-q", "-m", "base")
+    shutil.copytree(repo / ".git", tmp_path / "base.git")
+    (repo / "packages" / "tirx-core" / "a.py").write_text("x = 2\n")
+    _git(repo, "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-q", "-am", "new")
+    new = provenance.git_state(str(repo))["commit"]
+    provenance.write_stamp(str(repo), str(repo / "build" / "source-stamp.json"))
+    shutil.rmtree(repo / ".git")
+    shutil.copytree(tmp_path / "base.git", repo / ".git")  # the stale .git of the device copy
+    assert provenance.git_state(str(repo))["dirty"] is True  # git alone: a.py differs from base
+    st = provenance.git_state(str(repo), prefer_stamp=True)
+    assert st["source"].startswith("stamp:") and st["commit"] == new and st["dirty"] is False
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Row logic with fake timers (no GPU), retries, the run JSON
 # ---------------------------------------------------------------------------------------------------------

@@ -50,18 +50,30 @@ def _sha256(path: str) -> str:
     return h.hexdigest()
 
 
-def git_state(root: str) -> dict:
-    """``{"commit", "dirty", "dirty_files", "source"}`` from git, else from a source stamp, else unknown."""
+def git_state(root: str, prefer_stamp: bool = False) -> dict:
+    """``{"commit", "dirty", "dirty_files", "source"}`` from git, else from a source stamp, else unknown.
+
+    With ``prefer_stamp`` (a run) a source stamp wins over a git checkout whose HEAD is another commit: the
+    device tool copies the working tree with the *base* commit's ``.git``, so git there reports every file
+    changed since that base as dirty (seen on the H200 host, 2026-12-02) while the stamp, written where the
+    staged tree was committed, verifies the files themselves.
+    """
+    git = None
     try:
         commit = _run(["git", "rev-parse", "HEAD"], cwd=root).strip()
         status = _run(["git", "status", "--porcelain=v1", "--untracked-files=normal"], cwd=root)
         files = [line[3:] for line in status.splitlines() if line.strip()]
-        return {"commit": commit, "dirty": bool(files), "dirty_files": files[:50], "source": "git"}
+        git = {"commit": commit, "dirty": bool(files), "dirty_files": files[:50], "source": "git"}
     except (OSError, subprocess.SubprocessError) as e:
         git_error = f"{type(e).__name__}: {e}".strip()
-    stamp = find_stamp(root)
+    stamp = find_stamp(root) if (git is None or prefer_stamp) else None
     if stamp:
-        return verify_stamp(root, stamp)
+        with open(stamp) as f:
+            stamped_commit = json.load(f).get("commit")
+        if git is None or git["commit"] != stamped_commit:
+            return verify_stamp(root, stamp)
+    if git is not None:
+        return git
     return {"commit": None, "dirty": None, "dirty_files": [], "source": "unavailable",
             "reason": f"no git checkout ({git_error[:200]}) and no source stamp "
                       f"(python -m tirx_kernels.bench_suite stamp, where the tree is committed)"}
@@ -298,5 +310,5 @@ def environment(root: str | None) -> dict:
 def collect(root: str, rounds: int, env: dict | None = None) -> dict:
     """Run provenance: source state here, the measuring environment (local, or as the server reported it)."""
     env = env if env is not None else environment(root)
-    return {"git": git_state(root), **env, "timer": timer_protocol(rounds), "protocol": protocol(),
+    return {"git": git_state(root, prefer_stamp=True), **env, "timer": timer_protocol(rounds), "protocol": protocol(),
             "collected": now()}
