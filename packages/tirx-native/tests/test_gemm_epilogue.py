@@ -7,6 +7,7 @@ import re
 
 import pytest
 
+from tirx_kernels.core import testing
 from tirx_kernels.gemm import _persistent
 from tirx_kernels.gemm import fp16_bf16_gemm as mod
 
@@ -39,18 +40,7 @@ def test_there_are_variant_rows():
 
 @pytest.mark.parametrize("params", BUILDS)
 def test_variant_builds(params):
-    from tirx_kernels.core import artifacts, build
-
-    so, info = artifacts.build_cached(mod, "fp16_bf16_gemm", params)
-    for name, k in info["ptxas"]["kernels"].items():
-        assert k.get("spill_store_bytes", 0) == 0 and k.get("spill_load_bytes", 0) == 0, (name, k)
-        assert k.get("stack_bytes", 0) == 0, (name, k)
-    if build.cuobjdump() is None:
-        pytest.skip("cuobjdump not installed: pip install nvidia-cuda-cuobjdump==13.2.51")
-    sass = build.sass(so)
-    assert not re.search(r"\b(LDL|STL)\b", sass), "local-memory loads/stores in SASS"
-    for pattern in mod.sass_expect(**params):
-        assert re.search(pattern, sass), (params, pattern)
+    sass = testing.build_and_check_sass(mod, "fp16_bf16_gemm", params)
     if params["layout"] == "nt":
         assert "tnspB" not in sass
     if mod.TILE_CONFIGS[params["tile"]]["cluster_m"] == 2:

@@ -2,10 +2,10 @@
 """The persistent GEMM tiles (gemm/_persistent.py) build on the CPU with the SASS they promise: also the
 tiles no CONFIGS row pins yet (2-CTA cluster, 128x128), which test_build_kernels does not reach."""
 
-import re
 
 import pytest
 
+from tirx_kernels.core import testing
 from tirx_kernels.gemm import _persistent
 from tirx_kernels.gemm import fp16_bf16_gemm as mod
 
@@ -32,17 +32,7 @@ def test_persistent_rejects_bad_params(bad):
 
 @pytest.mark.parametrize("tile", PERSISTENT)
 def test_persistent_tile_builds(tile):
-    from tirx_kernels.core import artifacts, build
 
-    params = {"dtype": "bfloat16", "tile": tile}
-    so, info = artifacts.build_cached(mod, "fp16_bf16_gemm", params)
-    for name, k in info["ptxas"]["kernels"].items():
-        assert k.get("spill_store_bytes", 0) == 0 and k.get("spill_load_bytes", 0) == 0, (name, k)
-        assert k.get("stack_bytes", 0) == 0, (name, k)
-    if build.cuobjdump() is None:
-        pytest.skip("cuobjdump not installed: pip install nvidia-cuda-cuobjdump==13.2.51")
-    sass = build.sass(so)
-    for pattern in mod.sass_expect(**params):
-        assert re.search(pattern, sass), (tile, pattern)
+    sass = testing.build_and_check_sass(mod, "fp16_bf16_gemm", {"dtype": "bfloat16", "tile": tile})
     if mod.TILE_CONFIGS[tile]["cluster_m"] == 2:
         assert "UTMALDG.2D.MULTICAST" in sass

@@ -4,10 +4,10 @@
 are validated, they fit in shared memory, and the K-slice / reduction-share arithmetic covers everything
 exactly once. Numerics are the GPU suite's job (every CONFIGS row pins one of these tiles)."""
 
-import re
 
 import pytest
 
+from tirx_kernels.core import testing
 from tirx_kernels.gemm import _small_m
 from tirx_kernels.gemm import fp16_bf16_gemm as mod
 
@@ -93,18 +93,6 @@ def test_small_m_cluster_launch_in_host_code(tile):
 @pytest.mark.parametrize("tile", SMALL_M)
 def test_small_m_tile_builds(tile, dtype):
     pytest.importorskip("tvm", reason="apache-tvm is needed to build kernels")
-    from tirx_kernels.core import artifacts, build
-
-    params = {"dtype": dtype, "tile": tile}
-    so, info = artifacts.build_cached(mod, "fp16_bf16_gemm", params)
-    for name, k in info["ptxas"]["kernels"].items():
-        assert k.get("spill_store_bytes", 0) == 0 and k.get("spill_load_bytes", 0) == 0, (name, k)
-        assert k.get("stack_bytes", 0) == 0, (name, k)
-    if build.cuobjdump() is None:
-        pytest.skip("cuobjdump not installed: pip install nvidia-cuda-cuobjdump==13.2.51")
-    sass = build.sass(so)
-    assert not re.search(r"\b(LDL|STL)\b", sass), "local-memory loads/stores in SASS"
-    for pattern in mod.sass_expect(**params):
-        assert re.search(pattern, sass), (tile, pattern)
+    sass = testing.build_and_check_sass(mod, "fp16_bf16_gemm", {"dtype": dtype, "tile": tile})
     if mod.TILE_CONFIGS[tile]["split_k"] == 1:
         assert "UCGABAR" not in sass

@@ -81,3 +81,26 @@ def check_graph_replay(kernel: str, label: str) -> None:
     g.replay()
     torch.cuda.synchronize()
     check_outputs(mod, {k: data[k] for k in expected}, expected, "the fp32 oracle (graph replay)")
+
+
+def build_and_check_sass(mod, kernel: str, params: dict) -> str:
+    """Build ``params`` of ``kernel`` (CPU: TVM + nvcc, cached) and assert what every build promises: no
+    register spills, no stack frame, no local-memory loads/stores, and ``mod.sass_expect(**params)``.
+
+    Returns the SASS for further kernel-specific checks; skips when cuobjdump is missing.
+    """
+    import re
+
+    from tirx_kernels.core import artifacts, build
+
+    so, info = artifacts.build_cached(mod, kernel, params)
+    for name, k in info["ptxas"]["kernels"].items():
+        assert k.get("spill_store_bytes", 0) == 0 and k.get("spill_load_bytes", 0) == 0, (name, k)
+        assert k.get("stack_bytes", 0) == 0, f"{name}: {k['stack_bytes']} bytes of stack frame (local memory)"
+    if build.cuobjdump() is None:
+        pytest.skip("cuobjdump not installed: pip install nvidia-cuda-cuobjdump==13.2.51 nvidia-cuda-nvdisasm==13.2.86")
+    sass = build.sass(so)
+    assert not re.search(r"\b(LDL|STL)\b", sass), "local-memory loads/stores in SASS"
+    for pattern in mod.sass_expect(**params) if hasattr(mod, "sass_expect") else []:
+        assert re.search(pattern, sass), f"SASS of {kernel} {params} lacks {pattern!r}"
+    return sass
