@@ -30,12 +30,15 @@ PROJECTIONS = [(4096, 4096), (14336, 4096), (4096, 14336), (6144, 4096), (28672,
 MS = [1, 16, 64, 128, 512, 2048, 8192]
 SQUARES = [1024, 2048, 4096, 8192, 16384]
 SMALL_M = 128  # at or below: memory-bound (B streams from DRAM), judged by TB/s
+MID_MS = [256, 512, 1024]  # where split-K (small-M tiles with 128 rows) may beat too few persistent tiles
 
 
 def shapes(which: str) -> list[tuple[int, int, int]]:
     out = []
     if which in ("issue", "small"):
         out += [(m, n, k) for n, k in PROJECTIONS for m in MS if which == "issue" or m <= SMALL_M]
+    if which == "mid":
+        out += [(m, n, k) for n, k in PROJECTIONS for m in MID_MS] + [(1024, 1024, 1024), (2048, 2048, 2048)]
     if which in ("issue", "square"):
         out += [(s, s, s) for s in SQUARES]
     return out
@@ -46,6 +49,8 @@ def candidate_tiles(M: int) -> list[str]:  # noqa: N803
 
     kinds = ("small_m",) if M <= SMALL_M else ("persistent", None)
     tiles = [t for t, c in mod.TILE_CONFIGS.items() if c.get("kind") in kinds]
+    if SMALL_M < M <= max(MID_MS):  # split-K with 128-row tiles
+        tiles += [t for t, c in mod.TILE_CONFIGS.items() if c.get("kind") == "small_m" and c["block_m"] == 128]
     default = mod.choose_tile(M, 4096, 4096)
     return sorted(set(tiles) | {default})
 
@@ -135,7 +140,7 @@ def main() -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     sub.add_parser("tiles", help="print the compile params of every tile (one JSON per line)")
     r = sub.add_parser("run", help="check and time every candidate tile per shape (GPU host)")
-    r.add_argument("--shapes", choices=("issue", "small", "square"), default="issue")
+    r.add_argument("--shapes", choices=("issue", "small", "square", "mid"), default="issue")
     r.add_argument("--calls", type=int, default=20)
     r.add_argument("--rounds", type=int, default=3)
     r.add_argument("--out", default="")

@@ -40,27 +40,29 @@ P = {"schedule": "persistent"}
 # Rounds 1-2 (tilings, persistent/pipelined schedules, streaming stores; logs in
 # docs/measurements/2026-12-02-h200/sweep-round{1,2}.log) picked the tilings; round 3 (cache qualifiers of
 # the loads, register caps, late weight) found that L1::no_allocate loads cost 4 % at act_and_mul
-# 32768x14336 (672 -> 646 us with plain loads) and 1.5 % at rmsnorm 32768x8192; round 4 (L1 eviction
-# qualifiers, store qualifiers, persistent/multi-row schedules with plain loads) moved nothing further
-# (logs: docs/measurements/2026-12-02-h200-b/). Earlier variant lists are in git history. Round 5: rmsnorm
-# in two passes over x (torch.compile's reduction: load, reduce, load again from L1/L2 with the weight).
-D = {"load_cache": "default"}
+# 32768x14336 (672 -> 646 us with plain loads) and 1.5 % at rmsnorm 32768x8192; rounds 4-5 (L1 eviction
+# qualifiers, store qualifiers, persistent/multi-row schedules with plain loads, two passes over x as
+# torch.compile does) moved nothing further (logs: docs/measurements/2026-12-02-h200-b/). Earlier variant
+# lists are in git history. Round 6: rmsnorm rows staged in shared memory with cp.async ("async"), the way
+# FlashInfer's CuTe-DSL norm keeps ~200 KB in flight per SM without holding x in registers.
+A = {"schedule": "async"}
 
 VARIANTS = [
     *[v for H in (8192, 7168, 4096) for v in (
-        _rms("bfloat16", H, "row_stream", load_cache="stream"),
-        _rms("bfloat16", H, "row_evict_last", load_cache="evict_last"),
-        _rms("bfloat16", H, "2p_el_ef", load_cache="evict_last", reload_cache="evict_first"),
-        _rms("bfloat16", H, "2p_el_d", load_cache="evict_last", reload_cache="default"),
-        _rms("bfloat16", H, "2p_d_d", load_cache="default", reload_cache="default"),
-        _rms("bfloat16", H, "2p_el_ef_k4", load_cache="evict_last", reload_cache="evict_first", ctas_per_sm=4),
+        _rms("bfloat16", H, "row"),
+        _rms("bfloat16", H, "async8", **A),
     )],
-    _rms("bfloat16", 7168, "2p448_el_ef", threads_per_row=448, load_cache="evict_last", reload_cache="evict_first"),
-    _rms("bfloat16", 8192, "2p1024_el_ef", threads_per_row=1024, load_cache="evict_last",
-         reload_cache="evict_first"),
-    _rms("bfloat16", 8192, "2p256_el_ef", threads_per_row=256, load_cache="evict_last", reload_cache="evict_first"),
-    _rms("float16", 5120, "row_stream", load_cache="stream"),
-    _rms("float16", 5120, "2p_el_ef", load_cache="evict_last", reload_cache="evict_first"),
+    _rms("bfloat16", 8192, "async4", **A, threads_per_row=256),
+    _rms("bfloat16", 8192, "async16", **A, threads_per_row=64, rows_per_cta=2),
+    _rms("bfloat16", 8192, "async8_r2", **A, threads_per_row=128, rows_per_cta=2),
+    _rms("bfloat16", 7168, "async7", **A, threads_per_row=128),
+    _rms("bfloat16", 7168, "async14", **A, threads_per_row=64, rows_per_cta=2),
+    _rms("bfloat16", 4096, "async4", **A, threads_per_row=128),
+    _rms("bfloat16", 4096, "async16", **A, threads_per_row=32, rows_per_cta=4),
+    _rms("bfloat16", 4096, "async8_r1", **A, threads_per_row=64, rows_per_cta=1),
+    _rms("float16", 5120, "row"),
+    _rms("float16", 5120, "async", **A),
+    _rms("float16", 5120, "async5_160", **A, threads_per_row=160, rows_per_cta=1),
 ]
 
 CALLS = {
