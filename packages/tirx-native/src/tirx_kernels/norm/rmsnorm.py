@@ -146,7 +146,7 @@ def row_plan(H: int) -> dict:
 # "persistent": grid min(M, ctas_per_sm * NUM_SMS), one row of ``threads_per_row`` threads per CTA at a
 # time, rows strided by the grid; the weight is loaded once per CTA, and with ``pipeline`` the next row's
 # x loads are issued before the current row is reduced and stored (``build_kernel_persistent``).
-SCHEDULES = ("row", "persistent", "async")
+SCHEDULES = ("row", "persistent")
 VARIANT_KEYS = ("schedule", "threads_per_row", "rows_per_cta", "ctas_per_sm", "pipeline", "store_cache",
                 "load_cache", "weight_late", "reload_cache")
 NUM_SMS = 132  # H200 SXM
@@ -176,11 +176,6 @@ def get_kernel(dtype: str, H: int, schedule: str = "row", threads_per_row: int |
     plan = row_plan(H)
     tpr = threads_per_row or plan["threads_per_row"]
     load_cache = load_cache or x_load_cache(H)
-    if schedule == "async":
-        plan = async_plan(H)
-        tpr = threads_per_row or plan["threads_per_row"]
-        rows = rows_per_cta or (plan["rows_per_cta"] if threads_per_row is None else max(1, ASYNC_CTA_THREADS // tpr))
-        return build_kernel_async(dtype, H, tpr, rows, store_cache)
     if schedule == "persistent":
         return build_kernel_persistent(dtype, H, tpr, ctas_per_sm or 2, pipeline, store_cache,
                                        load_cache=load_cache)
@@ -294,120 +289,6 @@ def build_kernel(dtype: str, H: int, threads_per_row: int, rows_per_cta: int, st
         # out = x * rs * w, rounded once.
         y_base = T.Cast("int64", row) * T.Cast("int64", y_stride)
         scale_store(Yf, y_base, lane, row_pred(row, M), xr, wr, orr, rs)
-
-    return rmsnorm
-
-
-# "async" schedule: cp.async stages each row in shared memory, so the bytes in flight per SM are bounded by
-# smem (~200 KB) instead of registers (the "row" schedule holds x in registers: 39-63 per thread). About 8
-# 16-byte vectors per thread, CTAs of 128 threads (several rows per CTA for short rows).
-ASYNC_VECTORS_PER_THREAD = 8
-ASYNC_CTA_THREADS = 128
-
-
-def async_plan(H: int) -> dict:
-    nvec = H // _VEC
-    want = -(-nvec // ASYNC_VECTORS_PER_THREAD)
-    tpr = max(2, 1 << (want - 1).bit_length()) if want <= 32 else 32 * -(-want // 32)
-    return {"threads_per_row": tpr, "rows_per_cta": max(1, ASYNC_CTA_THREADS // tpr),
-            "vectors_per_thread": -(-nvec // tpr)}
-
-
-def build_kernel_async(dtype: str, H: int, threads_per_row: int, rows_per_cta: int, store_cache: str = "default"):
-    """Rows staged in shared memory with ``cp.async`` (no registers held while the bytes are in flight).
-
-    Each thread copies its vectors of x (same column layout as the "row" schedule) into the CTA's smem rows,
-    waits for its own copies (no barrier: it reads back only what it copied), sums squares from smem,
-    reduces across the row, then reads x from smem again with the weight (plain loads: L1-resident) and
-    stores. Vectors past H or rows past M are zero-filled, never read from global memory.
-    """
-    from tvm.script import tirx as T
-
-    from tirx_kernels.core.lang import reduce, vector
-
-    tpr = threads_per_row
-    vpt = vector.ceil_div(H // _VEC, tpr)
-    threads = tpr * rows_per_cta
-    words = vector.WORDS_PER_VECTOR
-    row_elems = vpt * tpr * _VEC  # smem row: every vector slot, also the ones past H
-    scratch_len = max(1, reduce.scratch_words(tpr, rows_per_cta))
-    inv_h = 1.0 / H
-
-    def col_ok(v, lane):
-        return (v * tpr + lane) * _VEC < H if (v + 1) * tpr * _VEC > H else None
-
-    def both(a, b):
-        if a is None or b is None:
-            return b if a is None else a
-        return T.And(a, b)
-
-    def row_pred(row, M):  # noqa: N803
-        return None if rows_per_cta == 1 else row < M
-
-    def sum_squares(stage, s_base, lane, xr, acc):
-        for v in range(vpt):
-            vector.load_shared_v4(xr, 0, stage.ptr_to([s_base + (v * tpr + lane) * _VEC]))
-            for i in range(words):
-                lo, hi = vector.unpack2(xr[i], dtype)
-                T.buffer_store(acc, acc[0] + lo * lo + hi * hi, [0])
-
-    def copy_row(stage, Xf, x_base, s_base, lane, row, M):  # noqa: N803
-        for v in range(vpt):
-            c = (v * tpr + lane) * _VEC
-            ok = col_ok(v, lane)
-            src = c if ok is None else T.Select(ok, c, 0)
-            vector.cp_async_v4(stage.ptr_to([s_base + c]), Xf.ptr_to([x_base + src]), both(row_pred(row, M), ok))
-
-    def scale_store(stage, Wt, Yf, y_base, s_base, lane, row, M, xr, wr, orr, rs):  # noqa: N803
-        for v in range(vpt):
-            c = (v * tpr + lane) * _VEC
-            ok = col_ok(v, lane)
-            if ok is not None:
-                vector.fill(wr, 0, words)
-            vector.load_v4(wr, 0, Wt.ptr_to([c]), ok, cache="default")
-            vector.load_shared_v4(xr, 0, stage.ptr_to([s_base + c]))
-            for j in range(words):
-                x_lo, x_hi = vector.unpack2(xr[j], dtype)
-                w_lo, w_hi = vector.unpack2(wr[j], dtype)
-                vector.pack2(orr, j, x_lo * rs * w_lo, x_hi * rs * w_hi, dtype)
-            vector.store_v4(Yf.ptr_to([y_base + c]), orr, 0, both(row_pred(row, M), ok), cache=store_cache)
-
-    @T.prim_func
-    def rmsnorm(x_ptr: T.handle, w_ptr: T.handle, y_ptr: T.handle, eps: T.float32, zero: T.int32):
-        M = T.int32()
-        x_stride = T.int32()
-        y_stride = T.int32()
-        X = T.match_buffer(x_ptr, (M, H), dtype, strides=(x_stride, 1), align=16)
-        Wt = T.match_buffer(w_ptr, (H,), dtype, align=16)
-        Y = T.match_buffer(y_ptr, (M, H), dtype, strides=(y_stride, 1), align=16)
-        T.device_entry()
-        Xf = T.decl_buffer((M * x_stride,), dtype, data=X.data)
-        Yf = T.decl_buffer((M * y_stride,), dtype, data=Y.data)
-        cta = T.cta_id([(M + rows_per_cta - 1) // rows_per_cta])
-        tid = T.thread_id([threads])
-        stage = T.alloc_shared((rows_per_cta * row_elems,), dtype, align=16)
-        scratch = T.alloc_shared((scratch_len,), "float32")
-        xr = T.alloc_local((words,), "uint32")
-        wr = T.alloc_local((words,), "uint32")
-        orr = T.alloc_local((words,), "uint32")
-        acc = T.alloc_local((1,), "float32")
-        rl = tid // tpr
-        lane = tid % tpr
-        row = cta * rows_per_cta + rl
-        # Rows past M read row 0 (a valid address) with src-size 0.
-        x_base = T.Cast("int64", T.Select(row < M, row, 0)) * T.Cast("int64", x_stride)
-        s_base = rl * row_elems
-        copy_row(stage, Xf, x_base, s_base, lane, row, M)
-        vector.cp_async_commit()
-        vector.cp_async_wait(0)
-
-        acc[0] = T.float32(0)
-        sum_squares(stage, s_base, lane, xr, acc)
-        total = reduce.group_sum(acc[0], tid, tpr, scratch)
-        rs = T.rsqrt(total * T.float32(inv_h) + eps)
-
-        y_base = T.Cast("int64", row) * T.Cast("int64", y_stride)
-        scale_store(stage, Wt, Yf, y_base, s_base, lane, row, M, xr, wr, orr, rs)
 
     return rmsnorm
 

@@ -98,34 +98,6 @@ def store_v4(ptr, regs, base, pred=None, *, cache: str = "default"):
     _guarded(st(ptr, regs[base], regs[base + 1], regs[base + 2], regs[base + 3]), pred)
 
 
-def cp_async_v4(smem_ptr, gmem_ptr, pred=None):
-    """16 bytes global -> shared without passing through registers (``cp.async.cg``, L1 bypassed).
-
-    Where ``pred`` is false nothing is read (src-size 0) and the 16 smem bytes are zero-filled; the
-    address must still be a valid one to form (clamp it). Complete with ``cp_async_commit`` +
-    ``cp_async_wait``; after the wait a thread sees its *own* copies without a barrier.
-    """
-    if pred is None:
-        T.evaluate(T.ptx["cp.async.cg.shared.global"](smem_ptr, gmem_ptr, 16))
-    else:
-        T.evaluate(T.ptx["cp.async.cg.shared.global"](smem_ptr, gmem_ptr, 16,
-                                                       T.Select(pred, T.uint32(16), T.uint32(0))))
-
-
-def cp_async_commit():
-    T.evaluate(T.ptx["cp.async.commit_group"]())
-
-
-def cp_async_wait(pending: int = 0):
-    """Wait until at most ``pending`` committed groups of this thread's copies are still in flight."""
-    T.evaluate(T.ptx["cp.async.wait_group"](pending))
-
-
-def load_shared_v4(regs, base, smem_ptr):
-    """``regs[base:base+4] <- 16 bytes of shared memory`` (``ld.shared.v4.b32``)."""
-    T.evaluate(T.ptx.ld.shared.v4.b32(regs[base], regs[base + 1], regs[base + 2], regs[base + 3], smem_ptr))
-
-
 def copy(dst, src, count, dst_base=0, src_base=0):
     """``dst[dst_base:+count] = src[src_base:+count]`` (register moves between local word buffers)."""
     for i in range(count):
