@@ -233,10 +233,17 @@ TILE_TABLE = [
     (128, 8192, None, "smallm_128x128x64_s6_k2"),  # N=4096-8192: 0.88-1.01x cuBLAS (M=128 is the weak row)
     (128, 16384, None, "smallm_128x256x64_s4_k2"),  # N=14336: 44.2 vs cuBLAS 41.5
     (128, None, None, "ws_128x256x64_s3"),          # N=28672 K=8192: 132.8 vs cuBLAS 131.1
-    # Larger M: the persistent kernel (second sweep, 29 shapes with M >= 512, gemm-issue.json). Half-width
-    # tiles where 128x256 tiles would leave SMs idle or each tile's mainloop is short: M <= 512 (4 of 6
-    # projections at 0.93-1.00x cuBLAS vs 0.40-0.88 with 128x256) and K <= 2048 at M = 2048 (0.93 vs 0.84).
+    # 128 < M <= 512 with few 128x128 tiles (<= 64): split-K keeps ~128 CTAs busy (third sweep, gemm-mid.json:
+    # 256x2048x7168 0.74 vs 0.53, 256x4096x14336 0.95 vs 0.72, 512x2048x7168 0.94 vs 0.74 with persistent).
+    (256, 4096, None, "smallm_128x128x64_s6_k2"),
+    (512, 2048, None, "smallm_128x128x64_s6_k2"),
+    # Larger M: the persistent kernel. Half-width tiles where 128x256 tiles would leave SMs idle or each
+    # tile's mainloop is short: M <= 512 (second sweep, gemm-issue.json: 4 of 6 projections at 0.93-1.00x
+    # cuBLAS vs 0.40-0.88 with 128x256), M <= 1024 with N <= 16384 and K <= 8192 (gemm-mid.json: 1024x6144x4096
+    # 1.00 vs 0.78, 1024x14336x4096 0.97 vs 0.88, 1024x2048x7168 0.98 vs 0.57) and K <= 2048 at M = 2048
+    # (0.93 vs 0.84).
     (512, None, None, "persistent_128x128x64_s6_g8"),
+    (1024, 16384, 8192, "persistent_128x128x64_s6_g8"),
     (2048, None, 2048, "persistent_128x128x64_s6_g8"),
     (None, None, None, "persistent_128x256x64_s3_g8"),  # 0.97-1.04x cuBLAS from 2048 x 4096 up
 ]
