@@ -3,7 +3,8 @@
 # One full GPU evidence run on a host staged with ../shared/gpu/stage (run from the repo root there):
 # correctness of every (kernel, config), graphs/torch.compile, compute-sanitizer on small configs, and
 # the bench with references. Logs go to $OUT (or ./gpu-logs); a short table is printed last.
-#   bash tools/gpu_check.sh [test|sanitize|bench|all] [bench kernels...]
+#   bash tools/gpu_check.sh [test|sanitize|bench|gemm-sweep|all] [bench kernels...]
+# gemm-sweep needs every tile in the bundle: build them with `python tools/gemm_sweep.py tiles` + build --params.
 set -uo pipefail
 OUT=${OUT:-gpu-logs}; mkdir -p "$OUT"
 what=${1:-all}; shift || true
@@ -26,10 +27,17 @@ if [ "$what" = all ] || [ "$what" = test ]; then
   python3 -m pytest -n 8 -q -rs -p no:cacheprovider -p timeout --timeout 300 --junitxml="$OUT/junit.xml" packages/*/tests 2>&1 | tee "$OUT/pytest.log" | tail -40 || rc=1
 fi
 if [ "$what" = all ] || [ "$what" = sanitize ]; then
-  for kc in "rmsnorm bf16_37x2880_strided" "act_and_mul gelu_bf16_37x4096" "fp16_bf16_gemm bf16_129x264x72"; do
+  for kc in "rmsnorm bf16_37x2880_strided" "act_and_mul gelu_bf16_37x4096" "fp16_bf16_gemm bf16_129x264x72" \
+            "fp16_bf16_gemm bf16_100x264x72_smallm_k8" "fp16_bf16_gemm bf16_37x520x1048_smallm_k4" \
+            "fp16_bf16_gemm bf16_300x520x24_nn_c2" "fp16_bf16_gemm fp16_300x520x24_alpha_beta_bias"; do
     set -- $kc
     compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m tirx_kernels.test --kernel "$1" --config "$2" \
       >> "$OUT/sanitizer.log" 2>&1; echo "memcheck $1 $2 rc=$?" | tee -a "$OUT/sanitizer.log"
+  done
+  # The split-K cluster kernel reduces through distributed shared memory: racecheck its idle-rank configs too.
+  for c in bf16_100x264x72_smallm_k8 bf16_37x520x1048_smallm_k4; do
+    compute-sanitizer --tool racecheck --error-exitcode 9 python3 -m tirx_kernels.test --kernel fp16_bf16_gemm \
+      --config "$c" >> "$OUT/sanitizer.log" 2>&1; echo "racecheck fp16_bf16_gemm $c rc=$?" | tee -a "$OUT/sanitizer.log"
   done
 fi
 if [ "$what" = all ] || [ "$what" = bench ]; then
@@ -45,5 +53,9 @@ if rows:
 for r in rows:
     print(r["kernel"][:14], format_row(r))
 PY
+fi
+if [ "$what" = gemm-sweep ]; then
+  python3 tools/gemm_sweep.py run --shapes issue --out "$OUT/gemm-issue.json" 2>&1 | tee "$OUT/gemm-issue.log" | tail -8 || rc=1
+  python3 tools/gemm_sweep.py run --shapes mid --out "$OUT/gemm-mid.json" 2>&1 | tee "$OUT/gemm-mid.log" | tail -4 || rc=1
 fi
 exit $rc
