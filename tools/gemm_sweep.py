@@ -71,6 +71,52 @@ def _cublas_call(F, a, b):  # noqa: N803
     return lambda: F.linear(a, b)
 
 
+# Optional references beyond cuBLAS (issue #4 asks for QuACK's sm90 GEMM and max-autotune). Both compile or
+# autotune per shape on first use (seconds to a minute each): use them with --shapes square or a short list.
+def _quack_call(a, b):
+    from quack.gemm_interface import gemm as quack_gemm  # CuTe-DSL stack (../shared/gpu/stage --cutedsl)
+
+    bt = b.T  # QuACK takes B as (K, N); b.T is a view of our (N, K) B
+    return lambda: quack_gemm(a, bt)
+
+
+def _max_autotune_call(F, a, b):  # noqa: N803
+    import torch
+
+    compiled = torch.compile(lambda x, w: F.linear(x, w), mode="max-autotune-no-cudagraphs", dynamic=False)
+    return lambda: compiled(a, b)
+
+
+REFERENCES = ("quack", "max-autotune")
+
+
+def _ref_list(text: str) -> list[str]:
+    names = [x for x in text.split(",") if x]
+    bad = [n for n in names if n not in REFERENCES]
+    if bad:
+        raise argparse.ArgumentTypeError(f"unknown reference(s) {bad}; expected some of {list(REFERENCES)}")
+    return names
+
+
+def _reference_calls(refs, F, a, b, ref) -> tuple[dict, dict]:  # noqa: N803
+    """{name: call} for the optional references that run and match the oracle; {name: reason} for the rest."""
+    import torch
+
+    calls, errors = {}, {}
+    for name in refs:
+        try:
+            call = _quack_call(a, b) if name == "quack" else _max_autotune_call(F, a, b)
+            got = call()
+            torch.cuda.synchronize()
+            err = float((got.float() - ref).norm() / ref.norm())
+            if not err < 1e-2:
+                raise AssertionError(f"rel. error {err:.3g}")
+            calls[name] = call
+        except Exception as e:  # a missing or failing reference is reported, never fatal
+            errors[name] = f"{type(e).__name__}: {e}"[:160]
+    return calls, errors
+
+
 def cmd_run(args) -> int:
     import torch
     import torch.nn.functional as F
@@ -101,12 +147,16 @@ def cmd_run(args) -> int:
                 continue
             fns[tile] = call
         fns["cublas"] = _cublas_call(F, a, b)
+        ref_calls, ref_errors = _reference_calls(args.refs, F, a, b, ref)
+        fns.update(ref_calls)
+        errors.update({f"ref:{k}": v for k, v in ref_errors.items()})
         times = time_calls(fns, calls=args.calls, rounds=args.rounds)
-        ours = {t: v["median_us"] for t, v in times.items() if t != "cublas"}
+        others = {"cublas", *ref_calls}
+        ours = {t: v["median_us"] for t, v in times.items() if t not in others}
         cublas = times["cublas"]["median_us"]
         heuristic = mod.choose_tile(M, N, K)
         row = {"M": M, "N": N, "K": K, "cublas_us": cublas, "tiles_us": ours, "errors": errors,
-               "heuristic": heuristic}
+               "heuristic": heuristic, "references_us": {n: times[n]["median_us"] for n in ref_calls}}
         rows.append(row)
         if not ours:
             print(f"{M:5d} {N:6d} {K:6d} | every tile failed: {errors}")
@@ -117,6 +167,8 @@ def cmd_run(args) -> int:
                 else f"{2 * M * N * K / us / 1e6:6.0f} TF/s")
         h = f"{heuristic} ({cublas / ours[heuristic]:.3f})" if heuristic in ours else f"{heuristic} (failed)"
         print(f"{M:5d} {N:6d} {K:6d} | {best:34s} {us:9.1f} {cublas:9.1f} {cublas / us:11.3f} {rate:>12} | {h}")
+        for n in ref_calls:
+            print(f"      {n}: {times[n]['median_us']:.1f} us (ref/ours {times[n]['median_us'] / us:.3f})")
         for t, e in errors.items():
             print(f"      FAILED {t}: {e}")
         torch.cuda.empty_cache()
@@ -144,6 +196,8 @@ def main() -> int:
     r.add_argument("--calls", type=int, default=20)
     r.add_argument("--rounds", type=int, default=3)
     r.add_argument("--out", default="")
+    r.add_argument("--refs", default="", type=_ref_list,
+                   help="extra references, comma-separated: quack, max-autotune (slow to compile per shape)")
     args = ap.parse_args()
     return cmd_tiles(args) if args.cmd == "tiles" else cmd_run(args)
 
