@@ -5,6 +5,8 @@
 # the bench with references. Logs go to $OUT (or ./gpu-logs); a short table is printed last.
 #   bash tools/gpu_check.sh [test|sanitize|bench|gemm-sweep|all] [bench kernels...]
 # gemm-sweep needs every tile in the bundle: build them with `python tools/gemm_sweep.py tiles` + build --params.
+# The wgmma layer micro-kernels (test_lang_wgmma_numerics.py) run from build/lang-micro: build it on the CPU
+# machine with `python packages/tirx-core/tests/test_lang_wgmma_gpu.py build/lang-micro` and carry it.
 set -uo pipefail
 OUT=${OUT:-gpu-logs}; mkdir -p "$OUT"
 what=${1:-all}; shift || true
