@@ -3,7 +3,7 @@
 # One full GPU evidence run on a host staged with ../shared/gpu/stage (run from the repo root there):
 # correctness of every (kernel, config), graphs/torch.compile, compute-sanitizer on small configs, and
 # the bench with references. Logs go to $OUT (or ./gpu-logs); a short table is printed last.
-#   bash tools/gpu_check.sh [test|sanitize|bench|gemm-sweep|all] [bench kernels...]
+#   bash tools/gpu_check.sh [test|sanitize|bench|gemm-sweep|micro|all] [bench kernels...]
 # gemm-sweep needs every tile in the bundle: build them with `python tools/gemm_sweep.py tiles` + build --params.
 # The wgmma layer micro-kernels (test_lang_wgmma_numerics.py) run from build/lang-micro: build it on the CPU
 # machine with `python packages/tirx-core/tests/test_lang_wgmma_gpu.py build/lang-micro` and carry it.
@@ -55,6 +55,14 @@ if rows:
 for r in rows:
     print(r["kernel"][:14], format_row(r))
 PY
+fi
+if [ "$what" = all ] || [ "$what" = micro ]; then
+  # Layer micro-kernels from the prebuilt bundle (build/lang-micro); a wrong barrier phase hangs: time-boxed.
+  timeout 300 python3 -m pytest -q -rs -p no:cacheprovider packages/tirx-core/tests/test_lang_wgmma_numerics.py \
+    packages/tirx-core/tests/test_lang_tma_numerics.py 2>&1 | tee "$OUT/micro.log" | tail -5 || rc=1
+  timeout 200 compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m pytest -q -p no:cacheprovider \
+    -k "ring or multicast" packages/tirx-core/tests/test_lang_tma_numerics.py >> "$OUT/sanitizer.log" 2>&1
+  echo "memcheck micro ring/multicast rc=$?" | tee -a "$OUT/sanitizer.log"
 fi
 if [ "$what" = gemm-sweep ]; then
   python3 tools/gemm_sweep.py run --shapes issue --out "$OUT/gemm-issue.json" 2>&1 | tee "$OUT/gemm-issue.log" | tail -8 || rc=1
