@@ -349,14 +349,20 @@ def _git(cwd, *args):
     subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True)
 
 
-@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
-def test_source_stamp_stands_in_for_git(tmp_path):
+def _committed_repo(tmp_path, message="c"):
+    """A git repo with one committed source file, ``packages/tirx-core/a.py`` (``x = 1``)."""
     repo = tmp_path / "repo"
     (repo / "packages" / "tirx-core").mkdir(parents=True)
     (repo / "packages" / "tirx-core" / "a.py").write_text("x = 1\n")
     _git(repo, "init", "-q")
     _git(repo, "add", ".")
-    _git(repo, "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-q", "-m", "c")
+    _git(repo, "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-q", "-m", message)
+    return repo
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+def test_source_stamp_stands_in_for_git(tmp_path):
+    repo = _committed_repo(tmp_path)
     state = provenance.git_state(str(repo))
     assert state["source"] == "git" and state["dirty"] is False and len(state["commit"]) == 40
     provenance.write_stamp(str(repo), str(repo / "build" / "source-stamp.json"))
@@ -375,12 +381,7 @@ def test_source_stamp_stands_in_for_git(tmp_path):
 @pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
 def test_stamp_wins_over_a_stale_git_head(tmp_path):
     """The device tool carries the base commit's .git with a newer tree: a run trusts the stamp."""
-    repo = tmp_path / "repo"
-    (repo / "packages" / "tirx-core").mkdir(parents=True)
-    (repo / "packages" / "tirx-core" / "a.py").write_text("x = 1\n")
-    _git(repo, "init", "-q")
-    _git(repo, "add", ".")
-    _git(repo, "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-q", "-m", "base")
+    repo = _committed_repo(tmp_path, "base")
     shutil.copytree(repo / ".git", tmp_path / "base.git")
     (repo / "packages" / "tirx-core" / "a.py").write_text("x = 2\n")
     _git(repo, "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-q", "-am", "new")

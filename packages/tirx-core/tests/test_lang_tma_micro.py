@@ -443,19 +443,12 @@ def test_micro_kernel_builds(case, built):
 def build_bundle(out_dir: str) -> str:
     """Build every case into ``out_dir`` (``tma_<name>.so`` + ``tma_cases.json``; the wgmma bundle's
     ``cases.json`` and ``.so`` files in the same folder are left alone)."""
-    import json
-    import os
+    from tirx_kernels.core import testing
 
-    os.makedirs(out_dir, exist_ok=True)
-    cases = []
-    for c in CASES:
-        build.build_so(_kernel(c), os.path.join(out_dir, f"{c.name}.so"))
-        cases.append({"name": c.name, "kind": c.kind, "inp": list(c.inp), "out": list(c.out), "params": c.params,
-                      "poison": POISON, "so": f"{c.name}.so"})
-    path = os.path.join(out_dir, "tma_cases.json")
-    with open(path, "w") as f:
-        json.dump({"cases": cases}, f, indent=1)
-    return path
+    return testing.write_micro_bundle(out_dir, "tma_cases.json", [
+        (f"{c.name}.so", lambda c=c: _kernel(c),
+         {"name": c.name, "kind": c.kind, "inp": list(c.inp), "out": list(c.out), "params": c.params,
+          "poison": POISON}) for c in CASES])
 
 
 def test_bundle_lists_every_case(tmp_path, monkeypatch):

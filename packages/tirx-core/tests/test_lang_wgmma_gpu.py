@@ -279,19 +279,12 @@ def test_micro_kernel_builds(case, built):
 
 def build_bundle(out_dir: str) -> str:
     """Build every case into ``out_dir`` (``<name>.so`` + ``cases.json``: what the numerics test needs)."""
-    import json
-    import os
+    from tirx_kernels.core import testing
 
-    os.makedirs(out_dir, exist_ok=True)
-    cases = []
-    for c in CASES:
-        build.build_so(_kernel(c), os.path.join(out_dir, f"{c.name}.so"))
-        cases.append({"name": c.name, "a_dtype": c.a_dtype, "b_dtype": c.b_dtype, "n": c.n, "k": c.k, "m": wgmma.M,
-                      "b_major": "k" if c.b_major == K_MAJOR else "mn", "tol": c.tol, "so": f"{c.name}.so"})
-    path = os.path.join(out_dir, "cases.json")
-    with open(path, "w") as f:
-        json.dump({"cases": cases}, f, indent=1)
-    return path
+    return testing.write_micro_bundle(out_dir, "cases.json", [
+        (f"{c.name}.so", lambda c=c: _kernel(c),
+         {"name": c.name, "a_dtype": c.a_dtype, "b_dtype": c.b_dtype, "n": c.n, "k": c.k, "m": wgmma.M,
+          "b_major": "k" if c.b_major == K_MAJOR else "mn", "tol": c.tol}) for c in CASES])
 
 
 def test_bundle_lists_every_case(tmp_path, monkeypatch):

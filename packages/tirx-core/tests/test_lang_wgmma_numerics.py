@@ -6,27 +6,14 @@ of the same rounded inputs. The GPU host has no compiler: the kernels come prebu
 ``python packages/tirx-core/tests/test_lang_wgmma_gpu.py build/lang-micro``. Needs only torch + tvm-ffi.
 """
 
-import json
 import os
 
 import pytest
 
+from tirx_kernels.core import testing
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-BUNDLE = os.environ.get("TIRX_LANG_MICRO_DIR") or os.path.join(ROOT, "build", "lang-micro")
-_CASES_JSON = os.path.join(BUNDLE, "cases.json")
-CASES = json.load(open(_CASES_JSON))["cases"] if os.path.exists(_CASES_JSON) else []
-
-
-def _skip_reason():
-    try:
-        import torch
-    except ImportError:
-        return "torch is not installed"
-    if not torch.cuda.is_available():
-        return "no CUDA device: the micro-kernels need an sm_90a GPU"
-    if torch.cuda.get_device_capability() != (9, 0):
-        return f"sm_90a kernels need a Hopper GPU, found capability {torch.cuda.get_device_capability()}"
-    return None
+BUNDLE, CASES = testing.micro_bundle_cases(ROOT, "cases.json")
 
 
 def _operand(dtype: str, shape, gen):
@@ -46,7 +33,7 @@ def _operand(dtype: str, shape, gen):
     return vals, stored.contiguous().view(torch.uint8).view(torch.int32)
 
 
-@pytest.mark.skipif(_skip_reason() is not None, reason=str(_skip_reason()))
+@pytest.mark.skipif(testing.micro_skip_reason() is not None, reason=str(testing.micro_skip_reason()))
 @pytest.mark.skipif(not CASES, reason=f"no prebuilt micro-kernels in {BUNDLE} (build them on the CPU machine: "
                                       "python packages/tirx-core/tests/test_lang_wgmma_gpu.py build/lang-micro)")
 @pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])

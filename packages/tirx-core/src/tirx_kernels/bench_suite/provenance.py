@@ -68,10 +68,9 @@ def git_state(root: str, prefer_stamp: bool = False) -> dict:
         git_error = f"{type(e).__name__}: {e}".strip()
     stamp = find_stamp(root) if (git is None or prefer_stamp) else None
     if stamp:
-        with open(stamp) as f:
-            stamped_commit = json.load(f).get("commit")
-        if git is None or git["commit"] != stamped_commit:
-            return verify_stamp(root, stamp)
+        state = verify_stamp(root, stamp)
+        if git is None or git["commit"] != state["commit"]:
+            return state
     if git is not None:
         return git
     return {"commit": None, "dirty": None, "dirty_files": [], "source": "unavailable",

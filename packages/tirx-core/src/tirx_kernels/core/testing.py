@@ -104,3 +104,53 @@ def build_and_check_sass(mod, kernel: str, params: dict) -> str:
     for pattern in mod.sass_expect(**params) if hasattr(mod, "sass_expect") else []:
         assert re.search(pattern, sass), f"SASS of {kernel} {params} lacks {pattern!r}"
     return sass
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Layer micro-kernel bundles: built on the CPU machine by a test module's ``build_bundle``, run on the GPU host
+# (which has no compiler) by its numerics test from ``$TIRX_LANG_MICRO_DIR`` (default ``<repo>/build/lang-micro``)
+# ---------------------------------------------------------------------------------------------------------
+
+MICRO_BUNDLE_ENV = "TIRX_LANG_MICRO_DIR"
+
+
+def write_micro_bundle(out_dir: str, cases_file: str, items) -> str:
+    """Build ``(file name, kernel builder, record)`` items into ``out_dir``: each ``.so`` and a ``cases_file``
+    listing the records (with their ``so``); returns the path of ``cases_file``."""
+    import json
+    import os
+
+    from tirx_kernels.core import build
+
+    os.makedirs(out_dir, exist_ok=True)
+    cases = []
+    for so_name, make_kernel, record in items:
+        build.build_so(make_kernel(), os.path.join(out_dir, so_name))
+        cases.append({**record, "so": so_name})
+    path = os.path.join(out_dir, cases_file)
+    with open(path, "w") as f:
+        json.dump({"cases": cases}, f, indent=1)
+    return path
+
+
+def micro_bundle_cases(repo_root: str, cases_file: str) -> tuple[str, list[dict]]:
+    """(bundle folder, its cases) — no cases when the bundle was not built or carried."""
+    import json
+    import os
+
+    bundle = os.environ.get(MICRO_BUNDLE_ENV) or os.path.join(repo_root, "build", "lang-micro")
+    path = os.path.join(bundle, cases_file)
+    return bundle, (json.load(open(path))["cases"] if os.path.exists(path) else [])
+
+
+def micro_skip_reason() -> str | None:
+    """Why the sm_90a micro-kernels cannot run here (the arch gate of every kernel), or None."""
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return "torch is not installed"
+    try:
+        check_arch({"name": "layer micro-kernels", "runtime_cuda_archs": ["sm_90a"]})
+    except UnsupportedArchError as e:
+        return str(e)
+    return None
