@@ -83,3 +83,19 @@ def test_persistent_tile_builds(tile):
     sass = testing.build_and_check_sass(mod, "fp16_bf16_gemm", {"dtype": "bfloat16", "tile": tile})
     if mod.TILE_CONFIGS[tile]["cluster_m"] == 2:
         assert "UTMALDG.2D.MULTICAST" in sass
+
+
+def test_sweep_offers_every_persistent_tile():
+    """tools/gemm_sweep.py times every persistent tile (TILE_TABLE's and the candidates) above the small-M cutoff."""
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parents[3] / "tools" / "gemm_sweep.py"
+    if not path.exists():
+        pytest.skip("tools/gemm_sweep.py is not in this checkout")
+    spec = importlib.util.spec_from_file_location("gemm_sweep", path)
+    sweep = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sweep)
+    for m in (sweep.SMALL_M + 1, 512, 1024, 8192):
+        assert set(PERSISTENT) <= set(sweep.candidate_tiles(m)), m
+    assert not set(PERSISTENT) & set(sweep.candidate_tiles(sweep.SMALL_M))
