@@ -47,6 +47,8 @@ def shapes(which: str) -> list[tuple[int, int, int]]:
 def candidate_tiles(M: int) -> list[str]:  # noqa: N803
     from tirx_kernels.gemm import fp16_bf16_gemm as mod
 
+    # Above SMALL_M: every persistent tile (also the sweep-only candidates TILE_TABLE does not pick yet: 128x256
+    # s4 with a 128-column staging tile, 128x192, 128x64, 128x128 c2) and the non-persistent one.
     kinds = ("small_m",) if M <= SMALL_M else ("persistent", None)
     tiles = [t for t, c in mod.TILE_CONFIGS.items() if c.get("kind") in kinds]
     if SMALL_M < M <= max(MID_MS):  # split-K with 128-row tiles

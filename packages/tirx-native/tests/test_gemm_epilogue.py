@@ -93,5 +93,5 @@ def test_variant_smem_fits():
     for tile, c in mod.TILE_CONFIGS.items():
         if c.get("kind") == "persistent":
             nbytes = _persistent.smem_bytes("bfloat16", c["block_m"], c["block_n"], c["block_k"], c["num_stages"],
-                                            "alpha_beta_bias")
+                                            "alpha_beta_bias", c.get("epi_cols"))
             assert nbytes <= _persistent.SMEM_LIMIT, (tile, nbytes)

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The persistent GEMM tiles (gemm/_persistent.py) build on the CPU with the SASS they promise: also the
-tiles no CONFIGS row pins yet (2-CTA cluster, 128x128), which test_build_kernels does not reach."""
+"""The persistent GEMM tiles (gemm/_persistent.py) build on the CPU with the SASS they promise (every tile,
+also any no CONFIGS row pins, which test_build_kernels would not reach); the ``epi_cols`` staging rounds."""
 
 
 import pytest
@@ -17,17 +17,64 @@ PERSISTENT = [t for t, c in mod.TILE_CONFIGS.items() if c.get("kind") == "persis
 def test_persistent_tiles_fit_smem():
     for tile in PERSISTENT:
         c = mod.TILE_CONFIGS[tile]
-        nbytes = _persistent.smem_bytes("bfloat16", c["block_m"], c["block_n"], c["block_k"], c["num_stages"])
+        nbytes = _persistent.smem_bytes("bfloat16", c["block_m"], c["block_n"], c["block_k"], c["num_stages"],
+                                        epi_cols=c.get("epi_cols"))
         assert nbytes <= _persistent.SMEM_LIMIT, (tile, nbytes)
 
 
 @pytest.mark.parametrize("bad", [
     {"block_n": 320}, {"block_m": 64}, {"num_stages": 4}, {"cluster_m": 3}, {"group_m": 3, "cluster_m": 2},
+    # epi_cols: a multiple of 64 dividing block_n (256), and the smem must still fit.
+    {"epi_cols": 96}, {"epi_cols": 32}, {"epi_cols": 0}, {"epi_cols": 512}, {"epi_cols": 128.0},
+    {"block_n": 192, "epi_cols": 128}, {"num_stages": 5, "epi_cols": 128},
 ])
 def test_persistent_rejects_bad_params(bad):
     params = {**{k: v for k, v in mod.TILE_CONFIGS["persistent_128x256x64_s3_g8"].items() if k != "kind"}, **bad}
     with pytest.raises(ValueError):
         _persistent.build_persistent_kernel("bfloat16", **params)
+
+
+def test_epi_cols_smem():
+    # 128x256: 4 x 48 KB ring + 128 x 128 x 2 B staging + 8 ring barriers; without epi_cols 4 stages overflow.
+    assert _persistent.smem_bytes("bfloat16", 128, 256, 64, 4, epi_cols=128) == 4 * 48 * 1024 + 32 * 1024 + 64
+    assert _persistent.smem_bytes("bfloat16", 128, 256, 64, 4) > _persistent.SMEM_LIMIT
+    assert _persistent.smem_bytes("bfloat16", 128, 256, 64, 3, epi_cols=256) == \
+        _persistent.smem_bytes("bfloat16", 128, 256, 64, 3)
+
+
+def _codegen(tile, **kw):
+    from tirx_kernels.core import build
+
+    params = {k: v for k, v in mod.TILE_CONFIGS[tile].items() if k != "kind"}
+    return build.codegen(_persistent.build_persistent_kernel("bfloat16", **{**params, **kw}))
+
+
+def test_epi_cols_block_n_is_the_default_kernel():
+    """epi_cols = block_n is one round: the same generated CUDA as no epi_cols (today's kernel)."""
+    assert _codegen("persistent_128x256x64_s3_g8", epi_cols=256) == _codegen("persistent_128x256x64_s3_g8")
+    assert _codegen("persistent_128x128x64_s6_g8", epi_cols=128, out_dtype="float32") == \
+        _codegen("persistent_128x128x64_s6_g8", out_dtype="float32")
+
+
+_WAIT_READ = "tvm_builtin_ptx_cp_async_bulk_wait_group_async_bulk_wait_group_read_0();"
+
+
+@pytest.mark.parametrize("kw, rounds", [
+    ({}, 2),  # 256 columns in 2 rounds of 128
+    ({"out_dtype": "float32"}, 4),  # 256 fp32 columns in 4 passes of 64
+    ({"epilogue": "alpha_beta_bias", "bias_dtype": "bfloat16"}, 2),
+    ({"epi_cols": 64}, 4),
+])
+def test_epi_cols_rounds(kw, rounds):
+    """Each round of a 128x256 s4 e128 epilogue starts with the storing thread's wait for the previous stores to
+    have read the staging tile (one call site per round: the rounds are unrolled) and ends in a commit."""
+    src = _codegen("persistent_128x256x64_s3_g8", **{"num_stages": 4, "epi_cols": 128, **kw})
+    body = src[src.index("fp16_bf16_gemm_persistent_kernel("):]
+    assert body.count(_WAIT_READ) == rounds
+    # The C staging tile is 128 x epi_cols 16-bit elements: the barriers follow it in the pool.
+    epi = kw.get("epi_cols", 128)
+    ring = 4 * (128 + 256) * 64 * 2
+    assert f"[(s_ptr[0] + {(ring + 128 * epi * 2) // 8})]" in body  # full[s] in the producer's loads
 
 
 @pytest.mark.parametrize("tile", PERSISTENT)
@@ -36,3 +83,19 @@ def test_persistent_tile_builds(tile):
     sass = testing.build_and_check_sass(mod, "fp16_bf16_gemm", {"dtype": "bfloat16", "tile": tile})
     if mod.TILE_CONFIGS[tile]["cluster_m"] == 2:
         assert "UTMALDG.2D.MULTICAST" in sass
+
+
+def test_sweep_offers_every_persistent_tile():
+    """tools/gemm_sweep.py times every persistent tile (TILE_TABLE's and the candidates) above the small-M cutoff."""
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parents[3] / "tools" / "gemm_sweep.py"
+    if not path.exists():
+        pytest.skip("tools/gemm_sweep.py is not in this checkout")
+    spec = importlib.util.spec_from_file_location("gemm_sweep", path)
+    sweep = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sweep)
+    for m in (sweep.SMALL_M + 1, 512, 1024, 8192):
+        assert set(PERSISTENT) <= set(sweep.candidate_tiles(m)), m
+    assert not set(PERSISTENT) & set(sweep.candidate_tiles(sweep.SMALL_M))

@@ -16,6 +16,11 @@ Design:
 - Epilogue: fp32 -> 16-bit pairs into a SW128 staging tile, TMA store of 64 x 64 boxes, committed but
   not waited for: the next tile's mainloop overlaps the store; only before rewriting the staging tile
   does the storing thread wait for the previous stores to have *read* it (``wait_group.read``).
+- ``epi_cols`` (None = ``block_n``): the staging tile holds block_m x epi_cols 16-bit elements, and each
+  consumer writes its 64 x block_n slab in ``block_n / epi_cols`` rounds of epi_cols columns, each round
+  [wait until the previous stores have read the staging tile, warpgroup sync, accumulator columns ->
+  staging, ``fence.proxy.async``, sync, TMA store boxes, commit]: the smem it saves buys ring stages
+  (128 x 256 with epi_cols 128: 4 x 48 KB ring + 32 KB staging = 224 KB instead of 3 stages).
 - ``cluster_m = 2``: the two CTAs of a cluster take M-tiles (2i, 2i+1) of one N-tile; each loads half of
   the B tile and multicasts it into both. When the number of M-tiles is odd, the last cluster's second
   CTA lies past M: it still loads (zero-filled) A, multicasts its B half and joins every barrier, but
@@ -27,9 +32,10 @@ Variants (compile parameters; the defaults build exactly the plain kernel above)
   stage's B tile is ``block_n / 64`` TMA boxes of (block_k K-rows x 64 N-columns), 128B-swizzled, one
   after the other; the SW128 MN-major descriptor has LBO = one box (the next 64 N-columns) and SBO =
   1024 B (the next 8 K-rows), and each k16 step moves 16 K-rows = 2048 B.
-- ``out_dtype="float32"``: the staging tile keeps its 16-bit size, so the fp32 slab goes out in two
-  passes of block_n / 2 columns (TMA store boxes of 64 rows x 32 fp32 = one 128-byte swizzle row); the
-  second pass waits for the first pass's stores to have read the staging tile.
+- ``out_dtype="float32"``: the staging tile keeps its 16-bit size, so the fp32 slab goes out in
+  block_n / (epi_cols / 2) passes of epi_cols / 2 columns (two passes of block_n / 2 without
+  ``epi_cols``; TMA store boxes of 64 rows x 32 fp32 = one 128-byte swizzle row); each pass waits for the
+  previous pass's stores to have read the staging tile.
 - ``epilogue``: ``"bias"`` adds ``bias[n]`` (bf16/fp16/fp32, ``bias_dtype``); ``"alpha_beta"`` computes
   ``alpha * acc + beta * C`` with runtime fp32 scalars (kernel arguments); ``"alpha_beta_bias"`` both.
   When ``beta != 0`` (a uniform runtime branch) each consumer warpgroup TMA-loads its slab of the old C
@@ -57,13 +63,14 @@ def has_alpha_beta(epilogue: str) -> bool:
 
 
 def smem_bytes(dtype: str, block_m: int, block_n: int, block_k: int, num_stages: int,
-               epilogue: str = "none") -> int:
-    """Bytes of the pool: the A/B ring, the C staging tile (16-bit sized whatever the output dtype: fp32
-    goes out in two passes), the 2 x num_stages ring barriers (+ one C-load barrier per consumer
-    warpgroup when the epilogue reads C)."""
+               epilogue: str = "none", epi_cols: int | None = None) -> int:
+    """Bytes of the pool: the A/B ring, the C staging tile of block_m x epi_cols (default block_n) 16-bit
+    elements (whatever the output dtype: fp32 goes out in twice the passes), the 2 x num_stages ring
+    barriers (+ one C-load barrier per consumer warpgroup when the epilogue reads C)."""
     elem = 2
     bars = 2 * num_stages + (NUM_CONSUMERS if has_alpha_beta(epilogue) else 0)
-    return num_stages * (block_m + block_n) * block_k * elem + block_m * block_n * elem + bars * 8
+    staging = block_m * (epi_cols or block_n) * elem
+    return num_stages * (block_m + block_n) * block_k * elem + staging + bars * 8
 
 
 def _drop_params(func, names):
@@ -79,7 +86,8 @@ def _drop_params(func, names):
 
 def build_persistent_kernel(dtype: str, block_m: int, block_n: int, block_k: int, num_stages: int,
                             cluster_m: int, group_m: int, num_sms: int, layout: str = "nt",
-                            out_dtype: str | None = None, epilogue: str = "none", bias_dtype: str | None = None):
+                            out_dtype: str | None = None, epilogue: str = "none", bias_dtype: str | None = None,
+                            epi_cols: int | None = None):
     from tvm.script import tirx as T
 
     from tirx_kernels.core.lang import mbarrier, roles, scheduler, tma, vector, wgmma
@@ -103,7 +111,11 @@ def build_persistent_kernel(dtype: str, block_m: int, block_n: int, block_k: int
         raise ValueError(f"persistent gemm: block_n={block_n} must be a multiple of 64 in [64, 256]")
     if cluster_m not in (1, 2) or group_m % cluster_m or num_sms < cluster_m:
         raise ValueError(f"persistent gemm: cluster_m={cluster_m} (1 or 2) must divide group_m={group_m}")
-    nbytes = smem_bytes(dtype, block_m, block_n, block_k, num_stages, epilogue)
+    if epi_cols is not None and (isinstance(epi_cols, bool) or not isinstance(epi_cols, int) or epi_cols <= 0
+                                 or epi_cols % 64 or block_n % epi_cols):
+        raise ValueError(f"persistent gemm: epi_cols={epi_cols!r} must be a multiple of 64 (one SW128 box of "
+                         f"16-bit) dividing block_n={block_n}, or None (= block_n)")
+    nbytes = smem_bytes(dtype, block_m, block_n, block_k, num_stages, epilogue, epi_cols)
     if nbytes > SMEM_LIMIT:
         raise ValueError(f"persistent gemm: {nbytes} B of smem")
     assert roles.register_split_fits(NUM_CONSUMERS)
@@ -132,14 +144,18 @@ def build_persistent_kernel(dtype: str, block_m: int, block_n: int, block_k: int
         wgmma.MN_MAJOR, wgmma.SWIZZLE_128B, mn_chunk_bytes=128 * block_k)
     b_kstep = wgmma.k_step_bytes(b_major, wgmma.SWIZZLE_128B, dtype) // elem  # elements per k16 step
 
+    # The staging tile: block_m x epi 16-bit elements; the plain epilogue writes each slab in `rounds`.
+    epi = epi_cols or block_n
+    rounds = block_n // epi
+
     # Epilogue variants. `plain` is the original bf16/fp16-out, no-epilogue path, kept statement for
-    # statement.
+    # statement (one round when epi_cols is None).
     out_elem = tma.elem_bytes(out_dtype)
     plain = epilogue == "none" and out_elem == 2
     reads_c = has_alpha_beta(epilogue)
     add_bias = has_bias(epilogue)
-    passes = out_elem // 2  # the staging tile holds block_n 16-bit columns = block_n / 2 fp32 columns
-    pass_cols = block_n // passes
+    pass_cols = epi * 2 // out_elem  # the staging tile holds epi 16-bit columns = epi / 2 fp32 columns
+    passes = block_n // pass_cols
     out_cols = 128 // out_elem  # one SW128 store box: 64 rows x 128 bytes
     out_box = store_rows * out_cols  # out elements per box
     boxes_per_pass = pass_cols // out_cols
@@ -249,7 +265,7 @@ def build_persistent_kernel(dtype: str, block_m: int, block_n: int, block_k: int
         pool = T.SMEMPool()
         As = pool.alloc((num_stages * a_tile,), dtype, align=1024)
         Bs = pool.alloc((num_stages * b_tile,), dtype, align=1024)
-        Cs = pool.alloc((block_m * block_n * elem // 4,), cs_dtype, align=1024)  # packed pairs / fp32, SW128
+        Cs = pool.alloc((block_m * epi * elem // 4,), cs_dtype, align=1024)  # packed pairs / fp32, SW128
         full = pool.alloc((num_stages,), "uint64", align=8)
         empty = pool.alloc((num_stages,), "uint64", align=8)
         cbar = pool.alloc((NUM_CONSUMERS if reads_c else 0,), "uint64", align=8)  # C_in loads, per warpgroup
@@ -304,7 +320,7 @@ def build_persistent_kernel(dtype: str, block_m: int, block_n: int, block_k: int
         else:
             # Math warpgroups: consumer cw owns rows [64*cw, 64*cw + 64) of every tile.
             cw, ct, warp, lane = roles.consumer_role(wg, tid)
-            cs_base = cw * wgmma.M * block_n
+            cs_base = cw * wgmma.M * epi
             for i in T.unroll(nacc):
                 acc[i] = T.float32(0)
             for t in range(my_tiles):
@@ -339,32 +355,37 @@ def build_persistent_kernel(dtype: str, block_m: int, block_n: int, block_k: int
                     ring.consumer_release(empty, t * k_tiles + k_tiles - 1, cluster_m, remote[0])
 
                 if plain:
-                    # Epilogue: this warpgroup's 64 x block_n slab as block_n/64 SW128 boxes of 64 x 64.
-                    # The staging tile is free once the previous tile's stores have read it.
-                    if ct == 0:
-                        tma.store_wait_read(0)
-                    T.cuda.warpgroup_sync(1 + cw)
-                    for j in T.unroll(block_n // 8):
-                        for r in T.unroll(2):
-                            T.evaluate(cvt_pack(packed[0], acc[wgmma.acc_index(j, r, 1)],
-                                                acc[wgmma.acc_index(j, r, 0)]))
-                            row = wgmma.acc_row(warp, lane, r)
-                            col = wgmma.acc_col(lane, j)
-                            box = j * 8 // store_cols
-                            Cs[(cs_base + box * store_rows * store_cols
-                                + tma.sw128_offset(row, col % store_cols, dtype)) // 2] = packed[0]
-                    tma.fence_proxy_async()
-                    T.cuda.warpgroup_sync(1 + cw)
-                    row0 = m0 + cw * wgmma.M
-                    if ct == 0 and row0 < M:
-                        for box in range(block_n // store_cols):
-                            # Boxes wholly past N are skipped rather than relying on a fully clipped store.
-                            if n0 + box * store_cols < N:
-                                tma.store_2d(c_map, n0 + box * store_cols, row0,
-                                             Cs.ptr_to([(cs_base + box * store_rows * store_cols) // 2]))
-                        tma.store_commit()
+                    # Epilogue: this warpgroup's 64 x block_n slab as block_n/64 SW128 boxes of 64 x 64, in
+                    # `rounds` of epi columns (epi/64 boxes) through the staging tile. The staging tile is
+                    # free once the previous stores (previous tile or round) have read it.
+                    for q in T.unroll(rounds):
+                        if ct == 0:
+                            tma.store_wait_read(0)
+                        T.cuda.warpgroup_sync(1 + cw)
+                        for j in T.unroll(epi // 8):
+                            for r in T.unroll(2):
+                                # Accumulator column block q * epi / 8 + j (inlined: a script assignment
+                                # would make it a local variable, and the register index dynamic).
+                                T.evaluate(cvt_pack(packed[0], acc[wgmma.acc_index(q * (epi // 8) + j, r, 1)],
+                                                    acc[wgmma.acc_index(q * (epi // 8) + j, r, 0)]))
+                                row = wgmma.acc_row(warp, lane, r)
+                                col = wgmma.acc_col(lane, j)  # column inside this round
+                                box = j * 8 // store_cols
+                                Cs[(cs_base + box * store_rows * store_cols
+                                    + tma.sw128_offset(row, col % store_cols, dtype)) // 2] = packed[0]
+                        tma.fence_proxy_async()
+                        T.cuda.warpgroup_sync(1 + cw)
+                        row0 = m0 + cw * wgmma.M
+                        if ct == 0 and row0 < M:
+                            for box in range(epi // store_cols):
+                                # Boxes wholly past N are skipped rather than relying on a fully clipped store.
+                                if n0 + q * epi + box * store_cols < N:
+                                    tma.store_2d(c_map, n0 + q * epi + box * store_cols, row0,
+                                                 Cs.ptr_to([(cs_base + box * store_rows * store_cols) // 2]))
+                            tma.store_commit()
                 else:
-                    # General epilogue: `passes` rounds of pass_cols columns (2 for fp32 out), each
+                    # General epilogue: `passes` rounds of pass_cols columns (block_n / epi, twice that for
+                    # fp32 out), each
                     # [load C_in into the staging tile] -> alpha/beta/bias in fp32 -> staging -> TMA store.
                     grow0 = m0 + cw * wgmma.M
                     ebase = cw * wgmma.M * pass_cols  # this warpgroup's staging slab, in out elements

@@ -89,6 +89,26 @@ CONFIGS = [
      "tile": "persistent_128x256x64_s3_c2_g8"},
     {"label": "fp16_1000x1032x1048_nn_out_fp32_128x128", "dtype": "float16", "M": 1000, "N": 1032, "K": 1048,
      "layout": "nn", "out_dtype": "float32", "tile": "persistent_128x128x64_s6_g8"},
+    # The sweep's candidate tiles (not in TILE_TABLE yet), on ragged shapes: M = 300 is 3 M-tiles (odd: the
+    # c2 tiles' last cluster has a CTA past M), N = 520 ends 8 columns into an N-tile (for 128x256 e128: the
+    # last tile's second epilogue round lies wholly past N), K = 136 is 3 K-tiles (the rings wrap across tiles).
+    {"label": "bf16_300x520x136_persistent_s4_e128", "dtype": "bfloat16", "M": 300, "N": 520, "K": 136,
+     "tile": "persistent_128x256x64_s4_e128_g8"},
+    {"label": "fp16_300x520x136_persistent_s4_e128_c2", "dtype": "float16", "M": 300, "N": 520, "K": 136,
+     "tile": "persistent_128x256x64_s4_e128_c2_g8"},
+    {"label": "bf16_300x520x136_persistent_128x192", "dtype": "bfloat16", "M": 300, "N": 520, "K": 136,
+     "tile": "persistent_128x192x64_s4_g8"},
+    {"label": "bf16_1000x1032x1048_persistent_128x64", "dtype": "bfloat16", "M": 1000, "N": 1032, "K": 1048,
+     "tile": "persistent_128x64x64_s8_g8"},
+    {"label": "bf16_300x520x136_persistent_128x128_c2", "dtype": "bfloat16", "M": 300, "N": 520, "K": 136,
+     "tile": "persistent_128x128x64_s6_c2_g8"},
+    # epi_cols with the general epilogue: fp32 out in 4 passes of 64 columns; alpha/beta/bias loading C_in
+    # round by round.
+    {"label": "bf16_300x520x136_out_fp32_s4_e128", "dtype": "bfloat16", "M": 300, "N": 520, "K": 136,
+     "out_dtype": "float32", "tile": "persistent_128x256x64_s4_e128_g8"},
+    {"label": "bf16_300x520x136_alpha_beta_bias_s4_e128", "dtype": "bfloat16", "M": 300, "N": 520, "K": 136,
+     "epilogue": "alpha_beta_bias", "bias_dtype": "bfloat16", "alpha": 0.5, "beta": -1.5,
+     "tile": "persistent_128x256x64_s4_e128_g8"},
     # The small-M split-K cluster kernel (gemm/_small_m.py), pinned until the H200 run confirms it.
     {"label": "bf16_1x4096x4096_smallm_k4", "dtype": "bfloat16", "M": 1, "N": 4096, "K": 4096,
      "tile": "smallm_64x128x64_s8_k4"},
@@ -196,6 +216,30 @@ TILE_CONFIGS = {
     # staging = 224 KB.
     "persistent_128x128x64_s6_g8": {"kind": "persistent", "block_m": 128, "block_n": 128, "block_k": 64,
                                     "num_stages": 6, "cluster_m": 1, "group_m": 8, "num_sms": 132},
+    # Candidates for the GPU sweep (tools/gemm_sweep.py), not measured yet; TILE_TABLE picks none of them.
+    # A 4th stage for 128x256 (large shapes: 8192^3 and the M >= 2048 projections run at 700-740 TFLOP/s on
+    # s3): the staging tile shrinks to 128 x 128 (epi_cols; each consumer stores its 64 x 256 slab in two
+    # rounds), so 4 x 48 KB ring + 32 KB staging = 224 KB.
+    "persistent_128x256x64_s4_e128_g8": {"kind": "persistent", "block_m": 128, "block_n": 256, "block_k": 64,
+                                         "num_stages": 4, "cluster_m": 1, "group_m": 8, "num_sms": 132,
+                                         "epi_cols": 128},
+    # The same with the 2-CTA cluster's B multicast (s3_c2 is bound by the same 3 stages).
+    "persistent_128x256x64_s4_e128_c2_g8": {"kind": "persistent", "block_m": 128, "block_n": 256, "block_k": 64,
+                                            "num_stages": 4, "cluster_m": 2, "group_m": 8, "num_sms": 132,
+                                            "epi_cols": 128},
+    # 128x192: 512x6144x4096 has 4 x 32 = 128 tiles (one wave of 132) instead of 192 tiles of 128x128 = 1.45
+    # waves (0.82x cuBLAS); also 256/512 x 6144 x 2048-4096 rows. 4 x 40 KB ring + 48 KB staging = 208 KB.
+    "persistent_128x192x64_s4_g8": {"kind": "persistent", "block_m": 128, "block_n": 192, "block_k": 64,
+                                    "num_stages": 4, "cluster_m": 1, "group_m": 8, "num_sms": 132},
+    # 128x64: 1024^3 has 8 x 16 = 128 tiles (one wave) instead of 64 of 128x128 (half the SMs idle; 0.80-0.83x
+    # cuBLAS); 512x2048x7168 likewise 128 tiles. 8 x 24 KB ring + 16 KB staging = 208 KB (9 stages do not fit).
+    "persistent_128x64x64_s8_g8": {"kind": "persistent", "block_m": 128, "block_n": 64, "block_k": 64,
+                                   "num_stages": 8, "cluster_m": 1, "group_m": 8, "num_sms": 132},
+    # 128x128 with B multicast: the heuristic's tile for M <= 1024 and the mid shapes loads 32 KB per
+    # k-step for half the math of 128x256, so halving B's L2 -> SM traffic may matter more here (e.g.
+    # 1024 x 6144/14336 x 4096, 2048^3). 6 x 32 KB ring + 32 KB staging = 224 KB.
+    "persistent_128x128x64_s6_c2_g8": {"kind": "persistent", "block_m": 128, "block_n": 128, "block_k": 64,
+                                       "num_stages": 6, "cluster_m": 2, "group_m": 8, "num_sms": 132},
     # Small M (gemm/_small_m.py, memory-bound: stream B once): one CTA per (M-tile, N-tile, K-slice), the
     # split_k K-slices of a tile one cluster, reduced through DSMEM. block_m 64 = 1 consumer warpgroup
     # (M <= 64), 128 = 2 (M <= 128). Rings of 192-200 KB = the bytes in flight per SM.
@@ -250,8 +294,9 @@ TILE_TABLE = [
 
 
 def sass_expect(dtype: str, tile: str, layout: str = "nt", **_) -> list[str]:
-    """SASS the CPU build test asserts: the wgmma shape, TMA loads/stores, register reconfiguration; the
-    transposed-B wgmma for NN; the small-M kernel's own list (cluster barrier, DSMEM loads)."""
+    """SASS the CPU build test asserts: the wgmma shape (m64n{block_n}: 64 ... 256), TMA loads/stores, register
+    reconfiguration; the transposed-B wgmma for NN; the B multicast of the 2-CTA cluster tiles; the small-M
+    kernel's own list (cluster barrier, DSMEM loads)."""
     cfg = TILE_CONFIGS[tile]
     if cfg.get("kind") == "small_m":
         from tirx_kernels.gemm import _small_m
@@ -260,6 +305,8 @@ def sass_expect(dtype: str, tile: str, layout: str = "nt", **_) -> list[str]:
     n = cfg["block_n"]
     out = [rf"HGMMA\.64x{n}x16\.F32" + (r"\.BF16" if dtype == "bfloat16" else r"\b"), r"UTMALDG\.2D",
            r"UTMASTG\.2D", r"USETMAXREG"]
+    if cfg.get("cluster_m", 1) == 2:
+        out.append(r"UTMALDG\.2D\.MULTICAST")
     return out + ([r"tnspB"] if layout == "nn" else [])
 
 
