@@ -31,8 +31,9 @@ def test_bulk_plan(H, stages, out, x_regs, tpr, vpt, ctas, lag):
     ({"H": 16384, "stages": 8}, "exceed the 232448 B a CTA may use"),
     ({"H": 8192, "stages": 4, "ctas_per_sm": 4}, "do not fit one SM"),  # 4 x (64 KB + 1 KB) > 228 KB
     ({"H": 8192, "stages": 2, "ctas_per_sm": 9}, "do not fit one SM"),  # 9 x 256 threads > 2048
-    ({"H": 8192, "stages": 1}, "needs at least 2 stages"),
-    ({"H": 8192, "stages": 1, "out": "bulk", "x_regs": True}, "needs at least 2 stages"),
+    ({"H": 8192, "stages": 1}, "needs at least 2 stage"),
+    ({"H": 8192, "stages": 0, "x_regs": True}, "needs at least 1 stage"),
+    ({"H": 8192, "stages": 1, "out": "bulk", "x_regs": True}, "needs at least 2 stage"),
     ({"H": 8192, "stages": 2, "threads_per_row": 48}, "multiple of 32"),
     ({"H": 8192, "stages": 2, "out": "tma"}, "out 'tma'"),
 ])

@@ -440,8 +440,9 @@ def bulk_plan(H: int, stages: int, ctas_per_sm: int | None = None, out: str = "r
         raise ValueError(f"rmsnorm bulk: out {out!r} is not one of {BULK_OUTS}")
     lag = 0 if out == "reg" and x_regs else 1
     if stages < lag + 1:
-        raise ValueError(f"rmsnorm bulk: out={out!r}, x_regs={x_regs} refills a stage one row late and needs at "
-                         f"least 2 stages, got {stages}")
+        why = "refills a stage one row late and " if lag else ""
+        raise ValueError(f"rmsnorm bulk: out={out!r}, x_regs={x_regs} {why}needs at least {lag + 1} stage(s), "
+                         f"got {stages}")
     nvec = H // _VEC
     tpr = threads_per_row or 32 * -(-nvec // (32 * BULK_VECTORS_PER_THREAD))
     if tpr % 32 or not 32 <= tpr <= 1024:
