@@ -82,3 +82,30 @@ def test_bulk_builds(params):
     if params.get("out") == "bulk":
         assert "BAR.ARV" in sass and "DEPBAR.LE SB0" in sass  # B2 for warps 1..; wait_read before refill/exit
         assert "STG.E" not in sass
+
+
+def _sweep_variants(kernel):
+    """(name, params) of ``kernel``'s variants in tools/sweep_variants.py (the list the GPU host times)."""
+    import importlib.util
+    import os
+
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "..", "tools", "sweep_variants.py")
+    spec = importlib.util.spec_from_file_location("sweep_variants", path)
+    sweep = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sweep)
+    return [(name, cfg) for name, k, cfg in sweep.VARIANTS if k == kernel]
+
+
+def test_sweep_lists_the_default_first_and_valid_bulk_plans():
+    variants = _sweep_variants("rmsnorm")
+    seen = set()
+    for name, cfg in variants:
+        params = mod.compile_params(**cfg)
+        key = (params["dtype"], params["H"])
+        if key not in seen:  # each shape's first variant is what the public op runs
+            assert params == mod.compile_params(dtype=cfg["dtype"], H=cfg["H"]), name
+            seen.add(key)
+        if params.get("schedule") == "bulk":
+            mod.bulk_plan(params["H"], params["stages"], params["ctas_per_sm"], params["out"],
+                          x_regs=params.get("x_regs", False))
+    assert len(seen) == 4 and sum(c.get("schedule") == "bulk" for _, c in variants) == 24

@@ -74,3 +74,20 @@ def test_bulk_builds(params):
         assert "desc[" in sass  # UBLKCP.S.G with the L2 cache-policy operand
     if params.get("out") == "bulk":
         assert "DEPBAR.LE SB0" in sass and "STG.E" not in sass
+
+
+def test_sweep_lists_the_default_first_and_valid_bulk_plans():
+    import importlib.util
+    import os
+
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "..", "tools", "sweep_variants.py")
+    spec = importlib.util.spec_from_file_location("sweep_variants", path)
+    sweep = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sweep)
+    variants = [cfg for _, k, cfg in sweep.VARIANTS if k == "act_and_mul"]
+    assert mod.compile_params(**variants[0]) == mod.compile_params(act="silu", dtype="bfloat16", d=14336)
+    for cfg in variants[1:]:
+        params = mod.compile_params(**cfg)
+        assert params["schedule"] == "bulk"
+        mod.bulk_plan(params["d"], params["chunk"], stages=params["stages"], ctas_per_sm=params["ctas_per_sm"],
+                      out=params.get("out", "reg"))
