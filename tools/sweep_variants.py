@@ -35,37 +35,67 @@ def _act(act, d, tag, **kw):
     return (f"act_{act}_bf16_{d}_{tag}", "act_and_mul", {"act": act, "dtype": "bfloat16", "d": d, **kw})
 
 
-P = {"schedule": "persistent"}
-
 # Rounds 1-2 (tilings, persistent/pipelined schedules, streaming stores; logs in
 # docs/measurements/2026-12-02-h200/sweep-round{1,2}.log) picked the tilings; round 3 (cache qualifiers of
 # the loads, register caps, late weight) found that L1::no_allocate loads cost 4 % at act_and_mul
 # 32768x14336 (672 -> 646 us with plain loads) and 1.5 % at rmsnorm 32768x8192; rounds 4-5 (L1 eviction
 # qualifiers, store qualifiers, persistent/multi-row schedules with plain loads, two passes over x as
-# torch.compile does) moved nothing further (logs: docs/measurements/2026-12-02-h200-b/). Earlier variant
-# lists are in git history. Round 6: rmsnorm rows staged in shared memory with cp.async ("async", the way
-# FlashInfer's CuTe-DSL norm keeps ~200 KB in flight per SM without holding x in registers) lost 2-9 %
-# (sweep-round6.log); that schedule and its layer helpers are in commit a3a43d8, reverted so that the pinned
-# baseline's kernel fingerprints stay current.
-D = {"load_cache": "default"}
+# torch.compile does) moved nothing further (logs: docs/measurements/2026-12-02-h200-b/). Round 6: rmsnorm rows
+# staged in shared memory with per-thread cp.async lost 2-9 % (sweep-round6.log; code in commit a3a43d8,
+# reverted). Earlier variant lists are in git history.
+#
+# Round 7 (not yet run): the "bulk" schedules — persistent CTAs fed by a ring of shared-memory stages that one
+# thread fills with 1-D TMA bulk copies (cp.async.bulk, one instruction per rmsnorm row / act_and_mul chunk,
+# completing on an mbarrier), so the bytes in flight per SM are set by stages x bytes x CTAs, not registers.
+# Tags: s<stages> c<CTAs per SM>; "reg" stores from registers, "bulk" bulk-stores the output from the stage;
+# "xregs" keeps x in registers across the reduction (stage refilled one row earlier); "ef" adds an
+# L2::evict_first hint to the loads. Each shape's default ("row" / "tile") comes first.
 
-# Round 5's list (two passes over x), the last one the current kernels build.
+
+def _rbulk(dtype, H, stages, ctas, out="reg", x_regs=False, hint=False):
+    tag = f"bulk_s{stages}c{ctas}_{'xregs' if x_regs else out}" + ("_ef" if hint else "")
+    kw = {"schedule": "bulk", "stages": stages, "ctas_per_sm": ctas, "out": out}
+    if x_regs:
+        kw["x_regs"] = True
+    if hint:
+        kw["load_hint"] = "L2::evict_first"
+    return _rms(dtype, H, tag, **kw)
+
+
+# (H, dtype): (stages, CTAs/SM) for out="reg"; one x_regs config; (stages, CTAs) for out="bulk" and "bulk" + hint.
+# Every config fits 228 KB of smem per SM (1 KB reserved a CTA) and builds without spills: __launch_bounds__
+# (threads, CTAs) caps the registers at 16384 / (32 x the warps on the busiest of the 4 SM sub-partitions),
+# e.g. 4 CTAs of 7 warps (H=7168): 7 warps a sub-partition, 72 registers, which the "reg" kernels (~80 when
+# free) spill; 3 CTAs: 80. 8192: 256 threads, 16 KB rows, 2 x 4 / 3 x 4 / 4 x 3 stages x CTAs.
+_RMS_BULK = {
+    (8192, "bfloat16"): ([(2, 4), (3, 4), (4, 3)], (2, 3), (3, 4), (4, 3)),
+    (7168, "bfloat16"): ([(2, 3), (3, 3), (4, 3)], (3, 2), (3, 4), (4, 3)),
+    (4096, "bfloat16"): ([(3, 8), (4, 6), (6, 4)], (3, 6), (4, 6), (6, 4)),
+    (5120, "float16"): ([(2, 6), (3, 6), (4, 4)], (3, 4), (3, 6), (4, 5)),
+}
+
 VARIANTS = [
-    *[v for H in (8192, 7168, 4096) for v in (
-        _rms("bfloat16", H, "row_stream", load_cache="stream"),
-        _rms("bfloat16", H, "row_evict_last", load_cache="evict_last"),
-        _rms("bfloat16", H, "2p_el_ef", load_cache="evict_last", reload_cache="evict_first"),
-        _rms("bfloat16", H, "2p_el_d", load_cache="evict_last", reload_cache="default"),
-        _rms("bfloat16", H, "2p_d_d", **D, reload_cache="default"),
+    *[v for (H, dt), (regs, xr, bk, bk_ef) in _RMS_BULK.items() for v in (
+        _rms(dt, H, "row"),
+        *[_rbulk(dt, H, s, c) for s, c in regs],
+        _rbulk(dt, H, *xr, x_regs=True),
+        _rbulk(dt, H, *bk, out="bulk"),
+        _rbulk(dt, H, *bk_ef, out="bulk", hint=True),
     )],
-    _rms("float16", 5120, "row_stream", load_cache="stream"),
-    _rms("float16", 5120, "2p_el_ef", load_cache="evict_last", reload_cache="evict_first"),
+    # act_and_mul: a row of 2 x 28 KB in + 28 KB out is too coarse a ring unit at d = 14336; the unit is a chunk
+    # of columns (2048: 8 KB in a stage, 7 a row; 3584: 14 KB, 4 a row), 2 vectors of gate and of up a consumer
+    # thread, plus one producer warp.
     _act("silu", 14336, "tile"),
-    _act("silu", 14336, "tile_stream", load_cache="stream"),
+    _act("silu", 14336, "bulk_k2048_s4c6_reg", schedule="bulk", chunk=2048, stages=4, ctas_per_sm=6),
+    _act("silu", 14336, "bulk_k2048_s4c6_bulk", schedule="bulk", chunk=2048, stages=4, ctas_per_sm=6, out="bulk"),
+    _act("silu", 14336, "bulk_k2048_s6c4_reg_ef", schedule="bulk", chunk=2048, stages=6, ctas_per_sm=4,
+         load_hint="L2::evict_first"),
+    _act("silu", 14336, "bulk_k3584_s3c4_reg", schedule="bulk", chunk=3584, stages=3, ctas_per_sm=4),
 ]
 
 CALLS = {
-    "rmsnorm": "fn(x2d, weight, out2d, eps: float, 0): x2d (M, H) and out2d (M, H) with unit column stride",
+    "rmsnorm": "fn(x2d, weight, out2d, eps: float, 0): x2d (M, H) and out2d (M, H) with unit column stride, "
+               "16-byte row strides",
     "act_and_mul": "fn(x2d, out2d, 0): x2d (M, 2d), out2d (M, d), unit column stride",
 }
 
@@ -125,9 +155,12 @@ SHAPES = [
     {"kernel": "rmsnorm", "dtype": "bfloat16", "M": 4113, "H": 8192},
     {"kernel": "rmsnorm", "dtype": "bfloat16", "M": 8192, "H": 7168},
     {"kernel": "rmsnorm", "dtype": "float16", "M": 4113, "H": 5120},
+    # Correctness more than speed: fewer rows than persistent CTAs, and x rows strided (runtime stride).
+    {"kernel": "rmsnorm", "dtype": "bfloat16", "M": 37, "H": 8192, "x_row_stride": 8256},
     {"kernel": "act_and_mul", "act": "silu", "dtype": "bfloat16", "M": 32768, "d": 14336},
     {"kernel": "act_and_mul", "act": "gelu_tanh", "dtype": "bfloat16", "M": 4096, "d": 14336},
     {"kernel": "act_and_mul", "act": "silu", "dtype": "bfloat16", "M": 4096, "d": 4096},
+    {"kernel": "act_and_mul", "act": "silu", "dtype": "bfloat16", "M": 37, "d": 14336},  # fewer tiles than CTAs
 ]
 
 
@@ -154,25 +187,26 @@ def _references(shape: dict, data: dict) -> dict:
     refs = {}
     if shape["kernel"] == "rmsnorm":
         x, w, eps = data["x"], data["w"], data["eps"]
+        xc = x.contiguous()  # the libraries get contiguous rows (x itself for every timed shape)
         refs["torch"] = lambda: F.rms_norm(x, (x.shape[-1],), w, eps)
         comp = torch.compile(lambda x, w: F.rms_norm(x, (x.shape[-1],), w, eps), dynamic=False)
         refs["torch.compile"] = lambda: comp(x, w)
         try:
             from liger_kernel.transformers.functional import liger_rms_norm
 
-            refs["liger"] = lambda: liger_rms_norm(x, w, eps, offset=0.0, casting_mode="gemma")
+            refs["liger"] = lambda: liger_rms_norm(xc, w, eps, offset=0.0, casting_mode="gemma")
         except Exception:
             pass
         try:
             import flashinfer.norm
 
-            refs["flashinfer"] = lambda: flashinfer.norm.rmsnorm(x, w, eps)
+            refs["flashinfer"] = lambda: flashinfer.norm.rmsnorm(xc, w, eps)
         except Exception:
             pass
         try:
             import quack
 
-            refs["quack"] = lambda: quack.rmsnorm(x, w, eps=eps)
+            refs["quack"] = lambda: quack.rmsnorm(xc, w, eps=eps)
         except Exception:
             pass
         return refs
@@ -208,7 +242,7 @@ def _data(shape: dict) -> dict:
     t = {"bfloat16": torch.bfloat16, "float16": torch.float16}[shape["dtype"]]
     if shape["kernel"] == "rmsnorm":
         M, H = shape["M"], shape["H"]
-        x = torch.randn(M, H, device="cuda").to(t)
+        x = torch.randn(M, shape.get("x_row_stride", H), device="cuda").to(t)[:, :H]
         w = torch.randn(H, device="cuda").to(t)
         xf = x.float()
         ref = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6) * w.float()
@@ -257,6 +291,8 @@ def cmd_run(args) -> int:
         vs = [v for v in variants if _matches(v, shape)]
         label = "x".join(str(shape[k]) for k in ("M", "H", "d") if k in shape)
         title = f"{shape['kernel']} {shape.get('act', '')} {shape['dtype']} {label}".replace("  ", " ")
+        if "x_row_stride" in shape:
+            title += f" (x row stride {shape['x_row_stride']})"
         if not vs:
             print(f"\n== {title}: no variants")
             continue

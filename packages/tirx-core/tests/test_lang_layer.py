@@ -579,6 +579,8 @@ def test_cluster_helpers_reject_bad_named_barrier():
     for bad in ((0, 128), (16, 128), (1, 100)):
         with pytest.raises(ValueError):
             cluster.named_sync(*bad)
+        with pytest.raises(ValueError):
+            cluster.named_arrive(*bad)
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")

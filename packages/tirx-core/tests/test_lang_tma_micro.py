@@ -20,10 +20,15 @@ them as ``float32``, which TMA copies bit for bit and zero-fills as integer 0):
   consumer warps that copy each box to global and release it (lane 0 per warp): out == in.
 - ``tma_cluster_multicast``: a 2-CTA cluster; each CTA loads half of a 32x32 box with
   ``multicast_mask=3``, each CTA's smem then holds the whole box, which it writes to its own output slice.
+- ``tma_bulk_ring``: ``core.lang.bulk`` (1-D ``cp.async.bulk``, no tensor map) in the protocol of rmsnorm's
+  "bulk" schedule: 3 persistent CTAs stream the 41 rows of a matrix (14/14/13 rows each) through a 3-stage
+  ring of full barriers (phases wrap 4-5 times); threads read a row with ``ld.shared``, write its complement
+  back in place, and one thread bulk-stores the row; a stage is refilled only after its store has read it
+  (``wait_read``), rows past the end are never loaded nor stored. out == ~in.
 
 CPU (CI): each kernel builds to an sm_90a ``.so`` with no spills and no stack, and its SASS/host source has
-the expected facts (``UTMALDG.<r>D``, ``.MULTICAST``, ``UTMASTG``, ``SYNCS``, the cluster launch attribute,
-the >48 KB dynamic-smem opt-in). GPU: the GPU host has no compiler; the kernels are built here into a bundle
+the expected facts (``UTMALDG.<r>D``, ``.MULTICAST``, ``UTMASTG``, ``UBLKCP``, ``SYNCS``, the cluster launch
+attribute, the >48 KB dynamic-smem opt-in). GPU: the GPU host has no compiler; the kernels are built here into a bundle
 (``python packages/tirx-core/tests/test_lang_tma_micro.py build/lang-micro``: ``tma_*.so`` +
 ``tma_cases.json``, beside the wgmma bundle) that ``test_lang_tma_numerics.py`` runs.
 """
@@ -39,7 +44,7 @@ pytest.importorskip("tvm")
 from tvm.script import tirx as T  # noqa: E402
 
 from tirx_kernels.core import build  # noqa: E402
-from tirx_kernels.core.lang import mbarrier, tma  # noqa: E402
+from tirx_kernels.core.lang import bulk, mbarrier, tma, vector  # noqa: E402
 
 DT = "float32"  # descriptor dtype of the int32 words (4 bytes, copied bit for bit)
 POISON = -0x21524111  # 0xDEADBEEF: smem poison (the host poisons outputs itself)
@@ -86,6 +91,11 @@ CASES = [
          sass=(r"UTMALDG\.2D ",)),
     Case("tma_cluster_multicast", "cluster", (48, 32), (2, 32, 32), dict(row0=8, half=16),
          sass=(r"UTMALDG\.2D\.MULTICAST ",), host=("cudaLaunchAttributeClusterDimension",)),
+    Case("tma_bulk_ring", "bulk", (41, 256), (41, 256), dict(ctas=3, stages=3, threads=64),
+         sass=(r"UBLKCP\.S\.G \[UR\d+\], \[UR\d+\], UR\d+, desc\[UR\d+\]", r"UBLKCP\.G\.S \[UR\d+\], \[UR\d+\], UR\d+ ",
+               r"SYNCS\.ARRIVE\.TRANS64", r"LDS\.128", r"STS\.128"),
+         host=(bulk.LOAD + ".L2::cache_hint [", bulk.STORE + " [", "cp.async.bulk.commit_group;",
+               "cp.async.bulk.wait_group.read 0;")),
 ]
 _IDS = [c.name for c in CASES]
 
@@ -365,8 +375,80 @@ def _k_cluster(c: Case):
     return micro
 
 
+def _k_bulk(c: Case):
+    """rmsnorm's "bulk" ring with ``out="bulk"`` (see ``norm/rmsnorm.py``, ``build_kernel_bulk``), the math
+    replaced by a complement. Row ``k`` of a CTA is use ``k`` of the ring: stage ``k % stages``, full-barrier
+    parity ``(k // stages) % 2``. Per row: wait; ``ld.shared``; barrier B1 (every thread has read the row);
+    thread 0 waits until the store of row ``k - 1`` has read its stage, then refills that stage with row
+    ``k - 1 + stages``; ``st.shared`` of the result in place; proxy fence; barrier B2; thread 0 bulk-stores
+    row ``k`` and commits. No thread can be two phases behind on a barrier: a stage's next load is issued
+    after B1 of the row after the one it held, which every thread reaches only after waiting for that row."""
+    rows, cols = c.inp
+    p = c.params
+    ctas, stages, nt = p["ctas"], p["stages"], p["threads"]
+    words = vector.WORDS_PER_VECTOR
+    vpt = cols // words // nt  # 16-byte vectors per thread
+    row_bytes = cols * 4
+    assert vpt * words * nt == cols and stages >= 2
+
+    @T.prim_func
+    def micro(a_ptr: T.handle, o_ptr: T.handle):
+        A = T.match_buffer(a_ptr, (rows, cols), "int32", align=16)
+        Out = T.match_buffer(o_ptr, (rows, cols), "int32", align=16)
+        T.device_entry()
+        cta = T.cta_id([ctas])
+        tid = T.thread_id([nt])
+        pool = T.SMEMPool()
+        S = pool.alloc((stages * cols,), "int32", align=128)
+        full = pool.alloc((stages,), "uint64", align=8)
+        pool.commit()
+        regs = T.alloc_local((vpt * words,), "uint32")
+        pol = T.alloc_local((1,), "uint64")
+        n = (rows - 1 - cta) // ctas + 1  # rows of this CTA: cta, cta + ctas, ...
+        if tid == 0:
+            for s in T.unroll(stages):
+                mbarrier.init(full.ptr_to([s]), 1)
+            mbarrier.fence_init()
+        T.cuda.cta_sync()
+        if tid == 0:
+            bulk.create_policy(pol[0], bulk.EVICT_FIRST)
+            for s in T.unroll(stages):
+                if s < n:
+                    mbarrier.arrive_expect_tx(full.ptr_to([s]), row_bytes)
+                    bulk.load(S.ptr_to([s * cols]), A.ptr_to([cta + s * ctas, 0]), row_bytes, full.ptr_to([s]),
+                              cache_policy=pol[0])
+        for k in T.serial(n):
+            mbarrier.wait(full.ptr_to([mbarrier.stage(k, stages)]), mbarrier.phase(k, stages))
+            for v in T.unroll(vpt):
+                vector.load_shared_v4(regs, v * words, S.ptr_to([mbarrier.stage(k, stages) * cols
+                                                                 + (v * nt + tid) * words]))
+            T.cuda.cta_sync()  # B1
+            if tid == 0:
+                if k >= 1:
+                    bulk.wait_read(0)  # the store of row k - 1 has read its stage
+                    if k - 1 + stages < n:
+                        mbarrier.arrive_expect_tx(full.ptr_to([mbarrier.stage(k - 1, stages)]), row_bytes)
+                        bulk.load(S.ptr_to([mbarrier.stage(k - 1, stages) * cols]),
+                                  A.ptr_to([cta + (k - 1 + stages) * ctas, 0]), row_bytes,
+                                  full.ptr_to([mbarrier.stage(k - 1, stages)]), cache_policy=pol[0])
+            for v in T.unroll(vpt):
+                for j in T.unroll(words):
+                    regs[v * words + j] = regs[v * words + j] ^ T.uint32(0xFFFFFFFF)
+                vector.store_shared_v4(S.ptr_to([mbarrier.stage(k, stages) * cols + (v * nt + tid) * words]), regs,
+                                       v * words)
+            bulk.fence_proxy_async()  # this thread's st.shared -> visible to the bulk store (async proxy)
+            T.cuda.cta_sync()  # B2
+            if tid == 0:
+                bulk.store(Out.ptr_to([cta + k * ctas, 0]), S.ptr_to([mbarrier.stage(k, stages) * cols]), row_bytes)
+                bulk.commit()
+        if tid == 0:
+            bulk.wait_read(0)  # smem stays valid until the last store has read it
+
+    return micro
+
+
 _KERNELS = {"sw128": _k_sw128, "strided": _k_strided, "oob": _k_oob, "store": _k_store, "l2hint": _k_l2hint,
-            "ring": _k_ring, "cluster": _k_cluster}
+            "ring": _k_ring, "cluster": _k_cluster, "bulk": _k_bulk}
 
 
 def _kernel(c: Case):
@@ -399,6 +481,46 @@ def test_box_limits_and_byte_counts():
             tma.check_box(DT, bad, tma.SWIZZLE_128B)
 
 
+def test_bulk_sizes_and_spellings():
+    """Static sizes must be positive multiples of 16 B; the load without a hint and the store with one (the
+    micro-kernel uses the other two spellings) and the full wait_group."""
+    for bad in (0, 8, 1000, -16):
+        with pytest.raises(ValueError, match="multiple of 16"):
+            bulk.check_size(bad)
+    bulk.check_size(16)
+
+    @T.prim_func
+    def spellings(a_ptr: T.handle, o_ptr: T.handle, n: T.int32):
+        A = T.match_buffer(a_ptr, (256,), "int32", align=16)
+        Out = T.match_buffer(o_ptr, (256,), "int32", align=16)
+        T.device_entry()
+        T.cta_id([1])
+        tid = T.thread_id([32])
+        pool = T.SMEMPool()
+        S = pool.alloc((256,), "int32", align=128)
+        bar = pool.alloc((1,), "uint64", align=8)
+        pool.commit()
+        pol = T.alloc_local((1,), "uint64")
+        if tid == 0:
+            mbarrier.init(bar.ptr_to([0]), 1)
+            mbarrier.fence_init()
+        T.cuda.cta_sync()
+        if tid == 0:
+            mbarrier.arrive_expect_tx(bar.ptr_to([0]), n * 4)
+            bulk.load(S.ptr_to([0]), A.ptr_to([0]), n * 4, bar.ptr_to([0]))  # a runtime size
+        mbarrier.wait(bar.ptr_to([0]), 0)
+        if tid == 0:
+            bulk.create_policy(pol[0], bulk.EVICT_LAST)
+            bulk.store(Out.ptr_to([0]), S.ptr_to([0]), 1024, cache_policy=pol[0])
+            bulk.commit()
+            bulk.wait(0)
+
+    src = build.codegen(spellings)
+    assert bulk.LOAD + " [%0], [%1], %2, [%3];" in src
+    assert bulk.STORE + ".L2::cache_hint [%0], [%1], %2, %3;" in src
+    assert "cp.async.bulk.wait_group 0;" in src and "createpolicy.fractional.L2::evict_last.b64" in src
+
+
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
 @pytest.mark.parametrize("case", CASES, ids=_IDS)
 def test_micro_kernel_builds(case, built):
@@ -408,7 +530,8 @@ def test_micro_kernel_builds(case, built):
     assert dev.count("__shared__") == 1  # everything, barriers included, in the 1024-aligned pool
     for text in case.host:
         assert text in src, text
-    assert "const __grid_constant__ CUtensorMap" in src
+    if case.kind != "bulk":  # 1-D bulk copies take plain pointers
+        assert "const __grid_constant__ CUtensorMap" in src
     if case.kind == "cluster":
         assert ".multicast::cluster" in src and "barrier.cluster" in src
     if case.kind == "l2hint":

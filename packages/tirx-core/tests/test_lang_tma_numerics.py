@@ -1,9 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """On the GPU: the TMA / mbarrier / cluster micro-kernels of ``test_lang_tma_micro.py`` (SW128 load into a
 64 KB dynamic-smem pool, rank-3/4/5 loads, OOB zero fill, a clipped TMA store with a guard band, L2 cache
-hints, a 3-stage mbarrier ring, a 2-CTA multicast cluster) against torch slicing of fresh random ``int32``
-inputs, bit for bit. Outputs start poisoned (0xDEADBEEF), so every element the kernel should write is checked
-to be written, and every element it must not write to keep the poison.
+hints, a 3-stage mbarrier ring, a 2-CTA multicast cluster, a 1-D bulk-copy ring) against torch slicing of fresh
+random ``int32`` inputs, bit for bit. Outputs start poisoned (0xDEADBEEF), so every element the kernel should write
+is checked to be written, and every element it must not write to keep the poison.
 
 The GPU host has no compiler: the kernels come prebuilt from ``$TIRX_LANG_MICRO_DIR`` (default
 ``build/lang-micro``; ``tma_cases.json`` + ``tma_*.so``), made on the CPU machine with
@@ -50,6 +50,8 @@ def expected(case, inp, poison):
         return ref
     if kind == "l2hint":
         return torch.stack([inp, inp])
+    if kind == "bulk":  # rows streamed through a bulk-copy ring, complemented in smem
+        return torch.bitwise_not(inp)
     if kind == "cluster":  # each CTA's slice: the full box, half of it multicast by the peer
         box = inp[p["row0"]:p["row0"] + 2 * p["half"]]
         return torch.stack([box, box])

@@ -64,9 +64,21 @@ def sync():
     wait()
 
 
+def _check_named(what: str, barrier_id: int, num_threads: int):
+    if not 0 < barrier_id < 16 or num_threads % 32 or not 0 < num_threads <= 1024:
+        raise ValueError(f"{what}: barrier {barrier_id} (1..15) over {num_threads} threads (multiple of 32)")
+
+
 def named_sync(barrier_id: int, num_threads: int):
     """Named CTA barrier ``bar.sync id, n`` over ``num_threads`` threads (a multiple of 32; id 1..15, 0 is
     ``__syncthreads``): e.g. every consumer warpgroup of a warp-specialized kernel, without the producer."""
-    if not 0 < barrier_id < 16 or num_threads % 32 or not 0 < num_threads <= 1024:
-        raise ValueError(f"named_sync: barrier {barrier_id} (1..15) over {num_threads} threads (multiple of 32)")
+    _check_named("named_sync", barrier_id, num_threads)
     T.evaluate(T.ptx.bar.sync(T.uint32(barrier_id), T.uint32(num_threads)))
+
+
+def named_arrive(barrier_id: int, num_threads: int):
+    """Arrive on named barrier ``barrier_id`` without waiting (``bar.arrive id, n``): the warps that only
+    publish data (their prior memory accesses are performed for the threads that :func:`named_sync` on the
+    same barrier) go on, while the waiting warps block until all ``num_threads`` have arrived."""
+    _check_named("named_arrive", barrier_id, num_threads)
+    T.evaluate(T.ptx.bar.arrive(T.uint32(barrier_id), T.uint32(num_threads)))

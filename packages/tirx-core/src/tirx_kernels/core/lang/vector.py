@@ -98,6 +98,17 @@ def store_v4(ptr, regs, base, pred=None, *, cache: str = "default"):
     _guarded(st(ptr, regs[base], regs[base + 1], regs[base + 2], regs[base + 3]), pred)
 
 
+def load_shared_v4(regs, base, smem_ptr, pred=None):
+    """``regs[base:base+4] <- 16 bytes of shared memory`` (``ld.shared.v4.b32``, SASS ``LDS.128``), only
+    where ``pred`` holds. A warp reading 32 consecutive 16-byte vectors is conflict-free (4 wavefronts)."""
+    _guarded(T.ptx.ld.shared.v4.b32(regs[base], regs[base + 1], regs[base + 2], regs[base + 3], smem_ptr), pred)
+
+
+def store_shared_v4(smem_ptr, regs, base, pred=None):
+    """``16 bytes of shared memory <- regs[base:base+4]`` (``st.shared.v4.b32``, SASS ``STS.128``)."""
+    _guarded(T.ptx.st.shared.v4.b32(smem_ptr, regs[base], regs[base + 1], regs[base + 2], regs[base + 3]), pred)
+
+
 def copy(dst, src, count, dst_base=0, src_base=0):
     """``dst[dst_base:+count] = src[src_base:+count]`` (register moves between local word buffers)."""
     for i in range(count):
