@@ -9,12 +9,18 @@ kernel is compiled for ``65536 / threads`` registers a thread (170 -> 168 for 38
 consumer takes them (``inc`` to 232). ptxas ignores setmaxnreg with warning C7508 when it cannot prove
 the launch bounds: the build treats C7508 as an error.
 
+Ping-pong consumers (each math warpgroup a whole tile, alternate tiles) take turns through named barriers
+(:func:`wait_turn` / :func:`pass_turn`: ``bar.sync`` / ``bar.arrive`` of ``core.lang.cluster`` over the two
+warpgroups involved).
+
 Helpers emit through ``T.evaluate`` (a bare ``T.ptx.*`` call in a traced helper is dropped).
 """
 
 from __future__ import annotations
 
 from tvm.script import tirx as T
+
+from tirx_kernels.core.lang import cluster
 
 WARPGROUP = 128
 REGISTER_FILE = 65536  # 32-bit registers per SM
@@ -59,3 +65,31 @@ def consumer_role(wg, tid, nreg: int = CONSUMER_REGS):
     setmaxnreg_inc(nreg)
     ct = tid - WARPGROUP * wg
     return wg - 1, ct, ct // 32, ct % 32
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Turn-taking between math warpgroups (ping-pong): named barriers first_bar .. first_bar + num_consumers - 1
+# ---------------------------------------------------------------------------------------------------------
+
+def _check_turn_bars(first_bar: int, num_consumers: int):
+    if first_bar < 1 or first_bar + num_consumers > 16:
+        raise ValueError(f"turn barriers {first_bar}..{first_bar + num_consumers - 1} must lie in 1..15")
+
+
+def wait_turn(first_bar: int, consumer, num_consumers: int = 2):
+    """Math warpgroup ``consumer`` (0-based, a Python int or warp-uniform TIR value) waits for its turn:
+    ``bar.sync`` on named barrier ``first_bar + consumer``, which completes once the previous consumer in
+    turn order has called :func:`pass_turn` (one warpgroup on each side: ``2 x 128`` threads).
+
+    A named barrier has no phases: a ``pass_turn`` not matched by a ``wait_turn`` before the same warpgroup
+    passes again would complete it alone. Strict turn-taking rules that out (a consumer passes at most once
+    before it waits for its own turn again); keep the counts matched too: the first consumer skips its first
+    wait, and the last turn is not passed (``gemm/_pingpong.py``)."""
+    _check_turn_bars(first_bar, num_consumers)
+    cluster.named_sync(first_bar + consumer, 2 * WARPGROUP)
+
+
+def pass_turn(first_bar: int, consumer, num_consumers: int = 2):
+    """Math warpgroup ``consumer`` hands the turn to the next one: ``bar.arrive`` on its turn barrier."""
+    _check_turn_bars(first_bar, num_consumers)
+    cluster.named_arrive(first_bar + (consumer + 1) % num_consumers, 2 * WARPGROUP)
