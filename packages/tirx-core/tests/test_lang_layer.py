@@ -255,8 +255,12 @@ def test_tma_box_checks():
 
 
 def test_roles_register_budget():
-    assert roles.register_split_fits(2)  # 128 x (40 + 2 x 232) = 64512 <= 65536
+    assert roles.launch_registers(384) == 168 and roles.launch_registers(256) == 255
+    assert roles.register_split_fits(2)  # 40 + 2 x 232 = 504 = 3 x 168: the CTA's launch allocation
+    assert roles.register_split_fits(2, producer=24, consumer=240)  # 504 too
     assert not roles.register_split_fits(2, consumer=240)
+    # 32 + 2 x 240 = 512 fills the register file (65536) but exceeds the launch allocation: inc would hang.
+    assert not roles.register_split_fits(2, producer=32, consumer=240)
     assert not roles.register_split_fits(3)
     with pytest.raises(ValueError):
         roles.setmaxnreg_inc(236)

@@ -33,12 +33,25 @@ def _check(nreg: int):
         raise ValueError(f"setmaxnreg: {nreg} must be a multiple of 8 in [24, 256]")
 
 
+def launch_registers(threads_per_cta: int, ctas_per_sm: int = 1) -> int:
+    """Registers a thread gets at launch under ``__launch_bounds__(threads, ctas_per_sm)``: the register file
+    shared out, in units of 8, at most 255 (168 for 384 threads)."""
+    return min(255, REGISTER_FILE // (threads_per_cta * ctas_per_sm) // 8 * 8)
+
+
 def register_split_fits(num_consumers: int, producer: int = PRODUCER_REGS, consumer: int = CONSUMER_REGS,
                         ctas_per_sm: int = 1) -> bool:
-    """Whether the post-``setmaxnreg`` allocation of every resident warpgroup fits the register file."""
+    """Whether the post-``setmaxnreg`` split fits what the CTA was launched with.
+
+    ``setmaxnreg.inc`` takes registers only from the CTA's pool, which holds what ``setmaxnreg.dec`` released
+    (PTX ISA: it "blocks the execution until enough registers are available in the CTA's register pool"), so
+    the bound is the CTA's launch allocation, ``warpgroups x 128 x launch_registers``, not the register file:
+    with 384 threads 40 + 2 x 232 = 24 + 2 x 240 = 3 x 168 fit exactly, while 32 + 2 x 240 (512 x 128 =
+    65 536, the whole file) would leave the consumers waiting in ``setmaxnreg.inc`` forever."""
     _check(producer)
     _check(consumer)
-    return ctas_per_sm * WARPGROUP * (producer + num_consumers * consumer) <= REGISTER_FILE
+    warpgroups = 1 + num_consumers
+    return producer + num_consumers * consumer <= warpgroups * launch_registers(warpgroups * WARPGROUP, ctas_per_sm)
 
 
 def setmaxnreg_dec(nreg: int = PRODUCER_REGS):
