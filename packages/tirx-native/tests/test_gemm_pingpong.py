@@ -203,7 +203,8 @@ def test_epilogue_addressing(tile):
 # ---------------------------------------------------------------------------------------------------------
 
 def test_pingpong_tiles_fit_smem():
-    expect = {"pingpong_128x128x64_s6_e64_g8": 229472, "pingpong_128x192x64_s4_e64_g8": 196672}
+    expect = {"pingpong_128x128x64_s6_e64_g8": 229472, "pingpong_128x192x64_s4_e64_g8": 196672,
+              "pingpong_128x192x64_s4_e64_c2_g8": 196672}
     assert set(PINGPONG) == set(expect)
     for tile in PINGPONG:
         c = mod.TILE_CONFIGS[tile]
@@ -216,12 +217,13 @@ def test_pingpong_tiles_fit_smem():
 
 
 @pytest.mark.parametrize("bad, word", [
-    ({"block_n": 256}, "block_n"),  # 2 x 128 accumulator registers: does not fit the consumers' 240
+    ({"block_n": 256}, "block_n"),  # 2 x 128 accumulator registers: more than the consumers' 232
     ({"block_m": 64}, "block_m"),
     ({"epi_cols": 96}, "epi_cols"),
     ({"epi_cols": 128}, "epi_cols"),  # does not divide 192
     ({"num_stages": 5}, "smem"),
-    ({"cluster_m": 2}, "cluster_m"),
+    ({"cluster_m": 3}, "cluster_m"),
+    ({"cluster_m": 2, "group_m": 3}, "cluster_m"),
     ({"layout": "nn"}, "layout"),
     ({"out_dtype": "float32"}, "out_dtype"),
     ({"epilogue": "bias", "bias_dtype": "bfloat16"}, "epilogue"),
@@ -243,7 +245,9 @@ def test_pingpong_tile_builds(tile, dtype):
     sass = testing.build_and_check_sass(mod, "fp16_bf16_gemm", {"dtype": dtype, "tile": tile})
     n = mod.TILE_CONFIGS[tile]["block_n"]
     assert sass.count(f"HGMMA.64x{n}x16") == 2 * 4  # two m64 halves x 4 k16 steps per stage
-    # setmaxnreg 24 (0x18) for the producer, 240 (0xf0) for the consumers
-    assert re.search(r"USETMAXREG\.DEALLOC\S*\s+0x18\b", sass)
-    assert re.search(r"USETMAXREG\.TRY_ALLOC\S*\s+\S+\s+0xf0\b", sass)
+    # setmaxnreg 40 (0x28) for the producer, 232 (0xe8) for the consumers
+    assert re.search(r"USETMAXREG\.DEALLOC\S*\s+0x28\b", sass)
+    assert re.search(r"USETMAXREG\.TRY_ALLOC\S*\s+\S+\s+0xe8\b", sass)
     assert "BAR.ARV" in sass  # the turn handed over
+    if mod.TILE_CONFIGS[tile].get("cluster_m", 1) == 2:
+        assert "UTMALDG.2D.MULTICAST" in sass

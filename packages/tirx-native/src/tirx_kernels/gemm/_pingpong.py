@@ -14,10 +14,12 @@ Design:
 - Grid and raster as the persistent kernel: ``min(num_tiles, num_sms)`` CTAs, CTA ``c`` walks tiles
   ``c, c + grid, ...`` in the grouped raster of ``core.lang.scheduler``. Its local tile ``t`` belongs to math
   warpgroup ``t % 2``.
-- 384 threads: warpgroup 0 the TMA producer (``setmaxnreg`` 24, one thread issues every load of the CTA's
-  tiles in order), warpgroups 1-2 the consumers (``setmaxnreg`` 240; 128 x (24 + 2 x 240) = 64 512 registers).
-  A consumer owns the whole 128 x block_n tile as two m64 accumulators (rows 0-63 and 64-127), 2 x block_n / 2
-  fp32 registers: block_n <= 192 (192 accumulator registers of the 240).
+- 384 threads: warpgroup 0 the TMA producer (one thread issues every load of the CTA's tiles in order),
+  warpgroups 1-2 the consumers, with ``roles``' default split ``setmaxnreg`` 40 / 232 (40 + 2 x 232 = 3 x 168,
+  the CTA's launch allocation: ``setmaxnreg.inc`` only takes what ``dec`` released, so 32 / 240 would hang;
+  24 / 240 fits too but the 2-CTA producer spills at 24: it uses ~35). A consumer owns the whole
+  128 x block_n tile as two m64 accumulators (rows 0-63 and 64-127), 2 x block_n / 2 fp32 registers:
+  block_n <= 192 (192 accumulator registers of the 232; ptxas: 0 spills, highest register R216 at 128x192).
 - One ``num_stages`` full/empty ring in the producer's global order (use count ``t * k_tiles + k``); each
   use is read by one consumer warpgroup only, so the empty barrier counts its 4 warps. A consumer waits only
   on its own tiles' uses and skips the other's entirely.
@@ -39,6 +41,13 @@ Design:
   thread: ``wait_group.read`` sees only this warpgroup's stores), a warpgroup barrier (ids 1 + consumer),
   fp32 -> 16-bit pairs into the buffer, ``fence.proxy.async``, the barrier again, then the storing thread
   TMA-stores the boxes (skipping boxes wholly past N or rows past M) and commits without waiting.
+- ``cluster_m = 2`` (as in the persistent kernel): the two CTAs of a cluster take M-tiles (2i, 2i+1) of one
+  N-tile, each loads half of the B tile and multicasts it into both, each consumer releases a use in both
+  CTAs (empty barrier: 8 arrivals). Both CTAs walk the same cluster-tile sequence, so local tile t is consumer
+  t % 2's in both. The turns stay CTA-local: the parity argument is about the CTA's own full barriers, and a
+  stage is reloaded (in either CTA) only after both CTAs' consumers released its previous use. An odd number
+  of M-tiles leaves the last cluster's second CTA past M: it loads, multicasts and joins every barrier, and
+  stores nothing. A final cluster barrier keeps either CTA alive while its peer may still write into it.
 - Every shared buffer, barriers included, in one ``T.SMEMPool`` (1024-aligned only then).
 
 Built, not yet measured on the H200 (``docs/gemm.md``).
@@ -49,8 +58,6 @@ from __future__ import annotations
 from tirx_kernels.gemm._persistent import SMEM_LIMIT
 
 NUM_CONSUMERS = 2
-PRODUCER_REGS = 24
-CONSUMER_REGS = 240
 EPI_BAR = 1  # named barriers 1, 2: consumer w's epilogue (its 128 threads)
 TURN_BAR = 3  # named barriers 3, 4: consumer w's turn to run a mainloop
 
@@ -101,14 +108,14 @@ def build_pingpong_kernel(dtype: str, block_m: int, block_n: int, block_k: int, 
     if epilogue != "none" or bias_dtype is not None:
         raise ValueError(f"pingpong gemm: epilogue {epilogue!r} / bias_dtype {bias_dtype!r} is not supported "
                          "(only 'none')")
-    if cluster_m != 1:
-        raise ValueError(f"pingpong gemm: cluster_m={cluster_m} is not supported (only 1)")
+    if cluster_m not in (1, 2) or group_m % cluster_m or num_sms < cluster_m:
+        raise ValueError(f"pingpong gemm: cluster_m={cluster_m} is not supported (1 or 2, dividing group_m={group_m})")
     if block_m != NUM_CONSUMERS * wgmma.M or block_k * elem != 128:
         raise ValueError("pingpong gemm: block_m must be 128 (2 x m64) and block_k one 128-byte SW128 row")
-    # Two m64 accumulators of block_n / 2 registers each must leave room in the consumer's 240.
+    # Two m64 accumulators of block_n / 2 registers each must leave room in the consumer's 232.
     if block_n % 64 or not 64 <= block_n <= 192:
         raise ValueError(f"pingpong gemm: block_n={block_n} must be a multiple of 64 in [64, 192] "
-                         f"({2 * wgmma.acc_regs(block_n)} accumulator registers of {CONSUMER_REGS})")
+                         f"({2 * wgmma.acc_regs(block_n)} accumulator registers of {roles.CONSUMER_REGS})")
     store_cols = 128 // elem  # one SW128 store box: 64 rows x 128 bytes
     if epi_cols % store_cols or block_n % epi_cols or epi_cols <= 0:
         raise ValueError(f"pingpong gemm: epi_cols={epi_cols} must be a multiple of {store_cols} dividing "
@@ -118,29 +125,34 @@ def build_pingpong_kernel(dtype: str, block_m: int, block_n: int, block_k: int, 
     nbytes = smem_bytes(dtype, block_m, block_n, block_k, num_stages, epi_cols)
     if nbytes > SMEM_LIMIT:
         raise ValueError(f"pingpong gemm: {nbytes} B of smem > {SMEM_LIMIT}")
-    if not roles.register_split_fits(NUM_CONSUMERS, PRODUCER_REGS, CONSUMER_REGS):
-        raise AssertionError("pingpong gemm: the setmaxnreg split does not fit the register file")
+    assert roles.register_split_fits(NUM_CONSUMERS)
 
     a_tile = block_m * block_k  # elements per stage
     b_tile = block_n * block_k
-    stage_bytes = (a_tile + b_tile) * elem  # full boxes, also past M/N/K
+    b_share = block_n // cluster_m  # B rows each CTA of the cluster loads (and multicasts)
+    stage_bytes = (a_tile + b_tile) * elem  # full boxes, also past M/N/K, all sources of the cluster
     k_steps = block_k // 16
     nacc = wgmma.acc_regs(block_n)  # per m64 half
     store_rows = wgmma.M
     boxes_per_half = epi_cols // store_cols  # store boxes per 64-row half and round
     rounds = block_n // epi_cols
     stage_elems = block_m * epi_cols  # one consumer's staging buffer, 16-bit elements
-    # Each use is read by one consumer warpgroup: lane 0 of its 4 warps releases it.
-    ring = mbarrier.Ring(num_stages, 4)
+    # Each use is read by one consumer warpgroup of every CTA of the cluster (B multicast): lane 0 of its 4
+    # warps releases it, in every CTA.
+    ring = mbarrier.Ring(num_stages, 4 * cluster_m)
+    clusters_max = num_sms // cluster_m
     cvt_pack = {"bfloat16": T.ptx.cvt.rn.bf16x2.f32, "float16": T.ptx.cvt.rn.f16x2.f32}[dtype]
 
-    def tile_mn(tile, M, N):  # noqa: N803 (M, N are the kernel's dims)
+    def tile_mn(tile, M, N, rank):  # noqa: N803 (M, N are the kernel's dims)
         num_m, num_n = scheduler.num_tiles(M, N, block_m, block_n)
-        return scheduler.tile_coords(tile, num_m, num_n, group_m)
+        return scheduler.cluster_tile_coords(tile, num_m, num_n, group_m, cluster_m, rank)
 
-    def total_tiles(M, N):  # noqa: N803
+    def cluster_tiles(M, N):  # noqa: N803
         num_m, num_n = scheduler.num_tiles(M, N, block_m, block_n)
-        return num_m * num_n
+        return scheduler.ceil_div(num_m, cluster_m) * num_n
+
+    def grid_ctas(M, N):  # noqa: N803
+        return scheduler.grid_size(cluster_tiles(M, N), clusters_max) * cluster_m
 
     def stage_pair(Cs, packed, acc, cs_base, h, rnd, jj, r, warp, lane):  # noqa: N803
         """Two adjacent columns of one accumulator row, packed to 16-bit, into the staging buffer."""
@@ -174,17 +186,21 @@ def build_pingpong_kernel(dtype: str, block_m: int, block_n: int, block_k: int, 
         b_map = T.Bind(T.tvm_stack_alloca("tensormap", 1))
         c_map = T.Bind(T.tvm_stack_alloca("tensormap", 1))
         tma.encode_2d(a_map, A.data, M, K, K, block_m, block_k, dtype, l2_promotion=tma.L2_PROMOTION_256B)
-        tma.encode_2d(b_map, B.data, N, K, K, block_n, block_k, dtype, l2_promotion=tma.L2_PROMOTION_256B)
+        tma.encode_2d(b_map, B.data, N, K, K, b_share, block_k, dtype, l2_promotion=tma.L2_PROMOTION_256B)
         tma.encode_2d(c_map, C.data, M, N, ldc, store_rows, store_cols, dtype)
         T.device_entry()
         T.attr({"tirx.launch_bounds_min_blocks_per_sm": 1})
-        cta = T.cta_id([scheduler.grid_size(total_tiles(M, N), num_sms)])
+        cta = T.cta_id([grid_ctas(M, N)])
+        rank = T.int32(0)
+        if cluster_m == 2:
+            rank = T.cta_id_in_cluster([2])
         wg = T.warpgroup_id([3])
         tid = T.thread_id([384])
         k_tiles = (K + block_k - 1) // block_k
-        total = total_tiles(M, N)
-        grid = scheduler.grid_size(total, num_sms)
-        my_tiles = scheduler.tiles_of_cta(cta, grid, total)
+        total = cluster_tiles(M, N)
+        grid = grid_ctas(M, N) // cluster_m
+        cluster = cta // cluster_m
+        my_tiles = scheduler.tiles_of_cta(cluster, grid, total)
 
         # Shared memory: one pool, 1024-aligned tiles first, barriers last.
         pool = T.SMEMPool()
@@ -198,33 +214,41 @@ def build_pingpong_kernel(dtype: str, block_m: int, block_n: int, block_k: int, 
         desc_a = T.alloc_local((1,), "uint64")
         desc_b = T.alloc_local((1,), "uint64")
         packed = T.alloc_local((1,), "uint32")
+        remote = T.alloc_local((1,), "uint32")
 
         if tid == 0:
             ring.init(full, empty)
             mbarrier.fence_init()
-        T.cuda.cta_sync()
+        if cluster_m == 2:
+            T.cuda.cluster_sync()
+        else:
+            T.cuda.cta_sync()
 
         if wg == 0:
             # TMA warpgroup: decrease registers for the consumers. Loads every tile of the CTA in order,
             # whichever consumer will read it.
-            roles.producer_role(PRODUCER_REGS)
+            roles.producer_role()
             if tid == 0:
                 for t in range(my_tiles):
-                    m_tile, n_tile = tile_mn(cta + t * grid, M, N)
+                    m_tile, n_tile = tile_mn(cluster + t * grid, M, N, rank)
                     for k in range(k_tiles):
                         it = t * k_tiles + k  # the ring's use count: continues across tiles
                         s = ring.stage(it)
                         ring.producer_acquire(empty, it)
                         ring.producer_expect(full, it, stage_bytes)
                         tma.load_2d(As.ptr_to([s * a_tile]), a_map, k * block_k, m_tile * block_m, full.ptr_to([s]))
-                        tma.load_2d(Bs.ptr_to([s * b_tile]), b_map, k * block_k, n_tile * block_n, full.ptr_to([s]))
+                        if cluster_m == 2:
+                            tma.load_2d(Bs.ptr_to([s * b_tile + rank * b_share * block_k]), b_map, k * block_k,
+                                        n_tile * block_n + rank * b_share, full.ptr_to([s]), multicast_mask=3)
+                        else:
+                            tma.load_2d(Bs.ptr_to([s * b_tile]), b_map, k * block_k, n_tile * block_n, full.ptr_to([s]))
         else:
             # Math warpgroups: consumer cw takes the CTA's local tiles cw, cw + 2, ..., each whole.
-            cw, ct, warp, lane = roles.consumer_role(wg, tid, CONSUMER_REGS)
+            cw, ct, warp, lane = roles.consumer_role(wg, tid)
             cs_base = cw * stage_elems
             for i in range((my_tiles - cw + 1) // 2):
                 t = 2 * i + cw
-                m_tile, n_tile = tile_mn(cta + t * grid, M, N)
+                m_tile, n_tile = tile_mn(cluster + t * grid, M, N, rank)
                 m0 = m_tile * block_m
                 n0 = n_tile * block_n
                 # NOTES: the turn makes the ring's parity waits sound (module docstring); consumer 0's first
@@ -248,7 +272,7 @@ def build_pingpong_kernel(dtype: str, block_m: int, block_n: int, block_k: int, 
                     # NOTES: one group in flight; once down to one, use it-1's wgmmas have read their smem.
                     wgmma.wait(1)
                     if k > 0 and lane == 0:
-                        ring.consumer_release(empty, it - 1)
+                        ring.consumer_release(empty, it - 1, cluster_m, remote[0])
                 # Every full wait of this tile has passed: the other consumer may start the next tile while
                 # this one's last wgmmas run and its epilogue follows. The CTA's last tile passes no turn
                 # (nobody would wait for it).
@@ -256,7 +280,7 @@ def build_pingpong_kernel(dtype: str, block_m: int, block_n: int, block_k: int, 
                     roles.pass_turn(TURN_BAR, cw)
                 wgmma.wait(0)
                 if lane == 0:
-                    ring.consumer_release(empty, t * k_tiles + k_tiles - 1)
+                    ring.consumer_release(empty, t * k_tiles + k_tiles - 1, cluster_m, remote[0])
 
                 # Epilogue: `rounds` rounds of epi_cols columns through this consumer's own staging buffer,
                 # as 2 (row halves) x boxes_per_half SW128 boxes of 64 x 64.
@@ -276,5 +300,8 @@ def build_pingpong_kernel(dtype: str, block_m: int, block_n: int, block_k: int, 
                         tma.store_commit()
             if ct == 0:
                 tma.store_wait(0)
+        if cluster_m == 2:
+            # No CTA may exit while its peer still multicasts into its smem or arrives on its barriers.
+            T.cuda.cluster_sync()
 
     return fp16_bf16_gemm_pingpong

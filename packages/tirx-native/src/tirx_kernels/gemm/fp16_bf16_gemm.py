@@ -116,6 +116,14 @@ CONFIGS = [
      "tile": "pingpong_128x128x64_s6_e64_g8"},
     {"label": "bf16_8192x8192x8192_pingpong_128x192", "dtype": "bfloat16", "M": 8192, "N": 8192, "K": 8192,
      "tile": "pingpong_128x192x64_s4_e64_g8"},
+    # 2-CTA clusters: 3 M-tiles (the second CTA of the last cluster past M); 2900x4104: 23 M-tiles -> 12 x 22 =
+    # 264 cluster tiles on 66 clusters (4 each, both consumers), padding CTAs past M again.
+    {"label": "bf16_300x520x136_pingpong_128x192_c2", "dtype": "bfloat16", "M": 300, "N": 520, "K": 136,
+     "tile": "pingpong_128x192x64_s4_e64_c2_g8"},
+    {"label": "fp16_2900x4104x200_pingpong_128x192_c2", "dtype": "float16", "M": 2900, "N": 4104, "K": 200,
+     "tile": "pingpong_128x192x64_s4_e64_c2_g8"},
+    {"label": "bf16_8192x8192x8192_pingpong_128x192_c2", "dtype": "bfloat16", "M": 8192, "N": 8192, "K": 8192,
+     "tile": "pingpong_128x192x64_s4_e64_c2_g8"},
     # The small-M split-K cluster kernel (gemm/_small_m.py), pinned until the H200 run confirms it.
     {"label": "bf16_1x4096x4096_smallm_k4", "dtype": "bfloat16", "M": 1, "N": 4096, "K": 4096,
      "tile": "smallm_64x128x64_s8_k4"},
@@ -166,6 +174,8 @@ BENCH_CONFIGS = [
      "tile": "pingpong_128x192x64_s4_e64_g8"},
     {"label": "bf16_4096x4096x4096_pingpong_128x128", "dtype": "bfloat16", "M": 4096, "N": 4096, "K": 4096,
      "tile": "pingpong_128x128x64_s6_e64_g8"},
+    {"label": "bf16_8192x8192x8192_pingpong_128x192_c2", "dtype": "bfloat16", "M": 8192, "N": 8192, "K": 8192,
+     "tile": "pingpong_128x192x64_s4_e64_c2_g8"},
     {"label": "bf16_4096x14336x4096", "dtype": "bfloat16", "M": 4096, "N": 14336, "K": 4096},
     {"label": "bf16_128x14336x4096", "dtype": "bfloat16", "M": 128, "N": 14336, "K": 4096},
     # Small M (memory-bound: judge by TB/s of B streamed), the split-K cluster kernel beside the default.
@@ -239,6 +249,10 @@ TILE_CONFIGS = {
                                       "num_stages": 6, "epi_cols": 64, "group_m": 8, "num_sms": 132},
     "pingpong_128x192x64_s4_e64_g8": {"kind": "pingpong", "block_m": 128, "block_n": 192, "block_k": 64,
                                       "num_stages": 4, "epi_cols": 64, "group_m": 8, "num_sms": 132},
+    # QuACK's Hopper default shape: 128x192 ping-pong with 2-CTA clusters along M (B multicast).
+    "pingpong_128x192x64_s4_e64_c2_g8": {"kind": "pingpong", "block_m": 128, "block_n": 192, "block_k": 64,
+                                         "num_stages": 4, "epi_cols": 64, "cluster_m": 2, "group_m": 8,
+                                         "num_sms": 132},
     # Small M (gemm/_small_m.py, memory-bound: stream B once): one CTA per (M-tile, N-tile, K-slice), the
     # split_k K-slices of a tile one cluster, reduced through DSMEM. block_m 64 = 1 consumer warpgroup
     # (M <= 64), 128 = 2 (M <= 128). Rings of 192-200 KB = the bytes in flight per SM.
@@ -305,6 +319,8 @@ def sass_expect(dtype: str, tile: str, layout: str = "nt", **_) -> list[str]:
            r"UTMASTG\.2D", r"USETMAXREG"]
     if cfg.get("kind") == "pingpong":
         out.append(r"BAR\.ARV")  # the consumers' turn-taking (named-barrier arrive)
+        if cfg.get("cluster_m", 1) == 2:
+            out.append(r"UTMALDG\.2D\.MULTICAST")
     return out + ([r"tnspB"] if layout == "nn" else [])
 
 
