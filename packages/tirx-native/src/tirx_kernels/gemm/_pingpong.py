@@ -5,10 +5,11 @@ ragged edges through TMA zero-fill on loads and clipping on stores). Plain path 
 dtype, no epilogue (the variants live in ``gemm/_persistent.py``).
 
 Why: in the cooperative persistent kernel both math warpgroups split every tile by rows, so both sit in the
-epilogue at the same time and the tensor cores idle there (a 128 x 256 tile's epilogue is ~5-10 % of its
-mainloop at K = 4096). Ping-pong (CUTLASS's ``KernelTmaWarpSpecializedPingpong``, QuACK's Hopper default)
-gives each math warpgroup whole tiles, alternately: while one converts and stores its tile, the other runs
-the next tile's mainloop, so the tensor cores stay busy across tile boundaries.
+epilogue at the same time and the tensor cores idle there (the TMA stores overlap the next mainloop, but the
+fp32 -> 16-bit conversion and staging writes do not). Ping-pong (CUTLASS's
+``KernelTmaWarpSpecializedPingpong``, QuACK's Hopper default) gives each math warpgroup whole tiles,
+alternately: while one converts and stores its tile, the other runs the next tile's mainloop, so the tensor
+cores stay busy across tile boundaries.
 
 Design:
 - Grid and raster as the persistent kernel: ``min(num_tiles, num_sms)`` CTAs, CTA ``c`` walks tiles
@@ -26,7 +27,7 @@ Design:
 - Turn-taking (``roles.wait_turn`` / ``roles.pass_turn``, named barriers 3 and 4): a consumer starts its
   tile's mainloop only after the other consumer has *issued* the previous tile's mainloop (passed all its
   full waits). This is needed for correctness, not only for the alternation: an mbarrier parity wait
-  tells apart only two consecutive phases. Consumer 1 waiting for use ``it`` on stage ``s`` must know that
+  tells apart only two consecutive phases. A consumer waiting for use ``it`` on stage ``s`` must know that
   the phase of use ``it - num_stages`` (of the other consumer's tile, in general) has completed; otherwise
   a phase count that lags by one has the awaited parity and the wait passes on stale data. Example: a fresh
   barrier (0 phases completed) passes a wait for parity 1 at once, so without the turn consumer 1 would read

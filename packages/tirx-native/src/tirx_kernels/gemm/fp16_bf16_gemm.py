@@ -93,9 +93,10 @@ CONFIGS = [
     {"label": "fp16_1000x1032x1048_nn_out_fp32_128x128", "dtype": "float16", "M": 1000, "N": 1032, "K": 1048,
      "layout": "nn", "out_dtype": "float32", "tile": "persistent_128x128x64_s6_g8"},
     # The ping-pong kernel (gemm/_pingpong.py), pinned until the H200 run confirms it. Ragged M/N/K; the
-    # 300x520 rows give each CTA one tile (consumer 1 idle); from 2000x1544 on there are more tiles than the
-    # 132 CTAs, so consumers alternate: 208 tiles of 128x128 (1-2 per CTA), 312 (2-3), 704 of 128x192 (5-6,
-    # with k_tiles = 4 = num_stages, the parity case the consumers' turn-taking exists for).
+    # 300x520, 1000x776 and 1000x1032 rows give each CTA one tile (consumer 1 idle; 1048 = 17 K-tiles wraps the
+    # ring); from 2000x1544 on there are more tiles than the 132 CTAs, so consumers alternate: 208 tiles of
+    # 128x128 (1-2 per CTA), 312 (2-3), 704 of 128x192 (5-6, with k_tiles = 4 = num_stages: the parity case
+    # the consumers' turn-taking exists for), 704 and 2752 at 4096^3 / 8192^3.
     {"label": "bf16_300x520x136_pingpong_128x128", "dtype": "bfloat16", "M": 300, "N": 520, "K": 136,
      "tile": "pingpong_128x128x64_s6_e64_g8"},
     {"label": "fp16_300x520x136_pingpong_128x192", "dtype": "float16", "M": 300, "N": 520, "K": 136,
