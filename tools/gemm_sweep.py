@@ -51,6 +51,8 @@ def candidate_tiles(M: int) -> list[str]:  # noqa: N803
     # s4 with a 128-column staging tile, 128x192, 128x64, 128x128 c2) and the non-persistent one.
     kinds = ("small_m",) if M <= SMALL_M else ("persistent", None)
     tiles = [t for t, c in mod.TILE_CONFIGS.items() if c.get("kind") in kinds]
+    if M >= 512:  # ping-pong (gemm/_pingpong.py): whole 128-row tiles per math warpgroup
+        tiles += [t for t, c in mod.TILE_CONFIGS.items() if c.get("kind") == "pingpong"]
     if SMALL_M < M <= max(MID_MS):  # split-K with 128-row tiles
         tiles += [t for t, c in mod.TILE_CONFIGS.items() if c.get("kind") == "small_m" and c["block_m"] == 128]
     default = mod.choose_tile(M, 4096, 4096)

@@ -255,8 +255,12 @@ def test_tma_box_checks():
 
 
 def test_roles_register_budget():
-    assert roles.register_split_fits(2)  # 128 x (40 + 2 x 232) = 64512 <= 65536
+    assert roles.launch_registers(384) == 168 and roles.launch_registers(256) == 255
+    assert roles.register_split_fits(2)  # 40 + 2 x 232 = 504 = 3 x 168: the CTA's launch allocation
+    assert roles.register_split_fits(2, producer=24, consumer=240)  # 504 too
     assert not roles.register_split_fits(2, consumer=240)
+    # 32 + 2 x 240 = 512 fills the register file (65536) but exceeds the launch allocation: inc would hang.
+    assert not roles.register_split_fits(2, producer=32, consumer=240)
     assert not roles.register_split_fits(3)
     with pytest.raises(ValueError):
         roles.setmaxnreg_inc(236)
@@ -581,6 +585,47 @@ def test_cluster_helpers_reject_bad_named_barrier():
             cluster.named_sync(*bad)
         with pytest.raises(ValueError):
             cluster.named_arrive(*bad)
+
+
+def _turns_kernel():
+    """Two math warpgroups taking turns (roles.wait_turn / pass_turn with a runtime consumer index)."""
+
+    @T.prim_func
+    def turns(x_ptr: T.handle):
+        X = T.match_buffer(x_ptr, (256,), "float32", align=16)
+        T.device_entry()
+        T.cta_id([1])
+        wg = T.warpgroup_id([2])
+        tid = T.thread_id([256])
+        cw = wg
+        if cw == 1:
+            roles.wait_turn(3, cw)
+        X[tid] = T.Cast("float32", cw)
+        if cw == 0:
+            roles.pass_turn(3, cw)
+
+    return turns
+
+
+def test_turn_taking_codegen():
+    src = build.codegen(_turns_kernel())
+    dev = src[src.index('extern "C" __global__'):]
+    assert "bar_sync_count_sync(" in dev and "bar_arrive_arrive(" in dev
+    assert "bar.sync %0, %1;" in src and "bar.arrive %0, %1;" in src
+    assert "(uint)256" in dev
+
+
+def test_named_barrier_helpers_reject_bad_ids():
+    from tirx_kernels.core.lang import cluster
+
+    for bad in ((0, 128), (16, 128), (1, 100)):
+        with pytest.raises(ValueError):
+            cluster.named_arrive(*bad)
+    for first in (0, 15):
+        with pytest.raises(ValueError):
+            roles.wait_turn(first, 0)
+        with pytest.raises(ValueError):
+            roles.pass_turn(first, 0)
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")

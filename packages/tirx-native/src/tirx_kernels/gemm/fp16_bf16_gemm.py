@@ -15,6 +15,9 @@ Warp-specialized TMA + wgmma kernel (one launch per call, M, N, K dynamic):
 - Ragged shapes: TMA zero-fills load boxes past M/N/K (so the K tail adds zeros) and clips store boxes
   past M/N. TMA needs 16-byte global strides, hence K % 8 == 0 and N % 8 == 0 (checked by ``gemm_nt``).
 
+Pinned ``pingpong_*`` tiles run the ping-pong variant (``gemm/_pingpong.py``: each math warpgroup whole tiles,
+alternately, so one's epilogue overlaps the other's mainloop; plain NT only; built, not yet measured).
+
 Measured: the same design in examples/gemm_ws_pipelined.py ran at 646-688 TFLOP/s at 4096³ on the H200
 against cuBLAS 678-773 in the same rounds, bit-identical to torch.
 """
@@ -109,6 +112,39 @@ CONFIGS = [
     {"label": "bf16_300x520x136_alpha_beta_bias_s4_e128", "dtype": "bfloat16", "M": 300, "N": 520, "K": 136,
      "epilogue": "alpha_beta_bias", "bias_dtype": "bfloat16", "alpha": 0.5, "beta": -1.5,
      "tile": "persistent_128x256x64_s4_e128_g8"},
+    # The ping-pong kernel (gemm/_pingpong.py), pinned until the H200 run confirms it. Ragged M/N/K; the
+    # 300x520, 1000x776 and 1000x1032 rows give each CTA one tile (consumer 1 idle; 1048 = 17 K-tiles wraps the
+    # ring); from 2000x1544 on there are more tiles than the 132 CTAs, so consumers alternate: 208 tiles of
+    # 128x128 (1-2 per CTA), 312 (2-3), 704 of 128x192 (5-6, with k_tiles = 4 = num_stages: the parity case
+    # the consumers' turn-taking exists for), 704 and 2752 at 4096^3 / 8192^3.
+    {"label": "bf16_300x520x136_pingpong_128x128", "dtype": "bfloat16", "M": 300, "N": 520, "K": 136,
+     "tile": "pingpong_128x128x64_s6_e64_g8"},
+    {"label": "fp16_300x520x136_pingpong_128x192", "dtype": "float16", "M": 300, "N": 520, "K": 136,
+     "tile": "pingpong_128x192x64_s4_e64_g8"},
+    {"label": "bf16_1000x776x200_pingpong_128x192", "dtype": "bfloat16", "M": 1000, "N": 776, "K": 200,
+     "tile": "pingpong_128x192x64_s4_e64_g8"},
+    {"label": "bf16_2000x1544x72_pingpong_128x128", "dtype": "bfloat16", "M": 2000, "N": 1544, "K": 72,
+     "tile": "pingpong_128x128x64_s6_e64_g8"},
+    {"label": "fp16_3000x1544x136_pingpong_128x128", "dtype": "float16", "M": 3000, "N": 1544, "K": 136,
+     "tile": "pingpong_128x128x64_s6_e64_g8"},
+    {"label": "bf16_4000x4104x200_pingpong_128x192", "dtype": "bfloat16", "M": 4000, "N": 4104, "K": 200,
+     "tile": "pingpong_128x192x64_s4_e64_g8"},
+    {"label": "fp16_1000x1032x1048_pingpong_128x192", "dtype": "float16", "M": 1000, "N": 1032, "K": 1048,
+     "tile": "pingpong_128x192x64_s4_e64_g8"},
+    {"label": "bf16_4096x4096x4096_pingpong_128x192", "dtype": "bfloat16", "M": 4096, "N": 4096, "K": 4096,
+     "tile": "pingpong_128x192x64_s4_e64_g8"},
+    {"label": "bf16_4096x4096x4096_pingpong_128x128", "dtype": "bfloat16", "M": 4096, "N": 4096, "K": 4096,
+     "tile": "pingpong_128x128x64_s6_e64_g8"},
+    {"label": "bf16_8192x8192x8192_pingpong_128x192", "dtype": "bfloat16", "M": 8192, "N": 8192, "K": 8192,
+     "tile": "pingpong_128x192x64_s4_e64_g8"},
+    # 2-CTA clusters: 3 M-tiles (the second CTA of the last cluster past M); 2900x4104: 23 M-tiles -> 12 x 22 =
+    # 264 cluster tiles on 66 clusters (4 each, both consumers), padding CTAs past M again.
+    {"label": "bf16_300x520x136_pingpong_128x192_c2", "dtype": "bfloat16", "M": 300, "N": 520, "K": 136,
+     "tile": "pingpong_128x192x64_s4_e64_c2_g8"},
+    {"label": "fp16_2900x4104x200_pingpong_128x192_c2", "dtype": "float16", "M": 2900, "N": 4104, "K": 200,
+     "tile": "pingpong_128x192x64_s4_e64_c2_g8"},
+    {"label": "bf16_8192x8192x8192_pingpong_128x192_c2", "dtype": "bfloat16", "M": 8192, "N": 8192, "K": 8192,
+     "tile": "pingpong_128x192x64_s4_e64_c2_g8"},
     # The small-M split-K cluster kernel (gemm/_small_m.py), pinned until the H200 run confirms it.
     {"label": "bf16_1x4096x4096_smallm_k4", "dtype": "bfloat16", "M": 1, "N": 4096, "K": 4096,
      "tile": "smallm_64x128x64_s8_k4"},
@@ -152,6 +188,15 @@ BENCH_CONFIGS = [
      "tile": "persistent_128x256x64_s3_c2_g8"},
     {"label": "bf16_4096x4096x4096_persistent_128x128", "dtype": "bfloat16", "M": 4096, "N": 4096, "K": 4096,
      "tile": "persistent_128x128x64_s6_g8"},
+    # Ping-pong (built, not yet measured).
+    {"label": "bf16_4096x4096x4096_pingpong_128x192", "dtype": "bfloat16", "M": 4096, "N": 4096, "K": 4096,
+     "tile": "pingpong_128x192x64_s4_e64_g8"},
+    {"label": "bf16_8192x8192x8192_pingpong_128x192", "dtype": "bfloat16", "M": 8192, "N": 8192, "K": 8192,
+     "tile": "pingpong_128x192x64_s4_e64_g8"},
+    {"label": "bf16_4096x4096x4096_pingpong_128x128", "dtype": "bfloat16", "M": 4096, "N": 4096, "K": 4096,
+     "tile": "pingpong_128x128x64_s6_e64_g8"},
+    {"label": "bf16_8192x8192x8192_pingpong_128x192_c2", "dtype": "bfloat16", "M": 8192, "N": 8192, "K": 8192,
+     "tile": "pingpong_128x192x64_s4_e64_c2_g8"},
     {"label": "bf16_4096x14336x4096", "dtype": "bfloat16", "M": 4096, "N": 14336, "K": 4096},
     {"label": "bf16_128x14336x4096", "dtype": "bfloat16", "M": 128, "N": 14336, "K": 4096},
     # Small M (memory-bound: judge by TB/s of B streamed), the split-K cluster kernel beside the default.
@@ -240,6 +285,19 @@ TILE_CONFIGS = {
     # 1024 x 6144/14336 x 4096, 2048^3). 6 x 32 KB ring + 32 KB staging = 224 KB.
     "persistent_128x128x64_s6_c2_g8": {"kind": "persistent", "block_m": 128, "block_n": 128, "block_k": 64,
                                        "num_stages": 6, "cluster_m": 2, "group_m": 8, "num_sms": 132},
+    # Ping-pong (gemm/_pingpong.py): the persistent grid and raster, but each math warpgroup takes whole tiles
+    # (two m64 accumulators), alternately, so one's epilogue overlaps the other's mainloop. Each consumer has
+    # its own 128 x epi_cols staging buffer. 6 x 32 KB ring + 2 x 16 KB staging = 224 KB (229 472 B); 128x192:
+    # 4 x 40 KB + 2 x 16 KB = 192 KB (196 672 B; a 5th stage would need 237 568). 128x256 would need 2 x 128
+    # accumulator registers of the consumers' 240: not built.
+    "pingpong_128x128x64_s6_e64_g8": {"kind": "pingpong", "block_m": 128, "block_n": 128, "block_k": 64,
+                                      "num_stages": 6, "epi_cols": 64, "group_m": 8, "num_sms": 132},
+    "pingpong_128x192x64_s4_e64_g8": {"kind": "pingpong", "block_m": 128, "block_n": 192, "block_k": 64,
+                                      "num_stages": 4, "epi_cols": 64, "group_m": 8, "num_sms": 132},
+    # QuACK's Hopper default shape: 128x192 ping-pong with 2-CTA clusters along M (B multicast).
+    "pingpong_128x192x64_s4_e64_c2_g8": {"kind": "pingpong", "block_m": 128, "block_n": 192, "block_k": 64,
+                                         "num_stages": 4, "epi_cols": 64, "cluster_m": 2, "group_m": 8,
+                                         "num_sms": 132},
     # Small M (gemm/_small_m.py, memory-bound: stream B once): one CTA per (M-tile, N-tile, K-slice), the
     # split_k K-slices of a tile one cluster, reduced through DSMEM. block_m 64 = 1 consumer warpgroup
     # (M <= 64), 128 = 2 (M <= 128). Rings of 192-200 KB = the bytes in flight per SM.
@@ -307,6 +365,8 @@ def sass_expect(dtype: str, tile: str, layout: str = "nt", **_) -> list[str]:
            r"UTMASTG\.2D", r"USETMAXREG"]
     if cfg.get("cluster_m", 1) == 2:
         out.append(r"UTMALDG\.2D\.MULTICAST")
+    if cfg.get("kind") == "pingpong":
+        out.append(r"BAR\.ARV")  # the consumers' turn-taking (named-barrier arrive)
     return out + ([r"tnspB"] if layout == "nn" else [])
 
 
@@ -361,6 +421,11 @@ def get_kernel(dtype: str, tile: str, layout: str = "nt", out_dtype: str | None 
 
         return _persistent.build_persistent_kernel(dtype, **params, layout=layout, out_dtype=out_dtype,
                                                    epilogue=epilogue, bias_dtype=bias_dtype)
+    if TILE_CONFIGS[tile].get("kind") == "pingpong":
+        from tirx_kernels.gemm import _pingpong
+
+        return _pingpong.build_pingpong_kernel(dtype, **params, layout=layout, out_dtype=out_dtype,
+                                               epilogue=epilogue, bias_dtype=bias_dtype)
     if TILE_CONFIGS[tile].get("kind") == "small_m":
         from tirx_kernels.gemm import _small_m
 

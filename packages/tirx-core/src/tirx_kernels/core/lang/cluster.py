@@ -64,21 +64,24 @@ def sync():
     wait()
 
 
-def _check_named(what: str, barrier_id: int, num_threads: int):
-    if not 0 < barrier_id < 16 or num_threads % 32 or not 0 < num_threads <= 1024:
+def _named_barrier_operands(what: str, barrier_id, num_threads: int):
+    # A TIR id (warp-uniform, e.g. 1 + warpgroup) is checked where it is a Python int only.
+    if (isinstance(barrier_id, int) and not 0 < barrier_id < 16) or num_threads % 32 or not 0 < num_threads <= 1024:
         raise ValueError(f"{what}: barrier {barrier_id} (1..15) over {num_threads} threads (multiple of 32)")
+    bar = T.uint32(barrier_id) if isinstance(barrier_id, int) else T.Cast("uint32", barrier_id)
+    return bar, T.uint32(num_threads)
 
 
-def named_sync(barrier_id: int, num_threads: int):
+def named_sync(barrier_id, num_threads: int):
     """Named CTA barrier ``bar.sync id, n`` over ``num_threads`` threads (a multiple of 32; id 1..15, 0 is
-    ``__syncthreads``): e.g. every consumer warpgroup of a warp-specialized kernel, without the producer."""
-    _check_named("named_sync", barrier_id, num_threads)
-    T.evaluate(T.ptx.bar.sync(T.uint32(barrier_id), T.uint32(num_threads)))
+    ``__syncthreads``; a Python int or a warp-uniform TIR value): e.g. every consumer warpgroup of a
+    warp-specialized kernel, without the producer."""
+    T.evaluate(T.ptx.bar.sync(*_named_barrier_operands("named_sync", barrier_id, num_threads)))
 
 
-def named_arrive(barrier_id: int, num_threads: int):
-    """Arrive on named barrier ``barrier_id`` without waiting (``bar.arrive id, n``): the warps that only
-    publish data (their prior memory accesses are performed for the threads that :func:`named_sync` on the
-    same barrier) go on, while the waiting warps block until all ``num_threads`` have arrived."""
-    _check_named("named_arrive", barrier_id, num_threads)
-    T.evaluate(T.ptx.bar.arrive(T.uint32(barrier_id), T.uint32(num_threads)))
+def named_arrive(barrier_id, num_threads: int):
+    """``bar.arrive id, n``: count this warp on named barrier ``id`` and go on without waiting; the barrier
+    completes when the other side's :func:`named_sync` brings the count to ``num_threads`` (a signal from one
+    group of warps to another). A named barrier has no phases: a second arrive before the waiters' sync
+    would count towards the same completion."""
+    T.evaluate(T.ptx.bar.arrive(*_named_barrier_operands("named_arrive", barrier_id, num_threads)))
