@@ -81,7 +81,13 @@ def _quack_call(a, b):
     from quack.gemm_interface import gemm as quack_gemm  # CuTe-DSL stack (../shared/gpu/stage --cutedsl)
 
     bt = b.T  # QuACK takes B as (K, N); b.T is a view of our (N, K) B
-    return lambda: quack_gemm(a, bt)
+    # tuned=False: QuACK's own per-shape default config (its Hopper default is 128x192 ping-pong with 2-CTA
+    # clusters); tuned=True autotunes over every config, a CuTe-DSL compile each (minutes per shape).
+    try:
+        quack_gemm(a, bt, tuned=False)
+        return lambda: quack_gemm(a, bt, tuned=False)
+    except TypeError:  # a QuACK without the tuned switch
+        return lambda: quack_gemm(a, bt)
 
 
 def _max_autotune_call(F, a, b):  # noqa: N803
