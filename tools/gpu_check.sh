@@ -31,14 +31,17 @@ fi
 if [ "$what" = all ] || [ "$what" = sanitize ]; then
   for kc in "rmsnorm bf16_37x2880_strided" "act_and_mul gelu_bf16_37x4096" "fp16_bf16_gemm bf16_129x264x72" \
             "fp16_bf16_gemm bf16_100x264x72_smallm_k8" "fp16_bf16_gemm bf16_37x520x1048_smallm_k4" \
-            "fp16_bf16_gemm bf16_300x520x24_nn_c2" "fp16_bf16_gemm fp16_300x520x24_alpha_beta_bias"; do
+            "fp16_bf16_gemm bf16_300x520x24_nn_c2" "fp16_bf16_gemm fp16_300x520x24_alpha_beta_bias" \
+            "fp16_bf16_gemm bf16_2000x1544x72_pingpong_128x128" "fp16_bf16_gemm bf16_300x520x136_alpha_beta_bias_s4_e128" \
+            "fp16_bf16_gemm fp16_300x520x136_persistent_s4_e128_c2" "fp16_bf16_gemm bf16_1000x1032x1048_nn_bias_128x64"; do
     set -- $kc
     compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m tirx_kernels.test --kernel "$1" --config "$2" \
       >> "$OUT/sanitizer.log" 2>&1; echo "memcheck $1 $2 rc=$?" | tee -a "$OUT/sanitizer.log"
   done
   # The split-K cluster kernel reduces through distributed shared memory: racecheck its idle-rank configs too.
-  for c in bf16_100x264x72_smallm_k8 bf16_37x520x1048_smallm_k4; do
-    compute-sanitizer --tool racecheck --error-exitcode 9 python3 -m tirx_kernels.test --kernel fp16_bf16_gemm \
+  # ... and the ping-pong consumers' turn-taking (208 tiles on 132 CTAs: both consumers of a CTA take tiles).
+  for c in bf16_100x264x72_smallm_k8 bf16_37x520x1048_smallm_k4 bf16_2000x1544x72_pingpong_128x128; do
+    timeout 120 compute-sanitizer --tool racecheck --error-exitcode 9 python3 -m tirx_kernels.test --kernel fp16_bf16_gemm \
       --config "$c" >> "$OUT/sanitizer.log" 2>&1; echo "racecheck fp16_bf16_gemm $c rc=$?" | tee -a "$OUT/sanitizer.log"
   done
 fi

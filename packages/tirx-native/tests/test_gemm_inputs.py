@@ -61,7 +61,8 @@ def test_tile_heuristic_and_params():
     assert kind[mod.choose_tile(1, 4096, 4096)] == "small_m"
     assert kind[mod.choose_tile(128, 14336, 4096)] == "small_m"
     assert mod.choose_tile(512, 4096, 4096) == "persistent_128x128x64_s6_g8"
-    assert mod.choose_tile(4096, 4096, 4096) == "persistent_128x256x64_s3_g8"
+    assert mod.choose_tile(4096, 4096, 4096) == "persistent_128x256x64_s4_e128_g8"
+    assert mod.choose_tile(8192, 4096, 4096) == "pingpong_128x128x64_s6_e64_g8"
     assert mod.choose_tile(8192, 8192, 8192) == "persistent_128x256x64_s3_g8"
     p = mod.compile_params(**{**mod.DEFAULTS, "M": 1000, "N": 1032, "K": 1048})
     assert p == {"dtype": "bfloat16", "tile": "persistent_128x128x64_s6_g8"}
@@ -185,9 +186,15 @@ def test_variant_compile_params():
     # The plain kernel keeps its artifact key: no variant keys at all.
     assert mod.compile_params(**base, layout="nt", out_dtype="bfloat16", epilogue="none") == \
         mod.compile_params(**base)
+    # A variant takes the table's tile where that is a persistent one (4096^3: 128x256 s4 e128) ...
     p = mod.compile_params(**base, layout="nn")
-    assert p == {"dtype": "bfloat16", "tile": mod.VARIANT_TILE, "layout": "nn", "out_dtype": "bfloat16",
-                 "epilogue": "none"}
+    assert p == {"dtype": "bfloat16", "tile": mod.choose_tile(4096, 4096, 4096), "layout": "nn",
+                 "out_dtype": "bfloat16", "epilogue": "none"}
+    assert mod.TILE_CONFIGS[p["tile"]]["kind"] == "persistent"
+    # ... and VARIANT_TILE where the table picks another kernel (ping-pong at 8192 x 4096 x 4096, split-K at M=1).
+    for m, n, k in ((8192, 4096, 4096), (1, 4096, 4096)):
+        assert mod.TILE_CONFIGS[mod.choose_tile(m, n, k)]["kind"] != "persistent"
+        assert mod.compile_params(dtype="bfloat16", M=m, N=n, K=k, layout="nn")["tile"] == mod.VARIANT_TILE
     assert mod.TILE_CONFIGS[mod.VARIANT_TILE]["kind"] == "persistent"
     p = mod.compile_params(**base, epilogue="bias", tile="persistent_128x128x64_s6_g8")
     assert p["tile"] == "persistent_128x128x64_s6_g8" and p["bias_dtype"] == "bfloat16"

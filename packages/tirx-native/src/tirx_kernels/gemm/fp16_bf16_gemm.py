@@ -109,6 +109,14 @@ CONFIGS = [
     # round by round.
     {"label": "bf16_300x520x136_out_fp32_s4_e128", "dtype": "bfloat16", "M": 300, "N": 520, "K": 136,
      "out_dtype": "float32", "tile": "persistent_128x256x64_s4_e128_g8"},
+    # NN (MN-major B) on the tiles TILE_TABLE now picks for variants too (the op keeps the table's tile for a
+    # variant when it is a persistent one).
+    {"label": "bf16_300x520x136_nn_s4_e128", "dtype": "bfloat16", "M": 300, "N": 520, "K": 136, "layout": "nn",
+     "tile": "persistent_128x256x64_s4_e128_g8"},
+    {"label": "fp16_300x520x136_nn_128x192", "dtype": "float16", "M": 300, "N": 520, "K": 136, "layout": "nn",
+     "tile": "persistent_128x192x64_s4_g8"},
+    {"label": "bf16_1000x1032x1048_nn_bias_128x64", "dtype": "bfloat16", "M": 1000, "N": 1032, "K": 1048,
+     "layout": "nn", "epilogue": "bias", "bias_dtype": "bfloat16", "tile": "persistent_128x64x64_s8_g8"},
     {"label": "bf16_300x520x136_alpha_beta_bias_s4_e128", "dtype": "bfloat16", "M": 300, "N": 520, "K": 136,
      "epilogue": "alpha_beta_bias", "bias_dtype": "bfloat16", "alpha": 0.5, "beta": -1.5,
      "tile": "persistent_128x256x64_s4_e128_g8"},
@@ -325,29 +333,45 @@ TILE_CONFIGS = {
 
 # (max M, max N, max K, tile): the first row that fits wins (``choose_tile``; ``gemm_nt(..., tile=)`` pins one).
 TILE_TABLE = [
-    # Small M: B streams from DRAM; the split-K cluster kernel (gemm/_small_m.py) keeps ~100-130 CTAs
-    # streaming. Picked from the H200 sweep of 2026-12-02 (tools/gemm_sweep.py, 32 shapes, cold L2; raw rows
-    # in docs/measurements/2026-12-02-h200-b/gemm-small.json); each row lists where it won.
-    (64, 2048, None, "smallm_64x128x64_s8_k4"),    # N=2048 K=7168: 14.8-16.0 us vs cuBLAS 17.0-17.9
-    (64, 7168, None, "smallm_64x128x64_s8_k2"),    # N=4096/6144/7168: within 0.5 us of the best tile
-    (64, None, None, "smallm_64x256x64_s5_k2"),    # N=8192/14336/28672: best or within 2 % at M=1/16
-    (128, 2048, None, "smallm_128x128x64_s6_k4"),  # 19.1 vs cuBLAS 18.9
-    (128, 8192, None, "smallm_128x128x64_s6_k2"),  # N=4096-8192: 0.88-1.01x cuBLAS (M=128 is the weak row)
-    (128, 16384, None, "smallm_128x256x64_s4_k2"),  # N=14336: 44.2 vs cuBLAS 41.5
-    (128, None, None, "ws_128x256x64_s3"),          # N=28672 K=8192: 132.8 vs cuBLAS 131.1
-    # 128 < M <= 512 with few 128x128 tiles (<= 64): split-K keeps ~128 CTAs busy (third sweep, gemm-mid.json:
-    # 256x2048x7168 0.74 vs 0.53, 256x4096x14336 0.95 vs 0.72, 512x2048x7168 0.94 vs 0.74 with persistent).
-    (256, 4096, None, "smallm_128x128x64_s6_k2"),
-    (512, 2048, None, "smallm_128x128x64_s6_k2"),
-    # Larger M: the persistent kernel. Half-width tiles where 128x256 tiles would leave SMs idle or each
-    # tile's mainloop is short: M <= 512 (second sweep, gemm-issue.json: 4 of 6 projections at 0.93-1.00x
-    # cuBLAS vs 0.40-0.88 with 128x256), M <= 1024 with N <= 16384 and K <= 8192 (gemm-mid.json: 1024x6144x4096
-    # 1.00 vs 0.78, 1024x14336x4096 0.97 vs 0.88, 1024x2048x7168 0.98 vs 0.57) and K <= 2048 at M = 2048
-    # (0.93 vs 0.84).
-    (512, None, None, "persistent_128x128x64_s6_g8"),
-    (1024, 16384, 8192, "persistent_128x128x64_s6_g8"),
-    (2048, None, 2048, "persistent_128x128x64_s6_g8"),
-    (None, None, None, "persistent_128x256x64_s3_g8"),  # 0.97-1.04x cuBLAS from 2048 x 4096 up
+    # First match wins. Picked from the H200 sweeps of 2026-12-02 (tools/gemm_sweep.py, cold L2, every candidate
+    # tile of a shape and cuBLAS interleaved in one run; the latest raw rows: docs/measurements/2026-12-02-h200-c/
+    # gemm-issue.json and gemm-mid.json). The numbers after a row are its tile's time over the best tile's at the
+    # shapes that put it there; differences under ~2 % are within run-to-run noise.
+    # M <= 128, memory-bound: B streams from DRAM; the split-K cluster kernel (gemm/_small_m.py) keeps ~100-130
+    # CTAs streaming.
+    (64, 2048, None, "smallm_64x128x64_s8_k4"),    # N=2048 K=7168: best at M=1/16/64, 1.12-1.14x cuBLAS
+    (64, 8192, None, "smallm_64x128x64_s8_k2"),    # N=4096-8192: best or within 1 %; N=8192 K=28672 1.00 vs 1.04
+    (64, None, None, "smallm_64x256x64_s5_k2"),    # N=14336/28672: best at M=1, within 2-7 % at M=16/64
+    (128, 2048, None, "smallm_128x128x64_s6_k4"),  # 1.00
+    (128, 4096, None, "smallm_64x128x64_s8_k2"),   # two 64-row M-tiles: 1.00 vs 1.03 (128x128 k2)
+    (128, 8192, None, "smallm_64x128x64_s8_k1"),   # 96-128 CTAs: N=6144/7168/8192 1.00 vs 1.01/1.07/1.01
+    (128, 16384, None, "smallm_128x256x64_s4_k2"),  # N=14336: 1.00
+    (128, None, None, "ws_128x256x64_s3"),          # N=28672 K=8192: 132.8 vs cuBLAS 131.1 (second sweep)
+    # 128 < M <= 1024: wave quantisation decides. Split-K or 128x64 tiles where 128x128 tiles number <= 64,
+    # 128x192 for N=6144 (4 x 32 = 128 tiles at M=512), 128x256 with a 4th stage (epi_cols=128) where its
+    # tiles fill the SMs, 128x128 where they would not.
+    (256, 4096, None, "smallm_128x128x64_s6_k2"),  # 256x4096x4096 1.00 vs 1.05 (128x64); x14336 1.02
+    (512, 2048, None, "persistent_128x64x64_s8_g8"),  # 512x2048x7168: 1.00 vs 1.07 (split-K), 1.34 (128x128)
+    (1024, 1024, None, "persistent_128x64x64_s8_g8"),  # 1024^3: 128 tiles, 1.00 vs 1.20-1.22 (128x128)
+    (256, 8192, None, "persistent_128x128x64_s6_g8"),  # N=6144/7168/8192: 1.00
+    (256, None, None, "persistent_128x256x64_s4_e128_g8"),  # N=14336/28672: 1.00 vs 1.03/1.06 (128x128)
+    (1024, 2048, None, "persistent_128x128x64_s6_g8"),  # 1024x2048x7168: 1.00
+    (512, 4096, None, "persistent_128x128x64_s6_g8"),  # 512x4096x{4096,14336}: 1.00
+    (1024, 4096, None, "persistent_128x256x64_s4_e128_g8"),  # 1024x4096x{4096,14336}: 1.00
+    (1024, 6144, None, "persistent_128x192x64_s4_g8"),  # 512x6144x4096: 1.00 vs 1.20-1.22 (128x128)
+    (512, 7168, None, "persistent_128x128x64_s6_g8"),  # 512x7168x2048: 1.00
+    (1024, 8192, None, "persistent_128x256x64_s4_e128_g8"),  # 1024x7168x2048 1.00; 512/1024x8192x28672 1.00
+    (512, 16384, None, "persistent_128x256x64_s4_e128_g8"),  # 512x14336x4096: 1.00 vs 1.03-1.04 (128x128)
+    (512, None, None, "persistent_128x128x64_s6_g8"),  # 512x28672x8192: 1.01 (ping-pong 1.00)
+    (1024, 16384, None, "pingpong_128x128x64_s6_e64_g8"),  # 1024x14336x4096: 1.00 vs 1.02 (128x128)
+    (1024, None, None, "persistent_128x256x64_s4_e128_g8"),  # 1024x28672x8192: 1.04 (non-persistent 1.00)
+    # M > 1024: compute-bound. Ping-pong (gemm/_pingpong.py: one warpgroup's epilogue under the other's
+    # mainloop) where K is short, so the epilogue is a larger share of each tile; 128x256 with 4 stages to M=4096;
+    # 128x256 s3 for long K at M > 4096.
+    (2048, None, 2048, "pingpong_128x128x64_s6_e64_g8"),  # 2048x7168x2048 1.00 vs 1.03; 2048^3 1.00 vs 1.01
+    (4096, None, None, "persistent_128x256x64_s4_e128_g8"),  # 2048 x 4096/2048 x 4096-14336, 4096^3: 1.00
+    (None, None, 4096, "pingpong_128x128x64_s6_e64_g8"),  # 8192 x {4096, 14336, 6144} x 4096: 1.00 vs 1.01-1.05
+    (None, None, None, "persistent_128x256x64_s3_g8"),  # K >= 7168 at M = 8192, 16384^3: 1.00-1.02
 ]
 
 
