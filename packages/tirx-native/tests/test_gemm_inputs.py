@@ -64,6 +64,11 @@ def test_tile_heuristic_and_params():
     assert mod.choose_tile(4096, 4096, 4096) == "persistent_128x256x64_s4_e128_g8"
     assert mod.choose_tile(8192, 4096, 4096) == "pingpong_128x128x64_s6_e64_g8"
     assert mod.choose_tile(8192, 8192, 8192) == "persistent_128x256x64_s3_g8"
+    # n_div rows: the 224-column tile only where N is a whole number of them.
+    assert all(len(row) == 4 or (len(row) == 5 and isinstance(row[4], int)) for row in mod.TILE_TABLE)
+    assert mod.choose_tile(512, 7168, 2048) == "persistent_128x224x64_s4_g8"
+    assert mod.choose_tile(512, 7000, 2048) == "persistent_128x128x64_s6_g8"
+    assert mod.choose_tile(128, 28672, 8192) == "smallm_128x224x64_s5_k1"
     p = mod.compile_params(**{**mod.DEFAULTS, "M": 1000, "N": 1032, "K": 1048})
     assert p == {"dtype": "bfloat16", "tile": "persistent_128x128x64_s6_g8"}
     # M, N, K are runtime arguments: an unpinned config's artifact is the heuristic tile's, and a bundle
@@ -71,7 +76,7 @@ def test_tile_heuristic_and_params():
     for c in mod.CONFIGS:
         if "tile" not in c:
             assert mod.compile_params(**{**mod.DEFAULTS, **c})["tile"] == mod.choose_tile(c["M"], c["N"], c["K"])
-    table_tiles = {row[-1] for row in mod.TILE_TABLE}
+    table_tiles = {row[3] for row in mod.TILE_TABLE}
     assert {(p["dtype"], p["tile"]) for p in mod.artifact_params()} == {
         (d, t) for d in ("bfloat16", "float16") for t in table_tiles}
 
@@ -222,3 +227,12 @@ def test_variant_roofline():
 def test_ws_kernel_rejects_variants():
     with pytest.raises(ValueError, match="need a persistent tile"):
         mod.get_kernel("bfloat16", "ws_128x256x64_s3", layout="nn")
+
+
+def test_variant_avoids_register_tail_tiles(monkeypatch):
+    # A persistent tile whose last 32 columns are stored from registers (128x224) builds only the plain kernel:
+    # a variant on a shape the table gives such a tile falls back to VARIANT_TILE; the plain op keeps it.
+    monkeypatch.setattr(mod, "TILE_TABLE", [(None, None, None, "persistent_128x224x64_s4_g8")])
+    base = {"dtype": "bfloat16", "M": 512, "N": 7168, "K": 2048}
+    assert mod.compile_params(**base)["tile"] == "persistent_128x224x64_s4_g8"
+    assert mod.compile_params(**base, epilogue="bias")["tile"] == mod.VARIANT_TILE

@@ -27,11 +27,23 @@ def test_persistent_tiles_fit_smem():
     # epi_cols: a multiple of 64 dividing block_n (256), and the smem must still fit.
     {"epi_cols": 96}, {"epi_cols": 32}, {"epi_cols": 0}, {"epi_cols": 512}, {"epi_cols": 128.0},
     {"block_n": 192, "epi_cols": 128}, {"num_stages": 5, "epi_cols": 128},
+    # block_n a multiple of 32, not 64: the plain NT kernel only, no cluster, epi_cols dividing 192.
+    {"block_n": 240}, {"block_n": 224, "layout": "nn"}, {"block_n": 224, "out_dtype": "float32"},
+    {"block_n": 224, "epilogue": "bias", "bias_dtype": "bfloat16"}, {"block_n": 224, "cluster_m": 2},
+    {"block_n": 224, "epi_cols": 128},
 ])
 def test_persistent_rejects_bad_params(bad):
     params = {**{k: v for k, v in mod.TILE_CONFIGS["persistent_128x256x64_s3_g8"].items() if k != "kind"}, **bad}
     with pytest.raises(ValueError):
         _persistent.build_persistent_kernel("bfloat16", **params)
+
+
+def test_block_n_224_stages_192_columns():
+    # The staging tile holds the 192 TMA-stored columns (3 boxes); the last 32 go from registers.
+    assert _persistent.staged_cols(224) == 192 and _persistent.staged_cols(256) == 256
+    assert _persistent.smem_bytes("bfloat16", 128, 224, 64, 4) == 4 * (128 + 224) * 128 + 128 * 192 * 2 + 64
+    _persistent.build_persistent_kernel("bfloat16", **{**{k: v for k, v in mod.TILE_CONFIGS[
+        "persistent_128x256x64_s3_g8"].items() if k != "kind"}, "block_n": 224, "epi_cols": 64})
 
 
 def test_epi_cols_smem():

@@ -38,8 +38,9 @@ def test_small_m_configs_pin_small_m_tiles():
 
 
 @pytest.mark.parametrize("bad", [
-    {"block_m": 96}, {"block_m": 256}, {"block_n": 320}, {"block_n": 96}, {"block_k": 32}, {"split_k": 3},
-    {"split_k": 16}, {"num_stages": 1}, {"num_stages": 12}, {"block_n": 256, "num_stages": 6},
+    {"block_m": 96}, {"block_m": 256}, {"block_n": 320}, {"block_n": 80}, {"block_n": 32}, {"block_k": 32},
+    {"block_k": 192}, {"split_k": 3}, {"split_k": 16}, {"num_stages": 1}, {"num_stages": 12},
+    {"block_n": 256, "num_stages": 6},
 ])
 def test_small_m_rejects_bad_params(bad):
     params = {**_params("smallm_64x128x64_s8_k4"), **bad}

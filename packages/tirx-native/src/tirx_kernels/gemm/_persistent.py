@@ -25,6 +25,11 @@ Design:
   the B tile and multicasts it into both. When the number of M-tiles is odd, the last cluster's second
   CTA lies past M: it still loads (zero-filled) A, multicasts its B half and joins every barrier, but
   stores nothing.
+- ``block_n`` a multiple of 32 but not of 64 (224: N = 7168, 14336 and 28672 are 32, 64 and 128 such tiles,
+  one or a whole number of waves on 132 SMs where 128 x 256 tiles leave a 0.85 wave): the first
+  ``block_n // 64 * 64`` columns go out through the staging tile and TMA as above, the last 32 straight from
+  the accumulator registers (one ``st.global`` of a 16-bit pair per fragment element, clipped at M and N).
+  The plain kernel only (NT, 16-bit out, no epilogue), no cluster.
 - Every shared buffer, barriers included, in one ``T.SMEMPool`` (1024-aligned only then).
 
 Variants (compile parameters; the defaults build exactly the plain kernel above):
@@ -62,14 +67,21 @@ def has_alpha_beta(epilogue: str) -> bool:
     return epilogue in ("alpha_beta", "alpha_beta_bias")
 
 
+def staged_cols(block_n: int) -> int:
+    """Columns of a tile that leave through the staging tile and TMA stores (whole 64-column SW128 boxes);
+    the rest (32 when block_n % 64 == 32) are stored from registers."""
+    return block_n - block_n % 64
+
+
 def smem_bytes(dtype: str, block_m: int, block_n: int, block_k: int, num_stages: int,
                epilogue: str = "none", epi_cols: int | None = None) -> int:
-    """Bytes of the pool: the A/B ring, the C staging tile of block_m x epi_cols (default block_n) 16-bit
-    elements (whatever the output dtype: fp32 goes out in twice the passes), the 2 x num_stages ring
-    barriers (+ one C-load barrier per consumer warpgroup when the epilogue reads C)."""
+    """Bytes of the pool: the A/B ring, the C staging tile of block_m x epi_cols (default: the staged
+    columns, block_n rounded down to 64) 16-bit elements (whatever the output dtype: fp32 goes out in twice
+    the passes), the 2 x num_stages ring barriers (+ one C-load barrier per consumer warpgroup when the
+    epilogue reads C)."""
     elem = 2
     bars = 2 * num_stages + (NUM_CONSUMERS if has_alpha_beta(epilogue) else 0)
-    staging = block_m * (epi_cols or block_n) * elem
+    staging = block_m * (epi_cols or staged_cols(block_n)) * elem
     return num_stages * (block_m + block_n) * block_k * elem + staging + bars * 8
 
 
@@ -107,14 +119,18 @@ def build_persistent_kernel(dtype: str, block_m: int, block_n: int, block_k: int
                          f"when the epilogue adds a bias (epilogue {epilogue!r})")
     if block_m != NUM_CONSUMERS * wgmma.M or block_k * elem != 128:
         raise ValueError("persistent gemm: block_m must be 128 (2 x m64) and block_k one 128-byte SW128 row")
-    if block_n % 64 or not 64 <= block_n <= 256:
-        raise ValueError(f"persistent gemm: block_n={block_n} must be a multiple of 64 in [64, 256]")
+    if block_n % 32 or not 64 <= block_n <= 256:
+        raise ValueError(f"persistent gemm: block_n={block_n} must be a multiple of 32 in [64, 256]")
+    tail_cols = block_n - staged_cols(block_n)  # stored from registers
+    if tail_cols and (layout != "nt" or out_dtype != dtype or epilogue != "none" or cluster_m != 1):
+        raise ValueError(f"persistent gemm: block_n={block_n} (not a multiple of 64) builds only the plain NT "
+                         "kernel (16-bit out, no epilogue, cluster_m=1)")
     if cluster_m not in (1, 2) or group_m % cluster_m or num_sms < cluster_m:
         raise ValueError(f"persistent gemm: cluster_m={cluster_m} (1 or 2) must divide group_m={group_m}")
     if epi_cols is not None and (isinstance(epi_cols, bool) or not isinstance(epi_cols, int) or epi_cols <= 0
-                                 or epi_cols % 64 or block_n % epi_cols):
+                                 or epi_cols % 64 or staged_cols(block_n) % epi_cols):
         raise ValueError(f"persistent gemm: epi_cols={epi_cols!r} must be a multiple of 64 (one SW128 box of "
-                         f"16-bit) dividing block_n={block_n}, or None (= block_n)")
+                         f"16-bit) dividing block_n={block_n} rounded down to 64, or None (= that)")
     nbytes = smem_bytes(dtype, block_m, block_n, block_k, num_stages, epilogue, epi_cols)
     if nbytes > SMEM_LIMIT:
         raise ValueError(f"persistent gemm: {nbytes} B of smem")
@@ -145,8 +161,8 @@ def build_persistent_kernel(dtype: str, block_m: int, block_n: int, block_k: int
     b_kstep = wgmma.k_step_bytes(b_major, wgmma.SWIZZLE_128B, dtype) // elem  # elements per k16 step
 
     # The staging tile: block_m x epi 16-bit elements; the plain epilogue writes each slab in `rounds`.
-    epi = epi_cols or block_n
-    rounds = block_n // epi
+    epi = epi_cols or staged_cols(block_n)
+    rounds = staged_cols(block_n) // epi
 
     # Epilogue variants. `plain` is the original bf16/fp16-out, no-epilogue path, kept statement for
     # statement (one round when epi_cols is None).
@@ -249,6 +265,9 @@ def build_persistent_kernel(dtype: str, block_m: int, block_n: int, block_k: int
         tma.encode_2d(c_map, C.data, M, N, ldc, store_rows, out_cols, out_dtype)
         T.device_entry()
         T.attr({"tirx.launch_bounds_min_blocks_per_sm": 1})
+        # The register-stored tail columns: C as 32-bit words (16-bit pairs) at row * ldc + col (TIRx 0.27
+        # drops match_buffer strides from device indexing; ldc and col are even).
+        Cw = T.decl_buffer((M * ldc // 2,), "uint32", data=C.data)
         cta = T.cta_id([grid_ctas(M, N)])
         rank = T.int32(0)
         if cluster_m == 2:
@@ -383,6 +402,15 @@ def build_persistent_kernel(dtype: str, block_m: int, block_n: int, block_k: int
                                     tma.store_2d(c_map, n0 + q * epi + box * store_cols, row0,
                                                  Cs.ptr_to([(cs_base + box * store_rows * store_cols) // 2]))
                             tma.store_commit()
+                    # The last tail_cols columns (block_n % 64 == 32): pairs straight from the registers.
+                    for j in T.unroll(tail_cols // 8):
+                        for r in T.unroll(2):
+                            T.evaluate(cvt_pack(packed[0], acc[wgmma.acc_index(rounds * (epi // 8) + j, r, 1)],
+                                                acc[wgmma.acc_index(rounds * (epi // 8) + j, r, 0)]))
+                            grow = m0 + cw * wgmma.M + wgmma.acc_row(warp, lane, r)
+                            gcol = n0 + staged_cols(block_n) + wgmma.acc_col(lane, j)
+                            if grow < M and gcol < N:  # N % 8 == 0: a pair is all in or all out
+                                Cw[(T.Cast("int64", grow) * T.Cast("int64", ldc) + gcol) // 2] = packed[0]
                 else:
                     # General epilogue: `passes` rounds of pass_cols columns (block_n / epi, twice that for
                     # fp32 out), each

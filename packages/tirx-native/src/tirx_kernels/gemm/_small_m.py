@@ -26,6 +26,10 @@ What saturates DRAM is every SM keeping ~100 KB of loads in flight. So:
   ranks summed in order 0..split_k-1), converts to bf16/fp16 and stores 8 bytes per unit with
   ``st.global`` (coalesced along the row). A last (relaxed) cluster barrier keeps every CTA, and so its
   smem, alive until all peers have read it.
+- ``block_k`` 128 or 256: a stage is ``block_k / 64`` SW128 sub-tiles (boxes of 64 K-columns) of A and of B,
+  loaded back to back, so each B row is read as 256 / 512 contiguous bytes at a time rather than 128 (DRAM
+  row-buffer locality while every SM streams its own rows); the stage's last sub-tiles may lie wholly past K:
+  they are neither loaded (the full barrier expects only the loaded boxes' bytes) nor multiplied.
 - A rank whose K range is empty (K < 64 * split_k) issues no loads, contributes a zero partial and joins
   every barrier. ``split_k = 1`` is the same kernel without the cluster (CTA barriers instead).
 - The producer and consumer warpgroups join the cluster barriers in their own branches (non-aligned
@@ -39,6 +43,8 @@ SMEM_LIMIT = 232448  # 227 KB: the H200's opt-in maximum dynamic shared memory p
 SPLITS = (1, 2, 4, 8)  # cluster sizes along K (8 = the portable maximum)
 PARTIAL_PAD = 8  # fp32 pad per partial row: 64-bit fragment stores hit 2 wavefronts (the minimum)
 UNIT = 4  # output columns per reduction unit: one 16-byte fp32 load per rank, one 8-byte store
+SUB_K = 64  # K-columns of one SW128 sub-tile (128 bytes of a 16-bit row): one TMA box
+SUB_TILES_K = (64, 128, 256)  # block_k: 1, 2 or 4 sub-tiles per stage
 
 
 def ring_bytes(block_m: int, block_n: int, block_k: int, num_stages: int, elem: int = 2) -> int:
@@ -95,10 +101,11 @@ def check_params(dtype: str, block_m: int, block_n: int, block_k: int, num_stage
         raise ValueError(f"small-M gemm: dtype {dtype!r} is not bfloat16/float16")
     if block_m not in (64, 128):
         raise ValueError(f"small-M gemm: block_m={block_m} must be 64 or 128 (1 or 2 consumer warpgroups)")
-    if block_k * 2 != 128:
-        raise ValueError(f"small-M gemm: block_k={block_k} must be one 128-byte SW128 row (64)")
-    if block_n % 64 or not 64 <= block_n <= 256:
-        raise ValueError(f"small-M gemm: block_n={block_n} must be a multiple of 64 in [64, 256]")
+    if block_k not in SUB_TILES_K:
+        raise ValueError(f"small-M gemm: block_k={block_k} must be one of {SUB_TILES_K} (1, 2 or 4 SW128 "
+                         "sub-tiles of 64 K-columns)")
+    if block_n % 32 or not 64 <= block_n <= 256:
+        raise ValueError(f"small-M gemm: block_n={block_n} must be a multiple of 32 in [64, 256]")
     if split_k not in SPLITS:
         raise ValueError(f"small-M gemm: split_k={split_k} must be one of {SPLITS}")
     if num_stages < 2:
@@ -124,8 +131,10 @@ def build_small_m_kernel(dtype: str, block_m: int, block_n: int, block_k: int, n
         assert roles.register_split_fits(num_consumers)
     a_tile = block_m * block_k  # elements per stage
     b_tile = block_n * block_k
-    stage_bytes = (a_tile + b_tile) * elem  # full boxes, also when they reach past M/N/K
-    k_steps = block_k // 16
+    subs = block_k // SUB_K  # SW128 sub-tiles (TMA boxes) per operand and stage
+    sub_bytes = (block_m + block_n) * SUB_K * elem  # one A box + one B box, also when they reach past M/N/K
+    stage_bytes = subs * sub_bytes
+    k_steps = SUB_K // 16  # k16 wgmma steps per sub-tile
     nacc = wgmma.acc_regs(block_n)
     pstride = block_n + PARTIAL_PAD  # fp32 elements per partial row
     region = max(ring_bytes(block_m, block_n, block_k, num_stages, elem), partial_bytes(block_m, block_n))
@@ -157,6 +166,15 @@ def build_small_m_kernel(dtype: str, block_m: int, block_n: int, block_k: int, n
                 hi = hi + part[4 * p + 2 * e + 1]
             vector.pack2(words, e, lo, hi, dtype)
 
+    def mma_sub_tile(acc, desc_a, desc_b, As, Bs, s, c, cw):  # noqa: N803 (As, Bs are the smem tiles)
+        """The k16 wgmmas of sub-tile ``c`` of stage ``s``: consumer ``cw``'s 64 rows of A times the B tile."""
+        a_sub = s * a_tile + c * block_m * SUB_K + cw * wgmma.M * SUB_K  # this consumer's 64 rows of sub-tile c
+        b_sub = s * b_tile + c * block_n * SUB_K
+        for kk in range(k_steps):  # a Python loop: unrolled as the script is parsed
+            wgmma.encode_desc_kmajor_sw128(desc_a.ptr_to([0]), As.ptr_to([a_sub + kk * 16]))
+            wgmma.encode_desc_kmajor_sw128(desc_b.ptr_to([0]), Bs.ptr_to([b_sub + kk * 16]))
+            wgmma.mma(block_n, acc, desc_a[0], desc_b[0], dtype)
+
     @T.prim_func
     def fp16_bf16_gemm_small_m(a_ptr: T.handle, b_ptr: T.handle, c_ptr: T.handle):
         M = T.int32()
@@ -169,8 +187,8 @@ def build_small_m_kernel(dtype: str, block_m: int, block_n: int, block_k: int, n
         # Host: tensor maps with this call's dims (boxes past the edges are zero-filled on load).
         a_map = T.Bind(T.tvm_stack_alloca("tensormap", 1))
         b_map = T.Bind(T.tvm_stack_alloca("tensormap", 1))
-        tma.encode_2d(a_map, A.data, M, K, K, block_m, block_k, dtype, l2_promotion=tma.L2_PROMOTION_256B)
-        tma.encode_2d(b_map, B.data, N, K, K, block_n, block_k, dtype, l2_promotion=tma.L2_PROMOTION_256B)
+        tma.encode_2d(a_map, A.data, M, K, K, block_m, SUB_K, dtype, l2_promotion=tma.L2_PROMOTION_256B)
+        tma.encode_2d(b_map, B.data, N, K, K, block_n, SUB_K, dtype, l2_promotion=tma.L2_PROMOTION_256B)
         T.device_entry()
         T.attr({"tirx.launch_bounds_min_blocks_per_sm": 1})
         # Flat view of C indexed row * ldc + col: TIRx 0.27 binds match_buffer strides on the host but
@@ -224,11 +242,22 @@ def build_small_m_kernel(dtype: str, block_m: int, block_n: int, block_k: int, n
                 for i in range(nk):
                     s = ring.stage(i)
                     ring.producer_acquire(empty, i)
-                    ring.producer_expect(full, i, stage_bytes)
-                    tma.load(As.ptr_to([s * a_tile]), a_map, [(k_begin + i) * block_k, m0], full.ptr_to([s]),
-                             cache_policy=pol_a[0])
-                    tma.load(Bs.ptr_to([s * b_tile]), b_map, [(k_begin + i) * block_k, n0], full.ptr_to([s]),
-                             cache_policy=pol_b[0])
+                    if subs == 1:
+                        ring.producer_expect(full, i, stage_bytes)
+                        tma.load(As.ptr_to([s * a_tile]), a_map, [(k_begin + i) * block_k, m0], full.ptr_to([s]),
+                                 cache_policy=pol_a[0])
+                        tma.load(Bs.ptr_to([s * b_tile]), b_map, [(k_begin + i) * block_k, n0], full.ptr_to([s]),
+                                 cache_policy=pol_b[0])
+                    else:
+                        # Sub-tiles starting past K are not loaded (nor multiplied): expect only the others.
+                        k0 = (k_begin + i) * block_k
+                        ring.producer_expect(full, i, T.min(subs, (K - k0 + SUB_K - 1) // SUB_K) * sub_bytes)
+                        for c in T.unroll(subs):
+                            if k0 + c * SUB_K < K:
+                                tma.load(As.ptr_to([s * a_tile + c * block_m * SUB_K]), a_map, [k0 + c * SUB_K, m0],
+                                         full.ptr_to([s]), cache_policy=pol_a[0])
+                                tma.load(Bs.ptr_to([s * b_tile + c * block_n * SUB_K]), b_map, [k0 + c * SUB_K, n0],
+                                         full.ptr_to([s]), cache_policy=pol_b[0])
             if clustered:
                 # Join both cluster barriers of the consumers' epilogue (the producer publishes nothing).
                 cluster.arrive(relaxed=True)
@@ -244,11 +273,12 @@ def build_small_m_kernel(dtype: str, block_m: int, block_n: int, block_k: int, n
                 s = ring.stage(i)
                 ring.consumer_wait(full, i)
                 wgmma.fence()
-                for kk in T.unroll(k_steps):
-                    wgmma.encode_desc_kmajor_sw128(desc_a.ptr_to([0]),
-                                                   As.ptr_to([s * a_tile + cw * wgmma.M * block_k + kk * 16]))
-                    wgmma.encode_desc_kmajor_sw128(desc_b.ptr_to([0]), Bs.ptr_to([s * b_tile + kk * 16]))
-                    wgmma.mma(block_n, acc, desc_a[0], desc_b[0], dtype)
+                if subs == 1:
+                    mma_sub_tile(acc, desc_a, desc_b, As, Bs, s, 0, cw)
+                else:
+                    for c in T.unroll(subs):
+                        if (k_begin + i) * block_k + c * SUB_K < K:  # not a sub-tile wholly past K
+                            mma_sub_tile(acc, desc_a, desc_b, As, Bs, s, c, cw)
                 wgmma.commit()
                 # NOTES: one group in flight; once down to one, use i-1's wgmmas have read their smem. The
                 # last use is never released: nothing waits for it.

@@ -105,6 +105,39 @@ CONFIGS = [
      "tile": "persistent_128x64x64_s8_g8"},
     {"label": "bf16_300x520x136_persistent_128x128_c2", "dtype": "bfloat16", "M": 300, "N": 520, "K": 136,
      "tile": "persistent_128x128x64_s6_c2_g8"},
+    # 224-column tiles (the last 32 columns stored from registers). N = 200: the one tile's register-stored
+    # columns 192..223 reach past N (8 in, 24 out); N = 1112: the 5th N-tile stores 3 boxes, its tail 24 in;
+    # 2000 x 3136: 16 x 14 = 224 tiles on 132 CTAs (the ring wraps across tiles); 512 x 7168 x 2048 the shape
+    # the tile is for.
+    {"label": "bf16_300x200x136_persistent_128x224", "dtype": "bfloat16", "M": 300, "N": 200, "K": 136,
+     "tile": "persistent_128x224x64_s4_g8"},
+    {"label": "fp16_1000x1112x1048_persistent_128x224", "dtype": "float16", "M": 1000, "N": 1112, "K": 1048,
+     "tile": "persistent_128x224x64_s4_g8"},
+    {"label": "bf16_2000x3136x200_persistent_128x224", "dtype": "bfloat16", "M": 2000, "N": 3136, "K": 200,
+     "tile": "persistent_128x224x64_s4_g8"},
+    {"label": "bf16_512x7168x2048_persistent_128x224", "dtype": "bfloat16", "M": 512, "N": 7168, "K": 2048,
+     "tile": "persistent_128x224x64_s4_g8"},
+    {"label": "bf16_37x520x1048_smallm_224_k2", "dtype": "bfloat16", "M": 37, "N": 520, "K": 1048,
+     "tile": "smallm_64x224x64_s6_k2"},
+    {"label": "fp16_100x1112x200_smallm_128x224_k4", "dtype": "float16", "M": 100, "N": 1112, "K": 200,
+     "tile": "smallm_128x224x64_s5_k4"},
+    {"label": "bf16_1x28672x8192_smallm_224_k1", "dtype": "bfloat16", "M": 1, "N": 28672, "K": 8192,
+     "tile": "smallm_64x224x64_s6_k1"},
+    {"label": "bf16_128x7168x2048_smallm_128x224_k4", "dtype": "bfloat16", "M": 128, "N": 7168, "K": 2048,
+     "tile": "smallm_128x224x64_s5_k4"},
+    # block_k 128 / 256 (2 / 4 boxes a stage): K = 1048 is 9 stages of 128, the last one's second box wholly
+    # past K (not loaded, not multiplied); K = 136 one stage of 256 with boxes at 0/64/128 (partial)/192 (past
+    # K); K = 72 over split 4 at 128: one stage, three idle ranks.
+    {"label": "bf16_37x520x1048_smallm_bk128_k2", "dtype": "bfloat16", "M": 37, "N": 520, "K": 1048,
+     "tile": "smallm_64x128x128_s4_k2"},
+    {"label": "fp16_100x1112x1048_smallm_128x128_bk128_k4", "dtype": "float16", "M": 100, "N": 1112, "K": 1048,
+     "tile": "smallm_128x128x128_s3_k4"},
+    {"label": "bf16_16x600x136_smallm_bk256_k2", "dtype": "bfloat16", "M": 16, "N": 600, "K": 136,
+     "tile": "smallm_64x128x256_s2_k2"},
+    {"label": "bf16_5x520x72_smallm_224_bk128_k4", "dtype": "bfloat16", "M": 5, "N": 520, "K": 72,
+     "tile": "smallm_64x224x128_s3_k4"},
+    {"label": "bf16_1x28672x8192_smallm_224_bk128_k1", "dtype": "bfloat16", "M": 1, "N": 28672, "K": 8192,
+     "tile": "smallm_64x224x128_s3_k1"},
     # epi_cols with the general epilogue: fp32 out in 4 passes of 64 columns; alpha/beta/bias loading C_in
     # round by round.
     {"label": "bf16_300x520x136_out_fp32_s4_e128", "dtype": "bfloat16", "M": 300, "N": 520, "K": 136,
@@ -288,6 +321,11 @@ TILE_CONFIGS = {
     # cuBLAS); 512x2048x7168 likewise 128 tiles. 8 x 24 KB ring + 16 KB staging = 208 KB (9 stages do not fit).
     "persistent_128x64x64_s8_g8": {"kind": "persistent", "block_m": 128, "block_n": 64, "block_k": 64,
                                    "num_stages": 8, "cluster_m": 1, "group_m": 8, "num_sms": 132},
+    # 128x224 (block_n a multiple of 32: the last 32 columns stored from registers): N = 7168 / 14336 / 28672
+    # are 32 / 64 / 128 such tiles, so 512 x 7168 x 2048 is 128 tiles (one wave; 128x128: 224 = 1.7 waves) and
+    # 512 x 28672 x 8192 512 tiles (3.9 waves; 128x256: 448 = 3.4). 4 x 44 KB ring + 48 KB staging = 224 KB.
+    "persistent_128x224x64_s4_g8": {"kind": "persistent", "block_m": 128, "block_n": 224, "block_k": 64,
+                                    "num_stages": 4, "cluster_m": 1, "group_m": 8, "num_sms": 132},
     # 128x128 with B multicast: the heuristic's tile for M <= 1024 and the mid shapes loads 32 KB per
     # k-step for half the math of 128x256, so halving B's L2 -> SM traffic may matter more here (e.g.
     # 1024 x 6144/14336 x 4096, 2048^3). 6 x 32 KB ring + 32 KB staging = 224 KB.
@@ -326,6 +364,42 @@ TILE_CONFIGS = {
                                 "num_stages": 6, "split_k": 4},
     "smallm_128x128x64_s6_k8": {"kind": "small_m", "block_m": 128, "block_n": 128, "block_k": 64,
                                 "num_stages": 6, "split_k": 8},
+    # 224 columns: N = 7168 / 14336 / 28672 are 32 / 64 / 128 N-tiles, so split 4 / 2 / 1 is 128 CTAs (one
+    # wave of 132) where 256 columns give 112 or 224 (0.85 / 1.7 waves; 28672 x 8192 ran at 0.92-0.95x cuBLAS).
+    # Rings: 6 x 36 KB, 5 x 44 KB.
+    "smallm_64x224x64_s6_k1": {"kind": "small_m", "block_m": 64, "block_n": 224, "block_k": 64,
+                               "num_stages": 6, "split_k": 1},
+    "smallm_64x224x64_s6_k2": {"kind": "small_m", "block_m": 64, "block_n": 224, "block_k": 64,
+                               "num_stages": 6, "split_k": 2},
+    "smallm_64x224x64_s6_k4": {"kind": "small_m", "block_m": 64, "block_n": 224, "block_k": 64,
+                               "num_stages": 6, "split_k": 4},
+    "smallm_128x224x64_s5_k1": {"kind": "small_m", "block_m": 128, "block_n": 224, "block_k": 64,
+                                "num_stages": 5, "split_k": 1},
+    "smallm_128x224x64_s5_k2": {"kind": "small_m", "block_m": 128, "block_n": 224, "block_k": 64,
+                                "num_stages": 5, "split_k": 2},
+    "smallm_128x224x64_s5_k4": {"kind": "small_m", "block_m": 128, "block_n": 224, "block_k": 64,
+                                "num_stages": 5, "split_k": 4},
+    # block_k 128 / 256 (sweep candidates): a stage is 2 / 4 SW128 boxes per operand, so each B row is read as
+    # 256 / 512 contiguous bytes at a time (DRAM locality) with the same bytes in flight as the 64-column rings
+    # above (64x128: 4 x 48 KB = 8 x 24 KB; 64x224: 3 x 72 KB; 128x128: 3 x 64 KB).
+    "smallm_64x128x128_s4_k1": {"kind": "small_m", "block_m": 64, "block_n": 128, "block_k": 128,
+                                "num_stages": 4, "split_k": 1},
+    "smallm_64x128x128_s4_k2": {"kind": "small_m", "block_m": 64, "block_n": 128, "block_k": 128,
+                                "num_stages": 4, "split_k": 2},
+    "smallm_64x128x128_s4_k4": {"kind": "small_m", "block_m": 64, "block_n": 128, "block_k": 128,
+                                "num_stages": 4, "split_k": 4},
+    "smallm_64x128x256_s2_k2": {"kind": "small_m", "block_m": 64, "block_n": 128, "block_k": 256,
+                                "num_stages": 2, "split_k": 2},
+    "smallm_64x224x128_s3_k1": {"kind": "small_m", "block_m": 64, "block_n": 224, "block_k": 128,
+                                "num_stages": 3, "split_k": 1},
+    "smallm_64x224x128_s3_k2": {"kind": "small_m", "block_m": 64, "block_n": 224, "block_k": 128,
+                                "num_stages": 3, "split_k": 2},
+    "smallm_64x224x128_s3_k4": {"kind": "small_m", "block_m": 64, "block_n": 224, "block_k": 128,
+                                "num_stages": 3, "split_k": 4},
+    "smallm_128x128x128_s3_k2": {"kind": "small_m", "block_m": 128, "block_n": 128, "block_k": 128,
+                                 "num_stages": 3, "split_k": 2},
+    "smallm_128x128x128_s3_k4": {"kind": "small_m", "block_m": 128, "block_n": 128, "block_k": 128,
+                                 "num_stages": 3, "split_k": 4},
     # 128 x 256: A (re-read from L2 by every N-tile) is a third of the smem fill instead of a half.
     "smallm_128x256x64_s4_k2": {"kind": "small_m", "block_m": 128, "block_n": 256, "block_k": 64,
                                 "num_stages": 4, "split_k": 2},
@@ -333,38 +407,49 @@ TILE_CONFIGS = {
 
 # (max M, max N, max K, tile): the first row that fits wins (``choose_tile``; ``gemm_nt(..., tile=)`` pins one).
 TILE_TABLE = [
-    # First match wins. Picked from the H200 sweeps of 2026-12-02 (tools/gemm_sweep.py, cold L2, every candidate
-    # tile of a shape and cuBLAS interleaved in one run; the latest raw rows: docs/measurements/2026-12-02-h200-c/
-    # gemm-issue.json and gemm-mid.json). The numbers after a row are its tile's time over the best tile's at the
-    # shapes that put it there; differences under ~2 % are within run-to-run noise.
-    # M <= 128, memory-bound: B streams from DRAM; the split-K cluster kernel (gemm/_small_m.py) keeps ~100-130
-    # CTAs streaming.
-    (64, 2048, None, "smallm_64x128x64_s8_k4"),    # N=2048 K=7168: best at M=1/16/64, 1.12-1.14x cuBLAS
-    (64, 8192, None, "smallm_64x128x64_s8_k2"),    # N=4096-8192: best or within 1 %; N=8192 K=28672 1.00 vs 1.04
-    (64, None, None, "smallm_64x256x64_s5_k2"),    # N=14336/28672: best at M=1, within 2-7 % at M=16/64
+    # First match wins: (max M, max N, max K, tile[, n_div]); a row with n_div matches only when N % n_div == 0
+    # (the 224-column tiles: N = 7168 / 14336 / 28672 are whole numbers of them). Picked from the H200 sweeps of
+    # 2026-12-02/03 (tools/gemm_sweep.py, cold L2, every candidate tile of a shape and cuBLAS interleaved in one
+    # run; the latest raw rows: docs/measurements/2026-12-03-h200/run1-gemm-issue.json and run1-gemm-mid.json). The
+    # numbers after a row are its tile's time over the best tile's at the shapes that put it there (the
+    # previous pick's in brackets); differences under ~2 % are within run-to-run noise.
+    # M <= 128, memory-bound: B streams from DRAM; the split-K cluster kernel (gemm/_small_m.py). M <= 64 is one
+    # 64-row M-tile whatever M is, so these rows are chosen on the geomean over M = 1, 16, 64.
+    (64, 2048, None, "smallm_64x128x64_s8_k4"),    # N=2048 K=7168: 1.00, 1.12-1.16x cuBLAS
+    (64, 4096, 4096, "smallm_64x128x64_s8_k2"),    # 4096x4096: 1.03 (64x224 k4 1.04)
+    (64, 4096, None, "smallm_64x224x64_s6_k4"),    # 4096x14336: 1.03 [64x128 k2 1.05]
+    (64, 8192, None, "smallm_64x128x64_s8_k2"),    # N=6144/7168/8192: 1.02/1.02/1.00
+    (64, None, None, "smallm_64x224x64_s6_k1"),    # N=14336/28672: 1.02/1.01 [64x256 k2 1.03/1.02]
     (128, 2048, None, "smallm_128x128x64_s6_k4"),  # 1.00
-    (128, 4096, None, "smallm_64x128x64_s8_k2"),   # two 64-row M-tiles: 1.00 vs 1.03 (128x128 k2)
-    (128, 8192, None, "smallm_64x128x64_s8_k1"),   # 96-128 CTAs: N=6144/7168/8192 1.00 vs 1.01/1.07/1.01
-    (128, 16384, None, "smallm_128x256x64_s4_k2"),  # N=14336: 1.00
-    (128, None, None, "ws_128x256x64_s3"),          # N=28672 K=8192: 132.8 vs cuBLAS 131.1 (second sweep)
+    (128, 4096, 4096, "smallm_64x128x64_s8_k2"),   # two 64-row M-tiles: 1.00
+    (128, 4096, None, "smallm_128x224x64_s5_k4"),  # 128x4096x14336: 1.00 [64x128 k2 1.14]
+    (128, 8192, None, "smallm_64x128x64_s8_k1"),   # 96-128 CTAs: N=6144/7168/8192 1.00
+    (128, 16384, None, "smallm_64x224x64_s6_k1"),  # 128x14336x4096: 2 x 64 = 128 CTAs, 1.00 [128x256 k2 1.08]
+    (128, None, None, "smallm_128x224x64_s5_k1"),  # 128x28672x8192: 128 CTAs, 1.00, 1.01x cuBLAS [ws 0.99x]
     # 128 < M <= 1024: wave quantisation decides. Split-K or 128x64 tiles where 128x128 tiles number <= 64,
-    # 128x192 for N=6144 (4 x 32 = 128 tiles at M=512), 128x256 with a 4th stage (epi_cols=128) where its
-    # tiles fill the SMs, 128x128 where they would not.
-    (256, 4096, None, "smallm_128x128x64_s6_k2"),  # 256x4096x4096 1.00 vs 1.05 (128x64); x14336 1.02
+    # 224 columns where N is a multiple (512 x 7168 / 14336: 128 / 256 tiles, whole waves of 132), 128x192 for
+    # N=6144 (4 x 32 = 128 tiles at M=512), 128x256 with a 4th stage (epi_cols=128) where its tiles fill the
+    # SMs, 128x128 where they would not.
+    (256, 2048, None, "smallm_128x224x64_s5_k4"),  # 256x2048x7168: 1.00 [128x128 k2 1.06]
+    (256, 4096, None, "smallm_128x128x64_s6_k2"),  # 256x4096x4096 1.00; x14336 1.00
+    (256, 8192, None, "persistent_128x128x64_s6_g8"),  # N=6144/7168/8192: 1.00
+    (256, 16384, None, "smallm_128x224x64_s5_k1", 224),  # 256x14336x4096: 1.00 [128x256 s4 e128 1.06]
+    (256, None, None, "persistent_128x224x64_s4_g8", 224),  # 256x28672x8192: 1.00 [1.09]
+    (256, None, None, "persistent_128x256x64_s4_e128_g8"),
     (512, 2048, None, "persistent_128x64x64_s8_g8"),  # 512x2048x7168: 1.00 vs 1.07 (split-K), 1.34 (128x128)
     (1024, 1024, None, "persistent_128x64x64_s8_g8"),  # 1024^3: 128 tiles, 1.00 vs 1.20-1.22 (128x128)
-    (256, 8192, None, "persistent_128x128x64_s6_g8"),  # N=6144/7168/8192: 1.00
-    (256, None, None, "persistent_128x256x64_s4_e128_g8"),  # N=14336/28672: 1.00 vs 1.03/1.06 (128x128)
+    (512, 16384, None, "persistent_128x224x64_s4_g8", 224),  # 512x7168x2048 / 512x14336x4096: 1.00 [1.03 / 1.10]
+    (1024, 8192, None, "persistent_128x224x64_s4_g8", 224),  # 1024x7168x2048: 1.00 [128x256 s4 e128 1.06]
     (1024, 2048, None, "persistent_128x128x64_s6_g8"),  # 1024x2048x7168: 1.00
     (512, 4096, None, "persistent_128x128x64_s6_g8"),  # 512x4096x{4096,14336}: 1.00
     (1024, 4096, None, "persistent_128x256x64_s4_e128_g8"),  # 1024x4096x{4096,14336}: 1.00
     (1024, 6144, None, "persistent_128x192x64_s4_g8"),  # 512x6144x4096: 1.00 vs 1.20-1.22 (128x128)
-    (512, 7168, None, "persistent_128x128x64_s6_g8"),  # 512x7168x2048: 1.00
-    (1024, 8192, None, "persistent_128x256x64_s4_e128_g8"),  # 1024x7168x2048 1.00; 512/1024x8192x28672 1.00
-    (512, 16384, None, "persistent_128x256x64_s4_e128_g8"),  # 512x14336x4096: 1.00 vs 1.03-1.04 (128x128)
-    (512, None, None, "persistent_128x128x64_s6_g8"),  # 512x28672x8192: 1.01 (ping-pong 1.00)
+    (512, 7168, None, "persistent_128x128x64_s6_g8"),
+    (1024, 8192, None, "persistent_128x256x64_s4_e128_g8"),  # 512/1024x8192x28672 1.00
+    (512, 16384, None, "persistent_128x256x64_s4_e128_g8"),
+    (512, None, None, "pingpong_128x128x64_s6_e64_g8"),  # 512x28672x8192: 1.00 in three runs [128x128 1.01-1.02]
     (1024, 16384, None, "pingpong_128x128x64_s6_e64_g8"),  # 1024x14336x4096: 1.00 vs 1.02 (128x128)
-    (1024, None, None, "persistent_128x256x64_s4_e128_g8"),  # 1024x28672x8192: 1.04 (non-persistent 1.00)
+    (1024, None, None, "ws_128x256x64_s3"),  # 1024x28672x8192: 1.00 in two runs [128x256 s4 e128 1.04-1.06]
     # M > 1024: compute-bound. Ping-pong (gemm/_pingpong.py: one warpgroup's epilogue under the other's
     # mainloop) where K is short, so the epilogue is a larger share of each tile; 128x256 with 4 stages to M=4096;
     # 128x256 s3 for long K at M > 4096.
@@ -391,18 +476,21 @@ def sass_expect(dtype: str, tile: str, layout: str = "nt", **_) -> list[str]:
         out.append(r"UTMALDG\.2D\.MULTICAST")
     if cfg.get("kind") == "pingpong":
         out.append(r"BAR\.ARV")  # the consumers' turn-taking (named-barrier arrive)
+    if n % 64:
+        out.append(r"STG\.E\b")  # the last 32 columns, stored from registers
     return out + ([r"tnspB"] if layout == "nn" else [])
 
 
 def artifact_params() -> list[dict]:
     """Compile params a prebuilt bundle needs beyond the CONFIGS rows: every tile the heuristic can pick, for
     both dtypes (M, N, K are runtime arguments, so these serve every shape of the plain op)."""
-    return [{"dtype": d, "tile": t} for d in _DTYPES for t in dict.fromkeys(row[-1] for row in TILE_TABLE)]
+    return [{"dtype": d, "tile": t} for d in _DTYPES for t in dict.fromkeys(row[3] for row in TILE_TABLE)]
 
 
 def choose_tile(M: int, N: int, K: int) -> str:
-    for max_m, max_n, max_k, tile in TILE_TABLE:
-        if (max_m is None or M <= max_m) and (max_n is None or N <= max_n) and (max_k is None or K <= max_k):
+    for max_m, max_n, max_k, tile, *n_div in TILE_TABLE:
+        if ((max_m is None or M <= max_m) and (max_n is None or N <= max_n) and (max_k is None or K <= max_k)
+                and (not n_div or N % n_div[0] == 0)):
             return tile
     raise AssertionError("TILE_TABLE has no catch-all row")
 
@@ -418,8 +506,9 @@ def compile_params(**cfg) -> dict:
     dtype = cfg["dtype"]
     if not is_variant(dtype, cfg.get("layout"), cfg.get("out_dtype"), cfg.get("epilogue")):
         return {"dtype": dtype, "tile": tile}  # the plain kernel: the same artifact key as before variants
-    if not cfg.get("tile") and TILE_CONFIGS[tile].get("kind") != "persistent":
-        tile = VARIANT_TILE
+    picked = TILE_CONFIGS[tile]
+    if not cfg.get("tile") and (picked.get("kind") != "persistent" or picked["block_n"] % 64):
+        tile = VARIANT_TILE  # the variants need a persistent tile of whole 64-column store boxes
     epilogue = cfg.get("epilogue") or "none"
     p = {"dtype": dtype, "tile": tile, "layout": cfg.get("layout") or "nt", "out_dtype": cfg.get("out_dtype") or dtype,
          "epilogue": epilogue}
