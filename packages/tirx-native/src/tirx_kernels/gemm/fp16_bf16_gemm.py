@@ -410,16 +410,18 @@ TILE_TABLE = [
     # First match wins: (max M, max N, max K, tile[, n_div]); a row with n_div matches only when N % n_div == 0
     # (the 224-column tiles: N = 7168 / 14336 / 28672 are whole numbers of them). Picked from the H200 sweeps of
     # 2026-12-02/03 (tools/gemm_sweep.py, cold L2, every candidate tile of a shape and cuBLAS interleaved in one
-    # run; the latest raw rows: docs/measurements/2026-12-03-h200/run1-gemm-issue.json and run1-gemm-mid.json). The
+    # run; the latest raw rows: docs/measurements/2026-12-03-h200/run{1,2}-gemm-*.json). The
     # numbers after a row are its tile's time over the best tile's at the shapes that put it there (the
     # previous pick's in brackets); differences under ~2 % are within run-to-run noise.
     # M <= 128, memory-bound: B streams from DRAM; the split-K cluster kernel (gemm/_small_m.py). M <= 64 is one
-    # 64-row M-tile whatever M is, so these rows are chosen on the geomean over M = 1, 16, 64.
+    # 64-row M-tile whatever M is, so these rows are chosen on the geomean over M = 1, 16, 64 (M <= 64 rows:
+    # run 2's gemm-small.json, where the block_k 128 tiles were candidates too).
     (64, 2048, None, "smallm_64x128x64_s8_k4"),    # N=2048 K=7168: 1.00, 1.12-1.16x cuBLAS
     (64, 4096, 4096, "smallm_64x128x64_s8_k2"),    # 4096x4096: 1.03 (64x224 k4 1.04)
-    (64, 4096, None, "smallm_64x224x64_s6_k4"),    # 4096x14336: 1.03 [64x128 k2 1.05]
-    (64, 8192, None, "smallm_64x128x64_s8_k2"),    # N=6144/7168/8192: 1.02/1.02/1.00
-    (64, None, None, "smallm_64x224x64_s6_k1"),    # N=14336/28672: 1.02/1.01 [64x256 k2 1.03/1.02]
+    (64, 4096, None, "smallm_64x224x128_s3_k4"),   # 4096x14336: 1.01 [64x128 k2 1.09] (64x224 block_k 64: 1.07)
+    (64, 8192, None, "smallm_64x128x64_s8_k2"),    # N=6144/7168/8192: 1.04/1.02/1.01
+    (64, 16384, None, "smallm_64x224x128_s3_k2"),  # 14336x4096: 1.02 [64x256 k2 1.03]
+    (64, None, None, "smallm_64x224x128_s3_k1"),   # 28672x8192: 1.00, 1.00x cuBLAS [64x256 k2 1.04] (block_k 64: 1.04)
     (128, 2048, None, "smallm_128x128x64_s6_k4"),  # 1.00
     (128, 4096, 4096, "smallm_64x128x64_s8_k2"),   # two 64-row M-tiles: 1.00
     (128, 4096, None, "smallm_128x224x64_s5_k4"),  # 128x4096x14336: 1.00 [64x128 k2 1.14]
