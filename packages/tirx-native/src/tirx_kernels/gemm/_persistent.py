@@ -265,9 +265,6 @@ def build_persistent_kernel(dtype: str, block_m: int, block_n: int, block_k: int
         tma.encode_2d(c_map, C.data, M, N, ldc, store_rows, out_cols, out_dtype)
         T.device_entry()
         T.attr({"tirx.launch_bounds_min_blocks_per_sm": 1})
-        # The register-stored tail columns: C as 32-bit words (16-bit pairs) at row * ldc + col (TIRx 0.27
-        # drops match_buffer strides from device indexing; ldc and col are even).
-        Cw = T.decl_buffer((M * ldc // 2,), "uint32", data=C.data)
         cta = T.cta_id([grid_ctas(M, N)])
         rank = T.int32(0)
         if cluster_m == 2:
@@ -402,15 +399,19 @@ def build_persistent_kernel(dtype: str, block_m: int, block_n: int, block_k: int
                                     tma.store_2d(c_map, n0 + q * epi + box * store_cols, row0,
                                                  Cs.ptr_to([(cs_base + box * store_rows * store_cols) // 2]))
                             tma.store_commit()
-                    # The last tail_cols columns (block_n % 64 == 32): pairs straight from the registers.
-                    for j in T.unroll(tail_cols // 8):
-                        for r in T.unroll(2):
-                            T.evaluate(cvt_pack(packed[0], acc[wgmma.acc_index(rounds * (epi // 8) + j, r, 1)],
-                                                acc[wgmma.acc_index(rounds * (epi // 8) + j, r, 0)]))
-                            grow = m0 + cw * wgmma.M + wgmma.acc_row(warp, lane, r)
-                            gcol = n0 + staged_cols(block_n) + wgmma.acc_col(lane, j)
-                            if grow < M and gcol < N:  # N % 8 == 0: a pair is all in or all out
-                                Cw[(T.Cast("int64", grow) * T.Cast("int64", ldc) + gcol) // 2] = packed[0]
+                    if tail_cols > 0:
+                        # The last tail_cols columns (block_n % 64 == 32): pairs straight from the registers, C
+                        # as 32-bit words at row * ldc + col (TIRx 0.27 drops match_buffer strides from device
+                        # indexing; ldc and col are even). Only built for such tiles: no C pointer otherwise.
+                        Cw = T.decl_buffer((M * ldc // 2,), "uint32", data=C.data)
+                        for j in T.unroll(tail_cols // 8):
+                            for r in T.unroll(2):
+                                T.evaluate(cvt_pack(packed[0], acc[wgmma.acc_index(rounds * (epi // 8) + j, r, 1)],
+                                                    acc[wgmma.acc_index(rounds * (epi // 8) + j, r, 0)]))
+                                grow = m0 + cw * wgmma.M + wgmma.acc_row(warp, lane, r)
+                                gcol = n0 + staged_cols(block_n) + wgmma.acc_col(lane, j)
+                                if grow < M and gcol < N:  # N % 8 == 0: a pair is all in or all out
+                                    Cw[(T.Cast("int64", grow) * T.Cast("int64", ldc) + gcol) // 2] = packed[0]
                 else:
                     # General epilogue: `passes` rounds of pass_cols columns (block_n / epi, twice that for
                     # fp32 out), each
