@@ -22,8 +22,24 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-for pkg in ("tirx-core", "tirx-native"):
-    sys.path.insert(0, os.path.join(ROOT, "packages", pkg, "src"))
+
+
+def _use_checkout_if_not_installed():
+    """The installed packages first (on a staged GPU host: the wheels the artifacts were built with, like the
+    tests use), the checkout's sources only where none is installed: kernel sources edited after staging
+    would have another fingerprint than the staged artifacts."""
+    import importlib.util
+
+    try:
+        installed = importlib.util.find_spec("tirx_kernels.gemm") is not None
+    except ModuleNotFoundError:
+        installed = False
+    if not installed:
+        for pkg in ("tirx-core", "tirx-native"):
+            sys.path.insert(0, os.path.join(ROOT, "packages", pkg, "src"))
+
+
+_use_checkout_if_not_installed()
 
 PROJECTIONS = [(4096, 4096), (14336, 4096), (4096, 14336), (6144, 4096), (28672, 8192), (8192, 28672),
                (7168, 2048), (2048, 7168)]
