@@ -3,8 +3,8 @@
 """GEMM shape x tile sweep on the GPU host: every candidate tile of ``fp16_bf16_gemm`` against cuBLAS.
 
     python -m tirx_kernels.build --kernel fp16_bf16_gemm --out build/artifacts   # CPU machine (+ tiles below)
-    python tools/gemm_sweep.py tiles                  # the tiles a sweep needs (build them into the bundle)
-    python tools/gemm_sweep.py run --out sweep.json   # GPU host: torch + apache-tvm-ffi + the bundle
+    python tools/gemm_sweep.py tiles [--dtype bfloat16,float16]  # the tiles a sweep needs (build them in)
+    python tools/gemm_sweep.py run [--dtype float16] --out sweep.json   # GPU host: torch + tvm-ffi + bundle
 
 The shapes are issue #4's: square 1024 ... 16384 and the LLM projections (N, K) of Llama-3-8B/70B, Qwen3-32B
 and DeepSeek-V3 at M in {1, 16, 64, 128, 512, 2048, 8192}. Each (shape, tile) is checked against an fp32
@@ -75,11 +75,23 @@ def candidate_tiles(M: int) -> list[str]:  # noqa: N803
     return sorted(set(tiles) | {default})
 
 
-def cmd_tiles(_args) -> int:
+DTYPES = ("bfloat16", "float16")
+
+
+def _dtype_list(text: str) -> list[str]:
+    names = [n for n in text.split(",") if n]
+    bad = [n for n in names if n not in DTYPES]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(f"--dtype: {bad or text!r} not in {DTYPES}")
+    return names
+
+
+def cmd_tiles(args) -> int:
     from tirx_kernels.gemm import fp16_bf16_gemm as mod
 
-    for t in mod.TILE_CONFIGS:
-        print(json.dumps({"dtype": "bfloat16", "tile": t}))
+    for dtype in args.dtype:
+        for t in mod.TILE_CONFIGS:
+            print(json.dumps({"dtype": dtype, "tile": t}))
     return 0
 
 
@@ -150,17 +162,18 @@ def cmd_run(args) -> int:
     from tirx_kernels.core.bench import time_calls
     from tirx_kernels.gemm import fp16_bf16_gemm as mod
 
+    dtype = getattr(torch, args.dtype)
     rows = []
     t_start = time.time()
     print(f"{'M':>5} {'N':>6} {'K':>6} | {'best tile':34s} {'ours us':>9} {'cuBLAS us':>9} {'cuBLAS/ours':>11} "
           f"{'rate':>12} | heuristic tile (ratio)")
     for M, N, K in shapes(args.shapes):
-        a = torch.randn(M, K, device="cuda").to(torch.bfloat16)
-        b = torch.randn(N, K, device="cuda").to(torch.bfloat16)
+        a = torch.randn(M, K, device="cuda").to(dtype)
+        b = torch.randn(N, K, device="cuda").to(dtype)
         ref = a.float() @ b.float().T
         fns, errors = {}, {}
         for tile in candidate_tiles(M):
-            out = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
+            out = torch.full((M, N), float("nan"), device="cuda", dtype=dtype)
             call = _gemm_call(mod, a, b, out, tile)
             try:
                 call()
@@ -208,7 +221,8 @@ def cmd_run(args) -> int:
             print(f"{name}: geomean cuBLAS/ours {gm:.3f} over {len(ratios)} shapes, worst {min(ratios):.3f}")
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"rows": rows, "gpu": torch.cuda.get_device_name(), "torch": torch.__version__}, f, indent=1)
+            json.dump({"rows": rows, "dtype": args.dtype, "gpu": torch.cuda.get_device_name(),
+                       "torch": torch.__version__}, f, indent=1)
     print(f"(gemm sweep {time.time() - t_start:.0f} s)")
     return 0
 
@@ -216,9 +230,12 @@ def cmd_run(args) -> int:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("tiles", help="print the compile params of every tile (one JSON per line)")
+    t = sub.add_parser("tiles", help="print the compile params of every tile (one JSON per line)")
+    t.add_argument("--dtype", type=_dtype_list, default=["bfloat16"],
+                   help="comma-separated: bfloat16 (default), float16")
     r = sub.add_parser("run", help="check and time every candidate tile per shape (GPU host)")
     r.add_argument("--shapes", choices=("issue", "small", "square", "mid"), default="issue")
+    r.add_argument("--dtype", choices=DTYPES, default="bfloat16", help="A, B and C dtype (build its tiles first)")
     r.add_argument("--calls", type=int, default=20)
     r.add_argument("--rounds", type=int, default=3)
     r.add_argument("--out", default="")
