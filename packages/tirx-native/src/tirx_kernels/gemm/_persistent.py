@@ -121,14 +121,15 @@ def build_persistent_kernel(dtype: str, block_m: int, block_n: int, block_k: int
         raise ValueError("persistent gemm: block_m must be 128 (2 x m64) and block_k one 128-byte SW128 row")
     if block_n % 32 or not 64 <= block_n <= 256:
         raise ValueError(f"persistent gemm: block_n={block_n} must be a multiple of 32 in [64, 256]")
-    tail_cols = block_n - staged_cols(block_n)  # stored from registers
+    staged = staged_cols(block_n)  # through the staging tile and TMA stores
+    tail_cols = block_n - staged  # stored from registers
     if tail_cols and (layout != "nt" or out_dtype != dtype or epilogue != "none" or cluster_m != 1):
         raise ValueError(f"persistent gemm: block_n={block_n} (not a multiple of 64) builds only the plain NT "
                          "kernel (16-bit out, no epilogue, cluster_m=1)")
     if cluster_m not in (1, 2) or group_m % cluster_m or num_sms < cluster_m:
         raise ValueError(f"persistent gemm: cluster_m={cluster_m} (1 or 2) must divide group_m={group_m}")
     if epi_cols is not None and (isinstance(epi_cols, bool) or not isinstance(epi_cols, int) or epi_cols <= 0
-                                 or epi_cols % 64 or staged_cols(block_n) % epi_cols):
+                                 or epi_cols % 64 or staged % epi_cols):
         raise ValueError(f"persistent gemm: epi_cols={epi_cols!r} must be a multiple of 64 (one SW128 box of "
                          f"16-bit) dividing block_n={block_n} rounded down to 64, or None (= that)")
     nbytes = smem_bytes(dtype, block_m, block_n, block_k, num_stages, epilogue, epi_cols)
@@ -161,8 +162,8 @@ def build_persistent_kernel(dtype: str, block_m: int, block_n: int, block_k: int
     b_kstep = wgmma.k_step_bytes(b_major, wgmma.SWIZZLE_128B, dtype) // elem  # elements per k16 step
 
     # The staging tile: block_m x epi 16-bit elements; the plain epilogue writes each slab in `rounds`.
-    epi = epi_cols or staged_cols(block_n)
-    rounds = staged_cols(block_n) // epi
+    epi = epi_cols or staged
+    rounds = staged // epi
 
     # Epilogue variants. `plain` is the original bf16/fp16-out, no-epilogue path, kept statement for
     # statement (one round when epi_cols is None).
@@ -409,7 +410,7 @@ def build_persistent_kernel(dtype: str, block_m: int, block_n: int, block_k: int
                                 T.evaluate(cvt_pack(packed[0], acc[wgmma.acc_index(rounds * (epi // 8) + j, r, 1)],
                                                     acc[wgmma.acc_index(rounds * (epi // 8) + j, r, 0)]))
                                 grow = m0 + cw * wgmma.M + wgmma.acc_row(warp, lane, r)
-                                gcol = n0 + staged_cols(block_n) + wgmma.acc_col(lane, j)
+                                gcol = n0 + staged + wgmma.acc_col(lane, j)
                                 if grow < M and gcol < N:  # N % 8 == 0: a pair is all in or all out
                                     Cw[(T.Cast("int64", grow) * T.Cast("int64", ldc) + gcol) // 2] = packed[0]
                 else:

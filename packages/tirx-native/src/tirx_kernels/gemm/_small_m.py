@@ -166,6 +166,19 @@ def build_small_m_kernel(dtype: str, block_m: int, block_n: int, block_k: int, n
                 hi = hi + part[4 * p + 2 * e + 1]
             vector.pack2(words, e, lo, hi, dtype)
 
+    def sub_tile_in_k(k0, c, K):  # noqa: N803
+        """Whether sub-tile ``c`` of the stage starting at K-column ``k0`` starts before K: the producer loads
+        it and the consumers multiply it only then."""
+        return k0 + c * SUB_K < K
+
+    def load_sub_tile(As, Bs, a_map, b_map, full, pol_a, pol_b, s, c, k, m0, n0):  # noqa: N803
+        """TMA loads of sub-tile ``c`` (K-columns from ``k``) of A and B into stage ``s``, L2 policies A evict_last,
+        B evict_first."""
+        tma.load(As.ptr_to([s * a_tile + c * block_m * SUB_K]), a_map, [k, m0], full.ptr_to([s]),
+                 cache_policy=pol_a[0])
+        tma.load(Bs.ptr_to([s * b_tile + c * block_n * SUB_K]), b_map, [k, n0], full.ptr_to([s]),
+                 cache_policy=pol_b[0])
+
     def mma_sub_tile(acc, desc_a, desc_b, As, Bs, s, c, cw):  # noqa: N803 (As, Bs are the smem tiles)
         """The k16 wgmmas of sub-tile ``c`` of stage ``s``: consumer ``cw``'s 64 rows of A times the B tile."""
         a_sub = s * a_tile + c * block_m * SUB_K + cw * wgmma.M * SUB_K  # this consumer's 64 rows of sub-tile c
@@ -244,20 +257,14 @@ def build_small_m_kernel(dtype: str, block_m: int, block_n: int, block_k: int, n
                     ring.producer_acquire(empty, i)
                     if subs == 1:
                         ring.producer_expect(full, i, stage_bytes)
-                        tma.load(As.ptr_to([s * a_tile]), a_map, [(k_begin + i) * block_k, m0], full.ptr_to([s]),
-                                 cache_policy=pol_a[0])
-                        tma.load(Bs.ptr_to([s * b_tile]), b_map, [(k_begin + i) * block_k, n0], full.ptr_to([s]),
-                                 cache_policy=pol_b[0])
+                        load_sub_tile(As, Bs, a_map, b_map, full, pol_a, pol_b, s, 0, (k_begin + i) * block_k, m0, n0)
                     else:
                         # Sub-tiles starting past K are not loaded (nor multiplied): expect only the others.
                         k0 = (k_begin + i) * block_k
                         ring.producer_expect(full, i, T.min(subs, (K - k0 + SUB_K - 1) // SUB_K) * sub_bytes)
                         for c in T.unroll(subs):
-                            if k0 + c * SUB_K < K:
-                                tma.load(As.ptr_to([s * a_tile + c * block_m * SUB_K]), a_map, [k0 + c * SUB_K, m0],
-                                         full.ptr_to([s]), cache_policy=pol_a[0])
-                                tma.load(Bs.ptr_to([s * b_tile + c * block_n * SUB_K]), b_map, [k0 + c * SUB_K, n0],
-                                         full.ptr_to([s]), cache_policy=pol_b[0])
+                            if sub_tile_in_k(k0, c, K):
+                                load_sub_tile(As, Bs, a_map, b_map, full, pol_a, pol_b, s, c, k0 + c * SUB_K, m0, n0)
             if clustered:
                 # Join both cluster barriers of the consumers' epilogue (the producer publishes nothing).
                 cluster.arrive(relaxed=True)
@@ -277,7 +284,7 @@ def build_small_m_kernel(dtype: str, block_m: int, block_n: int, block_k: int, n
                     mma_sub_tile(acc, desc_a, desc_b, As, Bs, s, 0, cw)
                 else:
                     for c in T.unroll(subs):
-                        if (k_begin + i) * block_k + c * SUB_K < K:  # not a sub-tile wholly past K
+                        if sub_tile_in_k((k_begin + i) * block_k, c, K):
                             mma_sub_tile(acc, desc_a, desc_b, As, Bs, s, c, cw)
                 wgmma.commit()
                 # NOTES: one group in flight; once down to one, use i-1's wgmmas have read their smem. The
