@@ -120,3 +120,35 @@ def test_sass_128bit_accesses_no_local_memory(tmp_path, dtype):
     assert "SHFL.BFLY" in sass and "LDL" not in sass and "STL" not in sass
     (kernel,) = res.ptxas_info["kernels"].values()
     assert kernel["stack_bytes"] == 0 and kernel["spill_store_bytes"] == 0
+
+
+def _policy_kernel(load_priority: str, store_priority: str):
+    """y = x through 16-byte accesses carrying L2 cache policies (``.L2::cache_hint``)."""
+    words = vector.WORDS_PER_VECTOR
+
+    @T.prim_func
+    def hinted_copy(x_ptr: T.handle, y_ptr: T.handle):
+        X = T.match_buffer(x_ptr, (4096,), "bfloat16", align=16)
+        Y = T.match_buffer(y_ptr, (4096,), "bfloat16", align=16)
+        T.device_entry()
+        tid = T.thread_id([512])
+        xr = T.alloc_local((words,), "uint32")
+        pol = T.alloc_local((2,), "uint64")
+        vector.l2_policy(pol[0], load_priority)
+        vector.l2_policy(pol[1], store_priority)
+        vector.load_v4(xr, 0, X.ptr_to([tid * 8]), cache="evict_last", policy=pol[0])
+        vector.store_v4(Y.ptr_to([tid * 8]), xr, 0, tid < 500, policy=pol[1])
+
+    return hinted_copy
+
+
+def test_l2_policy_loads_and_stores(tmp_path):
+    src = build.codegen(_policy_kernel("evict_last", "evict_first"))
+    assert "createpolicy.fractional.L2::evict_last.b64" in src and "createpolicy.fractional.L2::evict_first.b64" in src
+    assert "ld.global.L1::evict_last.L2::cache_hint.v4.b32" in src and "st.global.L2::cache_hint.v4.b32" in src
+    with pytest.raises(Exception, match="priority 'evict_sometimes' is not one of"):  # raised while parsing
+        build.codegen(_policy_kernel("evict_sometimes", "evict_first"))
+    if shutil.which("nvcc") is not None:  # ptxas accepts the operand order
+        res = build.build_so(_policy_kernel("evict_last", "evict_first"), str(tmp_path / "hinted.so"))
+        (kernel,) = res.ptxas_info["kernels"].values()
+        assert kernel["spill_store_bytes"] == 0

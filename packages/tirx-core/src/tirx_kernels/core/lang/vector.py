@@ -61,20 +61,36 @@ LOAD_CACHE = {
 }
 
 
-def load_v4(regs, base, ptr, pred=None, *, l1_no_allocate: bool = False, cache: str | None = None):
+def load_v4(regs, base, ptr, pred=None, *, l1_no_allocate: bool = False, cache: str | None = None, policy=None):
     """``regs[base:base+4] <- 16 bytes at ptr`` (``ld.global.v4.b32``), only where ``pred`` holds.
 
     ``ptr`` must be 16-byte aligned (``X.ptr_to([...])``). Where ``pred`` is false the words keep their
     previous value: zero them first (``fill``) when they feed a reduction. ``l1_no_allocate`` streams data
     read once past L1 so that it does not evict data that is reused (e.g. the RMSNorm weight); ``cache``
-    (a ``LOAD_CACHE`` name) overrides it with any of the qualifier sets there.
+    (a ``LOAD_CACHE`` name) overrides it with any of the qualifier sets there. ``policy``: an L2 cache
+    policy (a ``uint64`` from :func:`l2_policy`) passed as the ``.L2::cache_hint`` operand.
     """
     if cache is None:
         cache = "stream" if l1_no_allocate else "default"
     if cache not in LOAD_CACHE:
         raise ValueError(f"vector.load_v4: cache {cache!r} is not one of {sorted(LOAD_CACHE)}")
-    ld = T.ptx[f"ld.global{LOAD_CACHE[cache]}.v4.b32"]
-    _guarded(ld(regs[base], regs[base + 1], regs[base + 2], regs[base + 3], ptr), pred)
+    hint = "" if policy is None else ".L2::cache_hint"
+    ld = T.ptx[f"ld.global{LOAD_CACHE[cache]}{hint}.v4.b32"]
+    ops = [regs[base], regs[base + 1], regs[base + 2], regs[base + 3], ptr]
+    _guarded(ld(*ops) if policy is None else ld(*ops, policy), pred)
+
+
+# L2 eviction priorities of an ``l2_policy`` (``createpolicy.fractional``, the whole access covered).
+L2_PRIORITIES = ("evict_first", "evict_last", "evict_normal", "evict_unchanged")
+
+
+def l2_policy(policy, priority: str):
+    """``policy`` (a ``uint64`` local element) <- an L2 cache policy giving every access made with it the
+    eviction ``priority`` (one of ``L2_PRIORITIES``); pass it as ``policy=`` to :func:`load_v4` /
+    :func:`store_v4`."""
+    if priority not in L2_PRIORITIES:
+        raise ValueError(f"vector.l2_policy: priority {priority!r} is not one of {L2_PRIORITIES}")
+    T.evaluate(T.ptx[f"createpolicy.fractional.L2::{priority}.b64"](policy))
 
 
 # Cache qualifiers of a 16-byte global store (``store_v4(..., cache=...)``); "cs" is st.global.cs
@@ -87,15 +103,18 @@ STORE_CACHE = {
 }
 
 
-def store_v4(ptr, regs, base, pred=None, *, cache: str = "default"):
+def store_v4(ptr, regs, base, pred=None, *, cache: str = "default", policy=None):
     """``16 bytes at ptr <- regs[base:base+4]`` (``st.global.v4.b32``), only where ``pred`` holds.
 
-    ``cache`` is a ``STORE_CACHE`` name (the qualifiers after ``st.global``).
+    ``cache`` is a ``STORE_CACHE`` name (the qualifiers after ``st.global``); ``policy`` an L2 cache policy
+    (:func:`l2_policy`) passed as the ``.L2::cache_hint`` operand.
     """
     if cache not in STORE_CACHE:
         raise ValueError(f"vector.store_v4: cache {cache!r} is not one of {sorted(STORE_CACHE)}")
-    st = T.ptx[f"st.global{STORE_CACHE[cache]}.v4.b32"]
-    _guarded(st(ptr, regs[base], regs[base + 1], regs[base + 2], regs[base + 3]), pred)
+    hint = "" if policy is None else ".L2::cache_hint"
+    st = T.ptx[f"st.global{STORE_CACHE[cache]}{hint}.v4.b32"]
+    ops = [ptr, regs[base], regs[base + 1], regs[base + 2], regs[base + 3]]
+    _guarded(st(*ops) if policy is None else st(*ops, policy), pred)
 
 
 def load_shared_v4(regs, base, smem_ptr, pred=None):
