@@ -35,7 +35,8 @@ if [ "$what" = all ] || [ "$what" = sanitize ]; then
             "fp16_bf16_gemm bf16_2000x1544x72_pingpong_128x128" "fp16_bf16_gemm bf16_300x520x136_alpha_beta_bias_s4_e128" \
             "fp16_bf16_gemm fp16_300x520x136_persistent_s4_e128_c2" "fp16_bf16_gemm bf16_1000x1032x1048_nn_bias_128x64" \
             "fp16_bf16_gemm bf16_300x200x136_persistent_128x224" "fp16_bf16_gemm bf16_5x520x72_smallm_224_bk128_k4" \
-            "fp16_bf16_gemm bf16_16x600x136_smallm_bk256_k2"; do
+            "fp16_bf16_gemm bf16_16x600x136_smallm_bk256_k2" "fp16_bf16_gemm bf16_100x264x1048_smallm_128x64_k2" \
+            "fp16_bf16_gemm fp16_37x200x520_smallm_64x64_k2" "rmsnorm fp16_37x16384" "rmsnorm fp16_37x7168_strided"; do
     set -- $kc
     # --report-api-errors no: with the CuTe-DSL stack staged, importing the references' cuda-python probes
     # driver entry points (cuGetProcAddress -> CUDA_ERROR_INVALID_VALUE, 34 per process): host-API noise that

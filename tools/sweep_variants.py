@@ -44,53 +44,41 @@ def _act(act, d, tag, **kw):
 # staged in shared memory with per-thread cp.async lost 2-9 % (sweep-round6.log; code in commit a3a43d8,
 # reverted). Earlier variant lists are in git history.
 #
-# Round 7 (not yet run): the "bulk" schedules — persistent CTAs fed by a ring of shared-memory stages that one
-# thread fills with 1-D TMA bulk copies (cp.async.bulk, one instruction per rmsnorm row / act_and_mul chunk,
-# completing on an mbarrier), so the bytes in flight per SM are set by stages x bytes x CTAs, not registers.
-# Tags: s<stages> c<CTAs per SM>; "reg" stores from registers, "bulk" bulk-stores the output from the stage;
-# "xregs" keeps x in registers across the reduction (stage refilled one row earlier); "ef" adds an
-# L2::evict_first hint to the loads. Each shape's default ("row" / "tile") comes first.
+# Round 7 (the "bulk" schedules: persistent CTAs fed by 1-D TMA bulk copies into shared-memory rings) lost 2-9 %
+# except ties at the small-row shapes (sweep-round7.log in docs/measurements/2026-12-02-h200-c/); its variant
+# list is in git history.
+#
+# Round 8: L2 eviction priorities (``.L2::cache_hint`` operands from ``createpolicy``). The suite's cold L2 leaves
+# the 512 MiB flush's dirty lines in L2; a streaming kernel that evicts them pays their write-back
+# (build/l2probe on the H200: reading 117 MiB took 38.9 us after a write flush, 30.6 after a read flush).
+# torch.compile's rmsnorm (Inductor: 512 threads, 2 vectors, XBLOCK 1, R0_BLOCK = H) reads x with L1+L2
+# evict_last, reduces, re-reads x with L1+L2 evict_first and the weight with evict_last: the same structure as
+# the "reload" variant of round 5, plus the L2 policies. Tags: x<priority> / rl (two passes as Inductor) /
+# w<priority> / st<priority>; ef = evict_first, el = evict_last.
+_INDUCTOR = {"load_cache": "evict_last", "reload_cache": "evict_first", "x_policy": "evict_last",
+             "reload_policy": "evict_first", "weight_policy": "evict_last"}
 
 
-def _rbulk(dtype, H, stages, ctas, out="reg", x_regs=False, hint=False):
-    tag = f"bulk_s{stages}c{ctas}_{'xregs' if x_regs else out}" + ("_ef" if hint else "")
-    kw = {"schedule": "bulk", "stages": stages, "ctas_per_sm": ctas, "out": out}
-    if x_regs:
-        kw["x_regs"] = True
-    if hint:
-        kw["load_hint"] = "L2::evict_first"
-    return _rms(dtype, H, tag, **kw)
+def _rms_l2(dtype, H):
+    return [
+        _rms(dtype, H, "row"),
+        _rms(dtype, H, "xef", x_policy="evict_first"),
+        _rms(dtype, H, "xel", x_policy="evict_last"),
+        _rms(dtype, H, "stef", store_policy="evict_first"),
+        _rms(dtype, H, "xef_stef", x_policy="evict_first", store_policy="evict_first"),
+        _rms(dtype, H, "rl_l1only", load_cache="evict_last", reload_cache="evict_first"),
+        _rms(dtype, H, "rl_inductor", **_INDUCTOR),
+        _rms(dtype, H, "rl_inductor_stef", **_INDUCTOR, store_policy="evict_first"),
+        _rms(dtype, H, "rl_xel_rlef", load_cache="evict_last", reload_cache="evict_first", x_policy="evict_last",
+             reload_policy="evict_first"),
+    ]
 
-
-# (H, dtype): (stages, CTAs/SM) for out="reg"; one x_regs config; (stages, CTAs) for out="bulk" and "bulk" + hint.
-# Every config fits 228 KB of smem per SM (1 KB reserved a CTA) and builds without spills: __launch_bounds__
-# (threads, CTAs) caps the registers at 16384 / (32 x the warps on the busiest of the 4 SM sub-partitions),
-# e.g. 4 CTAs of 7 warps (H=7168): 7 warps a sub-partition, 72 registers, which the "reg" kernels (~80 when
-# free) spill; 3 CTAs: 80. 8192: 256 threads, 16 KB rows, 2 x 4 / 3 x 4 / 4 x 3 stages x CTAs.
-_RMS_BULK = {
-    (8192, "bfloat16"): ([(2, 4), (3, 4), (4, 3)], (2, 3), (3, 4), (4, 3)),
-    (7168, "bfloat16"): ([(2, 3), (3, 3), (4, 3)], (3, 2), (3, 4), (4, 3)),
-    (4096, "bfloat16"): ([(3, 8), (4, 6), (6, 4)], (3, 6), (4, 6), (6, 4)),
-    (5120, "float16"): ([(2, 6), (3, 6), (4, 4)], (3, 4), (3, 6), (4, 5)),
-}
 
 VARIANTS = [
-    *[v for (H, dt), (regs, xr, bk, bk_ef) in _RMS_BULK.items() for v in (
-        _rms(dt, H, "row"),
-        *[_rbulk(dt, H, s, c) for s, c in regs],
-        _rbulk(dt, H, *xr, x_regs=True),
-        _rbulk(dt, H, *bk, out="bulk"),
-        _rbulk(dt, H, *bk_ef, out="bulk", hint=True),
-    )],
-    # act_and_mul: a row of 2 x 28 KB in + 28 KB out is too coarse a ring unit at d = 14336; the unit is a chunk
-    # of columns (2048: 8 KB in a stage, 7 a row; 3584: 14 KB, 4 a row), 2 vectors of gate and of up a consumer
-    # thread, plus one producer warp.
-    _act("silu", 14336, "tile"),
-    _act("silu", 14336, "bulk_k2048_s4c6_reg", schedule="bulk", chunk=2048, stages=4, ctas_per_sm=6),
-    _act("silu", 14336, "bulk_k2048_s4c6_bulk", schedule="bulk", chunk=2048, stages=4, ctas_per_sm=6, out="bulk"),
-    _act("silu", 14336, "bulk_k2048_s6c4_reg_ef", schedule="bulk", chunk=2048, stages=6, ctas_per_sm=4,
-         load_hint="L2::evict_first"),
-    _act("silu", 14336, "bulk_k3584_s3c4_reg", schedule="bulk", chunk=3584, stages=3, ctas_per_sm=4),
+    *_rms_l2("bfloat16", 8192),
+    *_rms_l2("bfloat16", 7168),
+    *_rms_l2("bfloat16", 4096),
+    *_rms_l2("float16", 5120),
 ]
 
 CALLS = {

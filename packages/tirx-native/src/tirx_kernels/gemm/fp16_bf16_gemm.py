@@ -138,6 +138,11 @@ CONFIGS = [
      "tile": "smallm_64x224x128_s3_k4"},
     {"label": "bf16_1x28672x8192_smallm_224_bk128_k1", "dtype": "bfloat16", "M": 1, "N": 28672, "K": 8192,
      "tile": "smallm_64x224x128_s3_k1"},
+    # 64-column small-M tiles: N = 264 / 200 end mid-tile, K = 1048 mid-stage.
+    {"label": "bf16_100x264x1048_smallm_128x64_k2", "dtype": "bfloat16", "M": 100, "N": 264, "K": 1048,
+     "tile": "smallm_128x64x64_s8_k2"},
+    {"label": "fp16_37x200x520_smallm_64x64_k2", "dtype": "float16", "M": 37, "N": 200, "K": 520,
+     "tile": "smallm_64x64x64_s12_k2"},
     # epi_cols with the general epilogue: fp32 out in 4 passes of 64 columns; alpha/beta/bias loading C_in
     # round by round.
     {"label": "bf16_300x520x136_out_fp32_s4_e128", "dtype": "bfloat16", "M": 300, "N": 520, "K": 136,
@@ -403,6 +408,19 @@ TILE_CONFIGS = {
     # 128 x 256: A (re-read from L2 by every N-tile) is a third of the smem fill instead of a half.
     "smallm_128x256x64_s4_k2": {"kind": "small_m", "block_m": 128, "block_n": 256, "block_k": 64,
                                 "num_stages": 4, "split_k": 2},
+    # 64 columns (sweep candidates for the short DRAM-bound rows, 15-20 us: 4096x4096 and 7168x2048 at M = 64-128,
+    # 0.89-0.95x cuBLAS): at M = 128 one 128-row M-tile reads each B tile once where 64x128 reads it twice, and
+    # N = 4096 / 7168 are 64 / 112 N-tiles (x split 2 / 1 = 128 / 112 CTAs). Rings 8 x 24 KB, 12 x 16 KB.
+    "smallm_128x64x64_s8_k1": {"kind": "small_m", "block_m": 128, "block_n": 64, "block_k": 64,
+                               "num_stages": 8, "split_k": 1},
+    "smallm_128x64x64_s8_k2": {"kind": "small_m", "block_m": 128, "block_n": 64, "block_k": 64,
+                               "num_stages": 8, "split_k": 2},
+    "smallm_128x64x64_s8_k4": {"kind": "small_m", "block_m": 128, "block_n": 64, "block_k": 64,
+                               "num_stages": 8, "split_k": 4},
+    "smallm_64x64x64_s12_k1": {"kind": "small_m", "block_m": 64, "block_n": 64, "block_k": 64,
+                               "num_stages": 12, "split_k": 1},
+    "smallm_64x64x64_s12_k2": {"kind": "small_m", "block_m": 64, "block_n": 64, "block_k": 64,
+                               "num_stages": 12, "split_k": 2},
 }
 
 # (max M, max N, max K, tile): the first row that fits wins (``choose_tile``; ``gemm_nt(..., tile=)`` pins one).
@@ -423,9 +441,11 @@ TILE_TABLE = [
     (64, 16384, None, "smallm_64x224x128_s3_k2"),  # 14336x4096: 1.02 [64x256 k2 1.03]
     (64, None, None, "smallm_64x224x128_s3_k1"),   # 28672x8192: 1.00, 1.00x cuBLAS [64x256 k2 1.04] (block_k 64: 1.04)
     (128, 2048, None, "smallm_128x128x64_s6_k4"),  # 1.00
-    (128, 4096, 4096, "smallm_64x128x64_s8_k2"),   # two 64-row M-tiles: 1.00
-    (128, 4096, None, "smallm_128x224x64_s5_k4"),  # 128x4096x14336: 1.00 [64x128 k2 1.14]
-    (128, 8192, None, "smallm_64x128x64_s8_k1"),   # 96-128 CTAs: N=6144/7168/8192 1.00
+    # M = 128, N <= 7168: 128x64 tiles read each B tile once (64x128 read it twice, once per 64-row M-tile).
+    # 2026-12-03b run 1 (docs/measurements/2026-12-03b-h200/gemm-issue.json), cuBLAS/ours:
+    (128, 4096, None, "smallm_128x64x64_s8_k2"),   # 4096x4096: 1.07 [64x128 k2 0.85]; x14336: 1.13 [128x224 k4 1.05]
+    (128, 7168, None, "smallm_128x64x64_s8_k1"),   # 6144x4096: 1.01 [64x128 k1 1.00]; 7168x2048: 1.01 [0.98]
+    (128, 8192, None, "smallm_64x128x64_s8_k1"),   # 8192x28672 (128 CTAs): 1.02
     (128, 16384, None, "smallm_64x224x64_s6_k1"),  # 128x14336x4096: 2 x 64 = 128 CTAs, 1.00 [128x256 k2 1.08]
     (128, None, None, "smallm_128x224x64_s5_k1"),  # 128x28672x8192: 128 CTAs, 1.00, 1.01x cuBLAS [ws 0.99x]
     # 128 < M <= 1024: wave quantisation decides. Split-K or 128x64 tiles where 128x128 tiles number <= 64,

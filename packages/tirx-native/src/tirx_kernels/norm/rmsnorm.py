@@ -17,10 +17,11 @@ Design (memory-bound: 2 bytes read + 2 written per element, the weight stays in 
   (``reduce.group_sum``, one barrier).
 - x loads carry an L1 qualifier chosen per H (``x_load_cache``, measured): ``L1::no_allocate`` up to
   H = 5120 (every CTA on an SM reads the same weight, which should stay in L1 while x streams past),
-  ``L1::evict_last`` above (1.6 % faster at 32768 x 8192: 259.2 vs 263.5 us).
-  should stay in L1 while x streams past.
+  ``L1::evict_last`` above; and L2 eviction priorities (``row_access``, measured): x read L2 evict_last up to
+  H = 7168; above, torch.compile's two passes (x read evict_last, re-read evict_first after the reduction,
+  weight evict_last), which reached torch.compile at 32768 x 8192 (252.7 us, 4.25 TB/s).
 - ptxas (nvcc 13.0), every config: 28-65 registers, 0-byte stack, no spills; SASS has only
-  LDG.E.NA.128 or LDG.E.EL.128 (x) / LDG.E.128 (weight) / STG.E.128 global accesses, all loads ahead of
+  LDG.E.NA.128 / LDG.E.EL.128 / LDG.E.EF.128 (x) / LDG.E(.EL).128 (weight) / STG.E.128 global accesses, all loads ahead of
   the first FFMA.
 
 - Sweep variants (compile params ``schedule``/``threads_per_row``/``ctas_per_sm``/``pipeline``/
@@ -120,6 +121,27 @@ def x_load_cache(H: int) -> str:
     return next(c for max_h, c in X_LOAD_CACHE if H <= max_h)
 
 
+# (max H, how the row kernel touches memory by default): L2 eviction priorities (``.L2::cache_hint``), sweep
+# round 8 on the H200 (docs/measurements/2026-12-03b-h200/sweep-round8.log, cold L2 after a 512 MiB *write*
+# flush, whose dirty lines fill L2). Up to H = 7168 one pass with x read L2 evict_last: 8192x4096 36.2 us vs 37.7
+# without (liger 37.1), 8192x7168 58.8 vs 60.8 (torch.compile 59.4), fp16 4113x5120 equal (24.4).
+# Above, torch.compile's (Inductor's) two passes: x read L1+L2 evict_last, reduced, re-read L1+L2 evict_first
+# (the lines leave L2 first once used), weight evict_last: 32768x8192 252.7 us vs 259.0 one-pass (torch.compile
+# 252.7, both at the 4.25 TB/s copy ceiling). The same pattern without the L2 policies (round 5) ran 262-264:
+# the policies, not the second pass, are what made Inductor's kernel faster.
+_TWO_PASS = {"load_cache": "evict_last", "reload_cache": "evict_first", "x_policy": "evict_last",
+             "reload_policy": "evict_first", "weight_policy": "evict_last"}
+ROW_ACCESS = [(7168, {"x_policy": "evict_last"}), (MAX_H, _TWO_PASS)]
+ACCESS_KEYS = ("load_cache", "reload_cache", "x_policy", "reload_policy", "weight_policy", "store_policy")
+
+
+def row_access(H: int) -> dict:
+    """The default cache qualifiers and L2 policies of the row kernel at H (``ACCESS_KEYS`` -> value)."""
+    plan = dict(next(a for max_h, a in ROW_ACCESS if H <= max_h))
+    plan.setdefault("load_cache", x_load_cache(H))
+    return plan
+
+
 def sass_expect(dtype: str, H: int, schedule: str = "row", out: str = "reg", **_) -> list[str]:
     """SASS the CPU build test asserts: 16-byte loads of x and weight, 16-byte stores; for "bulk", the bulk
     copies (``UBLKCP.S.G`` global->shared, ``UBLKCP.G.S`` shared->global), mbarrier waits, 16-byte smem
@@ -127,7 +149,7 @@ def sass_expect(dtype: str, H: int, schedule: str = "row", out: str = "reg", **_
     if schedule == "bulk":
         stores = [r"STG\.E\.128"] if out == "reg" else [r"STS\.128", r"UBLKCP\.G\.S "]
         return [r"UBLKCP\.S\.G ", r"SYNCS\.PHASECHK\.TRANS64", r"LDS\.128", r"LDG\.E\.128", *stores]
-    return [r"LDG\.E(\.NA|\.EL)?\.128", r"STG\.E\.128"]
+    return [r"LDG\.E(\.NA|\.EL|\.EF)?\.128", r"STG\.E\.128"]
 
 
 def row_plan(H: int) -> dict:
@@ -158,7 +180,8 @@ def row_plan(H: int) -> dict:
 # output from registers (``out="reg"``) or bulk-stored from the stage (``out="bulk"``) (``build_kernel_bulk``).
 SCHEDULES = ("row", "persistent", "bulk")
 VARIANT_KEYS = ("schedule", "threads_per_row", "rows_per_cta", "ctas_per_sm", "pipeline", "store_cache",
-                "load_cache", "weight_late", "reload_cache", "stages", "out", "x_regs", "load_hint")
+                "load_cache", "weight_late", "reload_cache", "stages", "out", "x_regs", "load_hint",
+                "x_policy", "reload_policy", "weight_policy", "store_policy")
 NUM_SMS = 132  # H200 SXM
 
 
@@ -176,7 +199,8 @@ def get_kernel(dtype: str, H: int, schedule: str = "row", threads_per_row: int |
                rows_per_cta: int | None = None, ctas_per_sm: int | None = None, pipeline: bool = True,
                store_cache: str = "default", load_cache: str | None = None, weight_late: bool = False,
                reload_cache: str | None = None, stages: int = 2, out: str = "reg", x_regs: bool = False,
-               load_hint: str | None = None):
+               load_hint: str | None = None, x_policy: str | None = None, reload_policy: str | None = None,
+               weight_policy: str | None = None, store_policy: str | None = None):
     """The kernel of ``schedule``; unset plan entries come from ``row_plan`` (the default variant)."""
     if dtype not in _DTYPES:
         raise ValueError(f"rmsnorm: dtype {dtype!r} is not one of {sorted(_DTYPES)}")
@@ -189,13 +213,19 @@ def get_kernel(dtype: str, H: int, schedule: str = "row", threads_per_row: int |
                                  store_cache=store_cache)
     plan = row_plan(H)
     tpr = threads_per_row or plan["threads_per_row"]
-    load_cache = load_cache or x_load_cache(H)
     if schedule == "persistent":
         return build_kernel_persistent(dtype, H, tpr, ctas_per_sm or 2, pipeline, store_cache,
-                                       load_cache=load_cache)
+                                       load_cache=load_cache or x_load_cache(H))
+    access = {"load_cache": load_cache, "reload_cache": reload_cache, "x_policy": x_policy,
+              "reload_policy": reload_policy, "weight_policy": weight_policy, "store_policy": store_policy}
+    if all(v is None for v in access.values()):  # no access variant pinned: the measured default
+        access.update(row_access(H))
+    access["load_cache"] = access["load_cache"] or x_load_cache(H)
     rows = rows_per_cta or (plan["rows_per_cta"] if threads_per_row is None else max(1, MIN_CTA_THREADS // tpr))
-    return build_kernel(dtype, H, tpr, rows, store_cache, load_cache=load_cache, min_ctas_per_sm=ctas_per_sm,
-                        weight_late=weight_late, reload_cache=reload_cache)
+    return build_kernel(dtype, H, tpr, rows, store_cache, load_cache=access["load_cache"],
+                        min_ctas_per_sm=ctas_per_sm, weight_late=weight_late, reload_cache=access["reload_cache"],
+                        policies={"x": access["x_policy"], "reload": access["reload_policy"],
+                                  "weight": access["weight_policy"], "store": access["store_policy"]})
 
 
 # Row pieces every schedule shares (plain Python run while a prim_func is parsed; they emit statements).
@@ -230,9 +260,22 @@ def _scale_vector(orr, xr, wr, v: int, rs, dtype: str, x_base: int | None = None
         vector.pack2(orr, j, x_lo * rs * w_lo, x_hi * rs * w_hi, dtype)
 
 
+def _create_policies(pol, slots: dict, policies: dict):
+    """``pol[slots[name]]`` <- an L2 policy of priority ``policies[name]``, for every hinted access."""
+    from tirx_kernels.core.lang import vector
+
+    for name, i in slots.items():
+        vector.l2_policy(pol[i], policies[name])
+
+
+def _policy(pol, slots: dict, name: str):
+    """The L2 policy operand of access ``name``, None where it carries no hint."""
+    return pol[slots[name]] if name in slots else None
+
+
 def build_kernel(dtype: str, H: int, threads_per_row: int, rows_per_cta: int, store_cache: str = "default",
                  load_cache: str = "stream", min_ctas_per_sm: int | None = None, weight_late: bool = False,
-                 reload_cache: str | None = None):
+                 reload_cache: str | None = None, policies: dict | None = None):
     """The kernel for an explicit plan (``get_kernel`` takes it from ``row_plan``; sweeps call this).
 
     ``load_cache``: ``vector.LOAD_CACHE`` qualifiers of the x loads. ``min_ctas_per_sm``: emit
@@ -240,8 +283,12 @@ def build_kernel(dtype: str, H: int, threads_per_row: int, rows_per_cta: int, st
     after the reduction instead of with x (fewer live registers; its L1/L2 latency is then exposed).
     ``reload_cache``: two passes over x, as torch.compile's reduction does: x is not held across the
     reduction but loaded again after it (an L1/L2 hit) with these qualifiers, together with the weight.
+    ``policies``: L2 eviction priorities (``vector.L2_PRIORITIES``, None = no ``.L2::cache_hint``) of the
+    accesses "x" (first read), "reload", "weight" and "store".
     """
     weight_late = weight_late or reload_cache is not None
+    policies = {k: v for k, v in (policies or {}).items() if v is not None}
+    slots = {name: i for i, name in enumerate(sorted(policies))}  # one createpolicy per hinted access
     from tvm.script import tirx as T
 
     from tirx_kernels.core.lang import reduce, vector
@@ -264,18 +311,19 @@ def build_kernel(dtype: str, H: int, threads_per_row: int, rows_per_cta: int, st
             return col_ok if row_ok is None else row_ok
         return T.And(row_ok, col_ok)
 
-    def load_row(regs, buf, base, lane, row_ok, cache):
+    def load_row(regs, buf, base, lane, row_ok, cache, policy=None):
         for v in range(vpt):
             pred = vector_pred(v, lane, row_ok)
             if pred is not None:
                 vector.fill(regs, v * words, words)  # masked vectors add 0 to the sum of squares
-            vector.load_v4(regs, v * words, buf.ptr_to([base + (v * tpr + lane) * _VEC]), pred, cache=cache)
+            vector.load_v4(regs, v * words, buf.ptr_to([base + (v * tpr + lane) * _VEC]), pred, cache=cache,
+                           policy=policy)
 
-    def scale_store(buf, base, lane, row_ok, xr, wr, orr, rs):
+    def scale_store(buf, base, lane, row_ok, xr, wr, orr, rs, policy=None):
         for v in range(vpt):
             _scale_vector(orr, xr, wr, v, rs, dtype)
             vector.store_v4(buf.ptr_to([base + (v * tpr + lane) * _VEC]), orr, 0, vector_pred(v, lane, row_ok),
-                            cache=store_cache)
+                            cache=store_cache, policy=policy)
 
     @T.prim_func
     def rmsnorm(x_ptr: T.handle, w_ptr: T.handle, y_ptr: T.handle, eps: T.float32, zero: T.int32):
@@ -299,6 +347,8 @@ def build_kernel(dtype: str, H: int, threads_per_row: int, rows_per_cta: int, st
         orr = T.alloc_local((words,), "uint32")
         acc = T.alloc_local((1,), "float32")
         scratch = T.alloc_shared((scratch_len,), "float32")
+        pol = T.alloc_local((max(1, len(slots)),), "uint64")
+        _create_policies(pol, slots, policies)
 
         # Loads: the weight, then the row of x, all issued before any math. Without the ``after_all``
         # dependency below ptxas sank the weight loads below the sum of squares (SASS of H=4096: 4
@@ -307,11 +357,11 @@ def build_kernel(dtype: str, H: int, threads_per_row: int, rows_per_cta: int, st
         lane = tid % tpr
         x_base = T.Cast("int64", row) * T.Cast("int64", x_stride)
         if weight_late:
-            load_row(xr, Xf, x_base, lane, row_pred(row, M), load_cache)
+            load_row(xr, Xf, x_base, lane, row_pred(row, M), load_cache, _policy(pol, slots, "x"))
             acc[0] = T.cuda.uint_as_float(vector.after_all(xr, vpt * words, zero))  # 0.0, after all of x
         else:
-            load_row(wr, Wt, 0, lane, None, "default")
-            load_row(xr, Xf, x_base, lane, row_pred(row, M), load_cache)
+            load_row(wr, Wt, 0, lane, None, "default", _policy(pol, slots, "weight"))
+            load_row(xr, Xf, x_base, lane, row_pred(row, M), load_cache, _policy(pol, slots, "x"))
             acc[0] = T.cuda.uint_as_float(vector.after_all(wr, vpt * words, zero))  # 0.0, after the weight
 
         # Sum of squares in fp32 over the row, then the reciprocal RMS.
@@ -319,13 +369,13 @@ def build_kernel(dtype: str, H: int, threads_per_row: int, rows_per_cta: int, st
         total = reduce.group_sum(acc[0], tid, tpr, scratch)
         rs = T.rsqrt(total * T.float32(inv_h) + eps)
         if weight_late:
-            load_row(wr, Wt, 0, lane, None, "default")
+            load_row(wr, Wt, 0, lane, None, "default", _policy(pol, slots, "weight"))
         if reload_cache is not None:
-            load_row(xr, Xf, x_base, lane, row_pred(row, M), reload_cache)
+            load_row(xr, Xf, x_base, lane, row_pred(row, M), reload_cache, _policy(pol, slots, "reload"))
 
         # out = x * rs * w, rounded once.
         y_base = T.Cast("int64", row) * T.Cast("int64", y_stride)
-        scale_store(Yf, y_base, lane, row_pred(row, M), xr, wr, orr, rs)
+        scale_store(Yf, y_base, lane, row_pred(row, M), xr, wr, orr, rs, _policy(pol, slots, "store"))
 
     return rmsnorm
 
