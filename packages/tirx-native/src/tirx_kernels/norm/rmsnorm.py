@@ -21,8 +21,8 @@ Design (memory-bound: 2 bytes read + 2 written per element, the weight stays in 
   H = 7168; above, torch.compile's two passes (x read evict_last, re-read evict_first after the reduction,
   weight evict_last), which reached torch.compile at 32768 x 8192 (252.7 us, 4.25 TB/s).
 - ptxas (nvcc 13.0), every config: 28-65 registers, 0-byte stack, no spills; SASS has only
-  LDG.E.NA.128 / LDG.E.EL.128 / LDG.E.EF.128 (x) / LDG.E(.EL).128 (weight) / STG.E.128 global accesses, all loads ahead of
-  the first FFMA.
+  LDG.E.NA.128 / LDG.E.EL.128 / LDG.E.EF.128 (x) / LDG.E(.EL).128 (weight) / STG.E.128 global accesses, the
+  first pass's loads ahead of the first FFMA.
 
 - Sweep variants (compile params ``schedule``/``threads_per_row``/``ctas_per_sm``/``pipeline``/
   ``store_cache``; tools/sweep_variants.py): "persistent" rows with the weight loaded once per CTA and
