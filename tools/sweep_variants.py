@@ -79,6 +79,7 @@ VARIANTS = [
     *_rms_l2("bfloat16", 7168),
     *_rms_l2("bfloat16", 4096),
     *_rms_l2("float16", 5120),
+    _act("silu", 14336, "tile"),  # act_and_mul's default, timed beside torch.compile (no L2-policy variants yet)
 ]
 
 CALLS = {
