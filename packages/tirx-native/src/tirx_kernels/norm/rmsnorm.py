@@ -216,8 +216,7 @@ def get_kernel(dtype: str, H: int, schedule: str = "row", threads_per_row: int |
     if schedule == "persistent":
         return build_kernel_persistent(dtype, H, tpr, ctas_per_sm or 2, pipeline, store_cache,
                                        load_cache=load_cache or x_load_cache(H))
-    access = {"load_cache": load_cache, "reload_cache": reload_cache, "x_policy": x_policy,
-              "reload_policy": reload_policy, "weight_policy": weight_policy, "store_policy": store_policy}
+    access = dict(zip(ACCESS_KEYS, (load_cache, reload_cache, x_policy, reload_policy, weight_policy, store_policy)))
     if all(v is None for v in access.values()):  # no access variant pinned: the measured default
         access.update(row_access(H))
     access["load_cache"] = access["load_cache"] or x_load_cache(H)

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from tvm.script import tirx as T
 
+from . import tma
+
 VECTOR_BYTES = 16
 WORDS_PER_VECTOR = 4  # uint32 words per 16-byte vector
 
@@ -74,23 +76,30 @@ def load_v4(regs, base, ptr, pred=None, *, l1_no_allocate: bool = False, cache: 
         cache = "stream" if l1_no_allocate else "default"
     if cache not in LOAD_CACHE:
         raise ValueError(f"vector.load_v4: cache {cache!r} is not one of {sorted(LOAD_CACHE)}")
-    hint = "" if policy is None else ".L2::cache_hint"
-    ld = T.ptx[f"ld.global{LOAD_CACHE[cache]}{hint}.v4.b32"]
     ops = [regs[base], regs[base + 1], regs[base + 2], regs[base + 3], ptr]
-    _guarded(ld(*ops) if policy is None else ld(*ops, policy), pred)
+    hint = _cache_hint(ops, policy)
+    _guarded(T.ptx[f"ld.global{LOAD_CACHE[cache]}{hint}.v4.b32"](*ops), pred)
 
 
-# L2 eviction priorities of an ``l2_policy`` (``createpolicy.fractional``, the whole access covered).
-L2_PRIORITIES = ("evict_first", "evict_last", "evict_normal", "evict_unchanged")
+def _cache_hint(ops: list, policy) -> str:
+    """The ``.L2::cache_hint`` qualifier, its policy operand appended to ``ops``, where ``policy`` is given."""
+    if policy is None:
+        return ""
+    ops.append(policy)
+    return ".L2::cache_hint"
+
+
+# L2 eviction priorities of an ``l2_policy``: ``tma.create_policy``'s, named without the "L2::" level.
+L2_PRIORITIES = tuple(p.removeprefix("L2::") for p in (tma.EVICT_FIRST, tma.EVICT_LAST, tma.EVICT_NORMAL))
 
 
 def l2_policy(policy, priority: str):
     """``policy`` (a ``uint64`` local element) <- an L2 cache policy giving every access made with it the
-    eviction ``priority`` (one of ``L2_PRIORITIES``); pass it as ``policy=`` to :func:`load_v4` /
-    :func:`store_v4`."""
+    eviction ``priority`` (one of ``L2_PRIORITIES``; ``tma.create_policy``); pass it as ``policy=`` to
+    :func:`load_v4` / :func:`store_v4`."""
     if priority not in L2_PRIORITIES:
         raise ValueError(f"vector.l2_policy: priority {priority!r} is not one of {L2_PRIORITIES}")
-    T.evaluate(T.ptx[f"createpolicy.fractional.L2::{priority}.b64"](policy))
+    tma.create_policy(policy, f"L2::{priority}")
 
 
 # Cache qualifiers of a 16-byte global store (``store_v4(..., cache=...)``); "cs" is st.global.cs
@@ -111,10 +120,9 @@ def store_v4(ptr, regs, base, pred=None, *, cache: str = "default", policy=None)
     """
     if cache not in STORE_CACHE:
         raise ValueError(f"vector.store_v4: cache {cache!r} is not one of {sorted(STORE_CACHE)}")
-    hint = "" if policy is None else ".L2::cache_hint"
-    st = T.ptx[f"st.global{STORE_CACHE[cache]}{hint}.v4.b32"]
     ops = [ptr, regs[base], regs[base + 1], regs[base + 2], regs[base + 3]]
-    _guarded(st(*ops) if policy is None else st(*ops, policy), pred)
+    hint = _cache_hint(ops, policy)
+    _guarded(T.ptx[f"st.global{STORE_CACHE[cache]}{hint}.v4.b32"](*ops), pred)
 
 
 def load_shared_v4(regs, base, smem_ptr, pred=None):
