@@ -31,8 +31,9 @@ def _rms(dtype, H, tag, **kw):
     return (f"rms_{short}_{H}_{tag}", "rmsnorm", {"dtype": dtype, "H": H, **kw})
 
 
-def _act(act, d, tag, **kw):
-    return (f"act_{act}_bf16_{d}_{tag}", "act_and_mul", {"act": act, "dtype": "bfloat16", "d": d, **kw})
+def _act(act, d, tag, dtype="bfloat16", **kw):
+    short = {"bfloat16": "bf16", "float16": "fp16"}[dtype]
+    return (f"act_{act}_{short}_{d}_{tag}", "act_and_mul", {"act": act, "dtype": dtype, "d": d, **kw})
 
 
 # Rounds 1-2 (tilings, persistent/pipelined schedules, streaming stores; logs in
@@ -48,50 +49,67 @@ def _act(act, d, tag, **kw):
 # except ties at the small-row shapes (sweep-round7.log in docs/measurements/2026-12-02-h200-c/); its variant
 # list is in git history.
 #
-# Round 8: L2 eviction priorities (``.L2::cache_hint`` operands from ``createpolicy``). The suite's cold L2 leaves
-# the 512 MiB flush's dirty lines in L2; a streaming kernel that evicts them pays their write-back
-# (build/l2probe on the H200: reading 117 MiB took 38.9 us after a write flush, 30.6 after a read flush).
-# torch.compile's rmsnorm (Inductor: 512 threads, 2 vectors, XBLOCK 1, R0_BLOCK = H) reads x with L1+L2
-# evict_last, reduces, re-reads x with L1+L2 evict_first and the weight with evict_last: the same structure as
-# the "reload" variant of round 5, plus the L2 policies. Tags: x<priority> / rl (two passes as Inductor) /
-# w<priority> / st<priority>; ef = evict_first, el = evict_last.
-_INDUCTOR = {"load_cache": "evict_last", "reload_cache": "evict_first", "x_policy": "evict_last",
-             "reload_policy": "evict_first", "weight_policy": "evict_last"}
+# Round 8 (L2 eviction priorities, ``.L2::cache_hint`` operands from ``createpolicy``; log in
+# docs/measurements/2026-12-03b-h200/sweep-round8.log) made rmsnorm's x loads L2 evict_last up to H = 7168 and
+# torch.compile's two passes above (its variant list is in git history).
+#
+# Round 9: programmatic dependent launch (``core.lang.pdl``; FlashInfer launches its norms and activations with
+# it on Hopper by default) -- pdl_end: wait before the first global access, launch_dependents after the stores;
+# pdl_early: launch_dependents right after the wait -- timed from CUDA graphs of back-to-back calls at the
+# latency-bound shapes (the suite's small rows) and cold-L2 at the large ones (must not lose there); and
+# act_and_mul's L2 priorities (ld<p> gate/up loads, st<p> stores; ef = evict_first, el = evict_last), the
+# experiment that moved rmsnorm in round 8 (log: docs/measurements/2026-12-03c-h200/sweep-round9.log; its
+# variant list is in git history).
 
 
-def _rms_l2(dtype, H):
-    return [
-        _rms(dtype, H, "row"),
-        _rms(dtype, H, "xef", x_policy="evict_first"),
-        _rms(dtype, H, "xel", x_policy="evict_last"),
-        _rms(dtype, H, "stef", store_policy="evict_first"),
-        _rms(dtype, H, "xef_stef", x_policy="evict_first", store_policy="evict_first"),
-        _rms(dtype, H, "rl_l1only", load_cache="evict_last", reload_cache="evict_first"),
-        _rms(dtype, H, "rl_inductor", **_INDUCTOR),
-        _rms(dtype, H, "rl_inductor_stef", **_INDUCTOR, store_policy="evict_first"),
-        _rms(dtype, H, "rl_xel_rlef", load_cache="evict_last", reload_cache="evict_first", x_policy="evict_last",
-             reload_policy="evict_first"),
-    ]
+def _gemm(dtype, tile, tag, **kw):
+    short = {"bfloat16": "bf16", "float16": "fp16"}[dtype]
+    return (f"gemm_{short}_{tile}_{tag}", "fp16_bf16_gemm", {"dtype": dtype, "tile": tile, **kw})
 
 
+# The tiles TILE_TABLE picks for the GEMM shapes below (1024^3, 4096^3, M = 1 and 128 at 4096 x 4096).
+_GEMM_TILES = ("persistent_128x64x64_s8_g8", "persistent_128x256x64_s4_e128_g8", "smallm_64x128x64_s8_k2",
+               "smallm_128x64x64_s8_k2")
+
+
+def _pdl(make, *args):
+    return [make(*args, "pdl_end", pdl="end"), make(*args, "pdl_early", pdl="early")]
+
+
+# Round 10 (log: docs/measurements/2026-12-03c-h200/sweep-round10.log): PDL for the GEMM kernels (1024^3 in a
+# CUDA graph 5.0 us vs 5.7, cold L2 unchanged: now the default), and act_and_mul tilings with fewer, larger CTAs
+# for few rows (FlashInfer runs one CTA of 1024 threads a row): fp16 37 x 2x14336 in a graph 1.4 us with 7
+# segments of 256 threads (or 2 of 896) vs 1.6 with the default 14 of 128 (FlashInfer 1.5); 1 segment of 448
+# threads x 4 vectors 2.8.
+#
+# Round 11: 256-thread segments (one vector a thread) at every act_and_mul shape, the large ones included (round 1
+# had picked 128-thread segments over 224 x 4 vectors, not over 256 x 1).
 VARIANTS = [
-    *_rms_l2("bfloat16", 8192),
-    *_rms_l2("bfloat16", 7168),
-    *_rms_l2("bfloat16", 4096),
-    *_rms_l2("float16", 5120),
-    _act("silu", 14336, "tile"),  # act_and_mul's default, timed beside torch.compile (no L2-policy variants yet)
+    _act("silu", 14336, "tile"), _act("silu", 14336, "seg7x256", segments=7, threads_per_segment=256,
+                                      vectors_per_thread=1, rows_per_cta=1),
+    _act("silu", 14336, "tile", dtype="float16"),
+    _act("silu", 14336, "seg7x256", dtype="float16", segments=7, threads_per_segment=256, vectors_per_thread=1,
+         rows_per_cta=1),
+    _act("silu", 4096, "tile"), _act("silu", 4096, "seg2x256", segments=2, threads_per_segment=256,
+                                     vectors_per_thread=1, rows_per_cta=1),
+    _act("gelu_tanh", 14336, "tile"), _act("gelu_tanh", 14336, "seg7x256", segments=7, threads_per_segment=256,
+                                           vectors_per_thread=1, rows_per_cta=1),
+    _rms("bfloat16", 128, "row"),
 ]
 
 CALLS = {
     "rmsnorm": "fn(x2d, weight, out2d, eps: float, 0): x2d (M, H) and out2d (M, H) with unit column stride, "
                "16-byte row strides",
     "act_and_mul": "fn(x2d, out2d, 0): x2d (M, 2d), out2d (M, d), unit column stride",
+    "fp16_bf16_gemm": "fn(a, b, c): C (M, N) = A (M, K) . B (N, K)^T, contiguous",
 }
 
 
 def _module(kernel: str):
     if kernel == "rmsnorm":
         from tirx_kernels.norm import rmsnorm as mod
+    elif kernel == "fp16_bf16_gemm":
+        from tirx_kernels.gemm import fp16_bf16_gemm as mod
     else:
         from tirx_kernels.ported.flashinfer.activation import act_and_mul as mod
     return mod
@@ -138,7 +156,16 @@ def cmd_build(args) -> int:
 # run (GPU host)
 # ---------------------------------------------------------------------------------------------------------
 
+# "graph": time from CUDA graphs of back-to-back calls (bench.time_graph), as the suite does for rows under
+# its graph threshold, instead of cold-L2 events.
 SHAPES = [
+    {"kernel": "fp16_bf16_gemm", "dtype": "bfloat16", "M": 1024, "N": 1024, "K": 1024, "graph": True},
+    {"kernel": "fp16_bf16_gemm", "dtype": "bfloat16", "M": 1, "N": 4096, "K": 4096, "graph": True},
+    {"kernel": "fp16_bf16_gemm", "dtype": "bfloat16", "M": 1, "N": 4096, "K": 4096},
+    {"kernel": "fp16_bf16_gemm", "dtype": "bfloat16", "M": 128, "N": 4096, "K": 4096},
+    {"kernel": "fp16_bf16_gemm", "dtype": "bfloat16", "M": 4096, "N": 4096, "K": 4096},
+    {"kernel": "rmsnorm", "dtype": "bfloat16", "M": 32, "H": 128, "graph": True},
+    {"kernel": "act_and_mul", "act": "silu", "dtype": "float16", "M": 37, "d": 14336, "graph": True},
     {"kernel": "rmsnorm", "dtype": "bfloat16", "M": 8192, "H": 4096},
     {"kernel": "rmsnorm", "dtype": "bfloat16", "M": 32768, "H": 8192},
     {"kernel": "rmsnorm", "dtype": "bfloat16", "M": 4113, "H": 8192},
@@ -147,8 +174,8 @@ SHAPES = [
     # Correctness more than speed: fewer rows than persistent CTAs, and x rows strided (runtime stride).
     {"kernel": "rmsnorm", "dtype": "bfloat16", "M": 37, "H": 8192, "x_row_stride": 8256},
     {"kernel": "act_and_mul", "act": "silu", "dtype": "bfloat16", "M": 32768, "d": 14336},
-    {"kernel": "act_and_mul", "act": "gelu_tanh", "dtype": "bfloat16", "M": 4096, "d": 14336},
     {"kernel": "act_and_mul", "act": "silu", "dtype": "bfloat16", "M": 4096, "d": 4096},
+    {"kernel": "act_and_mul", "act": "gelu_tanh", "dtype": "bfloat16", "M": 4096, "d": 14336},
     {"kernel": "act_and_mul", "act": "silu", "dtype": "bfloat16", "M": 37, "d": 14336},  # fewer tiles than CTAs
 ]
 
@@ -159,6 +186,10 @@ def _matches(v: dict, shape: dict) -> bool:
         return False
     if shape["kernel"] == "rmsnorm":
         return p["H"] == shape["H"]
+    if shape["kernel"] == "fp16_bf16_gemm":
+        from tirx_kernels.gemm import fp16_bf16_gemm as mod
+
+        return p["tile"] == mod.choose_tile(shape["M"], shape["N"], shape["K"])
     return p["act"] == shape["act"] and p["d"] == shape["d"]
 
 
@@ -174,6 +205,10 @@ def _references(shape: dict, data: dict) -> dict:
     import torch.nn.functional as F
 
     refs = {}
+    if shape["kernel"] == "fp16_bf16_gemm":
+        a, b = data["a"], data["b"]
+        refs["cublas"] = lambda: F.linear(a, b)
+        return refs
     if shape["kernel"] == "rmsnorm":
         x, w, eps = data["x"], data["w"], data["eps"]
         xc = x.contiguous()  # the libraries get contiguous rows (x itself for every timed shape)
@@ -229,6 +264,12 @@ def _data(shape: dict) -> dict:
     import torch
 
     t = {"bfloat16": torch.bfloat16, "float16": torch.float16}[shape["dtype"]]
+    if shape["kernel"] == "fp16_bf16_gemm":
+        M, N, K = shape["M"], shape["N"], shape["K"]
+        a = torch.randn(M, K, device="cuda").to(t)
+        b = torch.randn(N, K, device="cuda").to(t)
+        return {"a": a, "b": b, "ref": a.float() @ b.float().T, "out_shape": (M, N), "dtype": t,
+                "bytes": (M * K + N * K + M * N) * 2}
     if shape["kernel"] == "rmsnorm":
         M, H = shape["M"], shape["H"]
         x = torch.randn(M, shape.get("x_row_stride", H), device="cuda").to(t)[:, :H]
@@ -245,11 +286,32 @@ def _data(shape: dict) -> dict:
 
 
 def _caller(v: dict, fn, data: dict, out):
+    if v["kernel"] == "fp16_bf16_gemm":
+        a, b = data["a"], data["b"]
+        return lambda: fn(a, b, out)
     if v["kernel"] == "rmsnorm":
         x, w, eps = data["x"], data["w"], data["eps"]
         return lambda: fn(x, w, out, eps, 0)
     x = data["x"]
     return lambda: fn(x, out, 0)
+
+
+def _chain_check(fn, data: dict, out) -> str | None:
+    """A PDL rmsnorm variant applied twice back to back, the second call reading the first's output (its
+    ``griddepcontrol.wait`` is all that orders them once the first signals its dependents), 20 times with the
+    intermediate re-poisoned each time; the result must match the oracle applied to the intermediate."""
+    import torch
+
+    x, w, eps = data["x"], data["w"], data["eps"]
+    mid = torch.empty_like(out)
+    for _ in range(20):
+        mid.fill_(float("nan"))
+        fn(x, w, mid, eps, 0)
+        fn(mid, w, out, eps, 0)
+    torch.cuda.synchronize()
+    mf = mid.float()
+    ref = mf * torch.rsqrt(mf.pow(2).mean(-1, keepdim=True) + eps) * w.float()
+    return _check(out, ref, data["dtype"])
 
 
 def _check(out, ref, dtype) -> str | None:
@@ -269,7 +331,7 @@ def cmd_run(args) -> int:
     import torch
     import tvm_ffi
 
-    from tirx_kernels.core.bench import time_calls
+    from tirx_kernels.core.bench import time_calls, time_graph
 
     with open(os.path.join(args.dir, "variants.json")) as f:
         variants = [v for v in json.load(f)["variants"] if "error" not in v]
@@ -278,7 +340,7 @@ def cmd_run(args) -> int:
     summary = []
     for shape in SHAPES:
         vs = [v for v in variants if _matches(v, shape)]
-        label = "x".join(str(shape[k]) for k in ("M", "H", "d") if k in shape)
+        label = "x".join(str(shape[k]) for k in ("M", "N", "K", "H", "d") if k in shape)
         title = f"{shape['kernel']} {shape.get('act', '')} {shape['dtype']} {label}".replace("  ", " ")
         if "x_row_stride" in shape:
             title += f" (x row stride {shape['x_row_stride']})"
@@ -300,6 +362,9 @@ def cmd_run(args) -> int:
                     call()
                     torch.cuda.synchronize()
                     err = _check(out, data["ref"], data["dtype"])
+                if err is None and v["params"].get("pdl") and v["kernel"] == "rmsnorm":
+                    err = _chain_check(fn, data, out)
+                    err = err and f"chained calls: {err}"
             except Exception as e:
                 err = f"{type(e).__name__}: {e}"[:300]
             if err:
@@ -314,7 +379,11 @@ def cmd_run(args) -> int:
                 refs[name] = fn
             except Exception as e:
                 errors[f"ref:{name}"] = f"{type(e).__name__}: {e}"[:200]
-        times = time_calls({**fns, **refs}, calls=args.calls, rounds=args.rounds)
+        if shape.get("graph"):
+            title += " (CUDA graph)"
+            times = {n: time_graph(f, rounds=args.rounds) for n, f in {**fns, **refs}.items()}
+        else:
+            times = time_calls({**fns, **refs}, calls=args.calls, rounds=args.rounds)
         best_ref = min(refs, key=lambda n: times[n]["median_us"]) if refs else None
         best_us = times[best_ref]["median_us"] if best_ref else float("nan")
         print(f"\n== {title}  (best reference: {best_ref} {best_us:.1f} us)")

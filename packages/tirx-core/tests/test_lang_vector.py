@@ -152,3 +152,11 @@ def test_l2_policy_loads_and_stores(tmp_path):
         res = build.build_so(_policy_kernel("evict_last", "evict_first"), str(tmp_path / "hinted.so"))
         (kernel,) = res.ptxas_info["kernels"].values()
         assert kernel["spill_store_bytes"] == 0
+
+
+def test_access_policies_slots_and_errors():
+    acc = vector.AccessPolicies("k", {"x": "evict_last", "store": None, "w": "evict_first"})
+    assert acc.slots == {"w": 0, "x": 1} and acc.count == 2
+    assert vector.AccessPolicies("k", None).count == 1  # the local array always exists
+    with pytest.raises(ValueError, match="k: L2 policy of access 'x'"):
+        vector.AccessPolicies("k", {"x": "evict_maybe"})

@@ -111,3 +111,18 @@ def test_sweep_offers_every_persistent_tile():
     for m in (sweep.SMALL_M + 1, 512, 1024, 8192):
         assert set(PERSISTENT) <= set(sweep.candidate_tiles(m)), m
     assert not set(PERSISTENT) & set(sweep.candidate_tiles(sweep.SMALL_M))
+
+
+def test_default_kernels_are_programmatic_dependent_launches():
+    """Sweep round 10's default: the persistent, ping-pong and small-M kernels wait for the previous kernel
+    (griddepcontrol.wait) and are launched with the PDL attribute, cluster dims kept; ``pdl=None`` pins a plain
+    launch."""
+    from tirx_kernels.core import build
+
+    for tile in ("persistent_128x256x64_s3_c2_g8", "pingpong_128x128x64_s6_e64_g8", "smallm_128x64x64_s8_k2"):
+        src = build.codegen(mod.get_kernel("bfloat16", tile))
+        assert "programmaticStreamSerializationAllowed = 1" in src and "griddepcontrol.wait" in src, tile
+        assert ("cudaLaunchAttributeClusterDimension" in src) == (mod.TILE_CONFIGS[tile].get("cluster_m", 1) == 2
+                                                                  or mod.TILE_CONFIGS[tile].get("split_k", 1) > 1)
+    plain = build.codegen(mod.get_kernel("bfloat16", "persistent_128x256x64_s3_c2_g8", pdl=None))
+    assert "programmaticStreamSerialization" not in plain and "griddepcontrol" not in plain

@@ -64,3 +64,75 @@ def test_rmsnorm_out_and_current_stream():
     assert r is out
     want = torch.nn.functional.rms_norm(x.float(), (5120,), w.float(), 1e-5)
     torch.testing.assert_close(out.float(), want, atol=5e-3, rtol=5e-3)
+
+
+def _chain(step, first, bufs):
+    """``bufs[0] = step(first)``, ``bufs[i] = step(bufs[i - 1])``: back-to-back launches, each reading the
+    previous one's output as soon as it may start."""
+    step(first, bufs[0])
+    for i in range(1, len(bufs)):
+        step(bufs[i - 1], bufs[i])
+
+
+@pytest.mark.parametrize("graph", [False, True])
+def test_rmsnorm_chained_calls_wait_for_their_input(graph):
+    """The op is a programmatic dependent launch (core.lang.pdl): each call in a chain of 24 back-to-back calls
+    reads the previous call's output, which its griddepcontrol.wait alone orders (the previous call signals
+    its dependents after its stores). Every intermediate must be the oracle of the one before: a call that ran
+    ahead would read NaN poison or a partial row."""
+    testing.load_or_skip("rmsnorm")
+    from tirx_kernels.norm.rmsnorm import rmsnorm
+
+    x = torch.randn(64, 128, dtype=torch.bfloat16, device="cuda")
+    w = (torch.rand(128, device="cuda") + 0.5).to(torch.bfloat16)
+    bufs = [torch.full_like(x, float("nan")) for _ in range(24)]
+
+    def step(src, dst):
+        rmsnorm(src, w, 1e-6, out=dst)
+
+    if graph:
+        step(x, bufs[0])  # load the artifact outside the capture
+        torch.cuda.synchronize()
+        for b in bufs:
+            b.fill_(float("nan"))
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            _chain(step, x, bufs)
+        g.replay()
+    else:
+        torch.cuda._sleep(2_000_000)  # queue the whole chain behind a busy GPU: the launches then run back to back
+        _chain(step, x, bufs)
+    torch.cuda.synchronize()
+    prev = x
+    for i, b in enumerate(bufs):
+        want = torch.nn.functional.rms_norm(prev.float(), (128,), w.float(), 1e-6)
+        assert not b.isnan().any(), f"call {i}: NaN in the output"
+        torch.testing.assert_close(b.float(), want, atol=2e-2, rtol=2e-2, msg=lambda m, i=i: f"call {i}: {m}")
+        prev = b
+
+
+@pytest.mark.parametrize("M", [1024, 256, 1])  # TILE_TABLE picks a persistent, a 128-row and a 64-row small-M tile
+def test_gemm_chained_calls_wait_for_their_input(M):
+    """The GEMM kernels are programmatic dependent launches too: in a chain of 16 back-to-back ``gemm_nt`` calls
+    each multiplies the previous call's output (C_i = C_{i-1} . B^T, 256 x 256 B scaled to keep the norm), which
+    only its griddepcontrol.wait orders. Every link must match the oracle of the link before."""
+    testing.load_or_skip("fp16_bf16_gemm")
+    from tirx_kernels.gemm.fp16_bf16_gemm import gemm_nt
+
+    n = 256
+    x = torch.randn(M, n, dtype=torch.bfloat16, device="cuda")
+    b = (torch.randn(n, n, device="cuda") / n**0.5).to(torch.bfloat16)
+    bufs = [torch.full_like(x, float("nan")) for _ in range(16)]
+    gemm_nt(x, b, out=bufs[0])  # load the artifact before the chain
+    torch.cuda.synchronize()
+    for t in bufs:
+        t.fill_(float("nan"))
+    torch.cuda._sleep(2_000_000)  # queue the chain behind a busy GPU: the launches then run back to back
+    _chain(lambda src, dst: gemm_nt(src, b, out=dst), x, bufs)
+    torch.cuda.synchronize()
+    prev = x
+    for i, t in enumerate(bufs):
+        want = prev.float() @ b.float().T
+        assert not t.isnan().any(), f"call {i}: NaN in the output"
+        torch.testing.assert_close(t.float(), want, atol=5e-2, rtol=2e-2, msg=lambda m, i=i: f"call {i}: {m}")
+        prev = t

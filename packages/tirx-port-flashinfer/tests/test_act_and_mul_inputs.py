@@ -64,7 +64,7 @@ def test_tile_plan_covers_the_row(d):
 
 
 def test_bench_shape_divides_exactly():
-    assert mod.tile_plan(14336) == {"segments": 14, "threads_per_segment": 128, "vectors_per_thread": 1,
+    assert mod.tile_plan(14336) == {"segments": 7, "threads_per_segment": 256, "vectors_per_thread": 1,
                                     "rows_per_cta": 1}
 
 

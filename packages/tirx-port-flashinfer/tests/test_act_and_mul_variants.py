@@ -86,10 +86,23 @@ def test_sweep_lists_the_default_first_and_valid_bulk_plans():
     sweep = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(sweep)
     variants = [cfg for _, k, cfg in sweep.VARIANTS if k == "act_and_mul"]
-    assert mod.compile_params(**variants[0]) == mod.compile_params(act="silu", dtype="bfloat16", d=14336)
+    first = variants[0]
+    assert mod.compile_params(**first) == mod.compile_params(act=first["act"], dtype=first["dtype"], d=first["d"])
     for cfg in variants[1:]:
         params = mod.compile_params(**cfg)
         if params.get("schedule") != "bulk":
             continue
         mod.bulk_plan(params["d"], params["chunk"], stages=params["stages"], ctas_per_sm=params["ctas_per_sm"],
                       out=params.get("out", "reg"))
+
+
+def test_default_kernel_reads_evict_last_and_is_a_programmatic_dependent_launch():
+    """Sweep round 9's defaults: gate/up loads carry an L2 evict_last policy, the stores none; PDL launch."""
+    from tirx_kernels.core import build
+
+    src = build.codegen(mod.get_kernel("silu", "bfloat16", 4096))
+    assert "createpolicy.fractional.L2::evict_last.b64" in src and "evict_first" not in src
+    assert "ld.global.L2::cache_hint.v4.b32" in src and "st.global.v4.b32" in src
+    assert "programmaticStreamSerializationAllowed = 1" in src and "griddepcontrol.wait" in src
+    plain = build.codegen(mod.get_kernel("silu", "bfloat16", 4096, load_policy=None, pdl=None))
+    assert "cache_hint" not in plain and "griddepcontrol" not in plain

@@ -40,3 +40,47 @@ def test_act_and_mul_torch_compile_fullgraph(act):
     got = f(x)
     want = ref(x[..., :4096].float()) * x[..., 4096:].float() * 3
     torch.testing.assert_close(got, want, atol=3e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("graph", [False, True])
+def test_chained_calls_wait_for_their_input(graph):
+    """The ops are programmatic dependent launches (core.lang.pdl): in a chain of 24 back-to-back
+    ``silu_and_mul`` calls each writes the gate half of the next call's input (a strided ``out``), so only the
+    next call's griddepcontrol.wait orders the two. Every link must be the oracle of the one before: a call that
+    ran ahead would read NaN poison."""
+    testing.load_or_skip("act_and_mul")
+    from tirx_kernels.ported.flashinfer.activation.act_and_mul import silu_and_mul
+
+    d = 128
+    x = torch.randn(64, 2 * d, dtype=torch.bfloat16, device="cuda")
+    bufs = [torch.randn_like(x) for _ in range(24)]  # up halves random, gate halves poisoned below
+
+    def poison():
+        for b in bufs:
+            b[:, :d].fill_(float("nan"))
+
+    def chain():
+        silu_and_mul(x, out=bufs[0][:, :d])
+        for i in range(1, len(bufs)):
+            silu_and_mul(bufs[i - 1], out=bufs[i][:, :d])
+
+    if graph:
+        silu_and_mul(x, out=bufs[0][:, :d])  # load the artifact outside the capture
+        torch.cuda.synchronize()
+        poison()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            chain()
+        g.replay()
+    else:
+        poison()
+        torch.cuda._sleep(2_000_000)  # queue the whole chain behind a busy GPU: the launches then run back to back
+        chain()
+    torch.cuda.synchronize()
+    prev = x
+    for i, b in enumerate(bufs):
+        pf = prev.float()
+        want = torch.nn.functional.silu(pf[:, :d]) * pf[:, d:]
+        assert not b[:, :d].isnan().any(), f"call {i}: NaN in the output"
+        torch.testing.assert_close(b[:, :d].float(), want, atol=2e-2, rtol=2e-2, msg=lambda m, i=i: f"call {i}: {m}")
+        prev = b

@@ -99,10 +99,11 @@ def _drop_params(func, names):
 def build_persistent_kernel(dtype: str, block_m: int, block_n: int, block_k: int, num_stages: int,
                             cluster_m: int, group_m: int, num_sms: int, layout: str = "nt",
                             out_dtype: str | None = None, epilogue: str = "none", bias_dtype: str | None = None,
-                            epi_cols: int | None = None):
+                            epi_cols: int | None = None, pdl: str | None = None):
     from tvm.script import tirx as T
 
     from tirx_kernels.core.lang import mbarrier, roles, scheduler, tma, vector, wgmma
+    from tirx_kernels.core.lang import pdl as pdl_launch
 
     elem = tma.elem_bytes(dtype)
     out_dtype = out_dtype or dtype
@@ -303,6 +304,10 @@ def build_persistent_kernel(dtype: str, block_m: int, block_n: int, block_k: int
             T.cuda.cluster_sync()
         else:
             T.cuda.cta_sync()
+        if pdl is not None:  # programmatic dependent launch: no global access before the previous kernel is done
+            pdl_launch.wait()
+            if pdl == "early":
+                pdl_launch.launch_dependents()
 
         if wg == 0:
             # TMA warpgroup: decrease registers for the consumers.
@@ -450,6 +455,9 @@ def build_persistent_kernel(dtype: str, block_m: int, block_n: int, block_k: int
         if cluster_m == 2:
             # No CTA may exit while its peer still multicasts into its smem or arrives on its barriers.
             T.cuda.cluster_sync()
+        if pdl == "end":
+            pdl_launch.launch_dependents()
 
     unused = (() if add_bias else ("bias_ptr", "Bias")) + (() if reads_c else ("alpha", "beta"))
-    return _drop_params(fp16_bf16_gemm_persistent, unused)
+    func = _drop_params(fp16_bf16_gemm_persistent, unused)
+    return func if pdl is None else pdl_launch.enable(func, cluster=cluster_m == 2)

@@ -96,10 +96,12 @@ def store_box(h, b, epi_cols: int, dtype: str):
 
 def build_pingpong_kernel(dtype: str, block_m: int, block_n: int, block_k: int, num_stages: int, epi_cols: int,
                           group_m: int, num_sms: int, cluster_m: int = 1, layout: str = "nt",
-                          out_dtype: str | None = None, epilogue: str = "none", bias_dtype: str | None = None):
+                          out_dtype: str | None = None, epilogue: str = "none", bias_dtype: str | None = None,
+                          pdl: str | None = None):
     from tvm.script import tirx as T
 
     from tirx_kernels.core.lang import mbarrier, roles, scheduler, tma, wgmma
+    from tirx_kernels.core.lang import pdl as pdl_launch
 
     elem = tma.elem_bytes(dtype)
     if layout != "nt":
@@ -224,6 +226,10 @@ def build_pingpong_kernel(dtype: str, block_m: int, block_n: int, block_k: int, 
             T.cuda.cluster_sync()
         else:
             T.cuda.cta_sync()
+        if pdl is not None:  # programmatic dependent launch: no global access before the previous kernel is done
+            pdl_launch.wait()
+            if pdl == "early":
+                pdl_launch.launch_dependents()
 
         if wg == 0:
             # TMA warpgroup: decrease registers for the consumers. Loads every tile of the CTA in order,
@@ -304,5 +310,9 @@ def build_pingpong_kernel(dtype: str, block_m: int, block_n: int, block_k: int, 
         if cluster_m == 2:
             # No CTA may exit while its peer still multicasts into its smem or arrives on its barriers.
             T.cuda.cluster_sync()
+        if pdl == "end":
+            pdl_launch.launch_dependents()
 
-    return fp16_bf16_gemm_pingpong
+    if pdl is None:
+        return fp16_bf16_gemm_pingpong
+    return pdl_launch.enable(fp16_bf16_gemm_pingpong, cluster=cluster_m == 2)

@@ -115,12 +115,14 @@ def check_params(dtype: str, block_m: int, block_n: int, block_k: int, num_stage
         raise ValueError(f"small-M gemm: {nbytes} B of smem exceeds {SMEM_LIMIT}")
 
 
-def build_small_m_kernel(dtype: str, block_m: int, block_n: int, block_k: int, num_stages: int, split_k: int):
+def build_small_m_kernel(dtype: str, block_m: int, block_n: int, block_k: int, num_stages: int, split_k: int,
+                         pdl: str | None = None):
     check_params(dtype, block_m, block_n, block_k, num_stages, split_k)
 
     from tvm.script import tirx as T
 
     from tirx_kernels.core.lang import cluster, mbarrier, roles, tma, vector, wgmma
+    from tirx_kernels.core.lang import pdl as pdl_launch
 
     elem = tma.elem_bytes(dtype)
     num_consumers = block_m // wgmma.M
@@ -244,6 +246,10 @@ def build_small_m_kernel(dtype: str, block_m: int, block_n: int, block_k: int, n
             ring.init(full, empty)
             mbarrier.fence_init()
         T.cuda.cta_sync()
+        if pdl is not None:  # programmatic dependent launch: no global access before the previous kernel is done
+            pdl_launch.wait()
+            if pdl == "early":
+                pdl_launch.launch_dependents()
 
         if wg == 0:
             # TMA warpgroup.
@@ -325,5 +331,7 @@ def build_small_m_kernel(dtype: str, block_m: int, block_n: int, block_k: int, n
                 # No CTA may exit (and free its smem) while a peer still reads its partial tile.
                 cluster.arrive(relaxed=True)
                 cluster.wait()
+        if pdl == "end":
+            pdl_launch.launch_dependents()
 
-    return fp16_bf16_gemm_small_m
+    return fp16_bf16_gemm_small_m if pdl is None else pdl_launch.enable(fp16_bf16_gemm_small_m, cluster=clustered)

@@ -285,6 +285,13 @@ LAYOUTS = ("nt", "nn")
 EPILOGUES = ("none", "bias", "alpha_beta", "alpha_beta_bias")
 # The tile a variant gets when the caller pins none and choose_tile's pick is not a persistent one.
 VARIANT_TILE = "persistent_128x256x64_s3_g8"
+# Programmatic dependent launch (``core.lang.pdl``) of the persistent, ping-pong and small-M kernels: every thread
+# waits for the previous kernel after the barrier setup, before any TMA load or store; the next kernel is signalled
+# after the last store. Sweep round 10 on the H200 (docs/measurements/2026-12-03c-h200/sweep-round10.log): 1024^3
+# from a CUDA graph of back-to-back calls 5.0 us vs 5.7 plain (cuBLAS 5.4; trigger right after the wait: 5.1);
+# cold L2 unchanged within the rounds' spread (1 x 4096 x 4096 18.5 vs 18.5, 128 x 4096 x 4096 17.5 vs 17.4,
+# 4096^3 177.4 vs 177.5).
+PDL = "end"
 
 # ---------------------------------------------------------------------------------------------------------
 # Tile configurations and the heuristic that picks one
@@ -526,8 +533,9 @@ def is_variant(dtype: str, layout: str | None = None, out_dtype: str | None = No
 def compile_params(**cfg) -> dict:
     tile = cfg.get("tile") or choose_tile(cfg.get("M", 0), cfg.get("N", 0), cfg.get("K", 0))
     dtype = cfg["dtype"]
+    launch = {"pdl": cfg["pdl"]} if "pdl" in cfg else {}  # a pinned launch variant (sweeps); default: PDL
     if not is_variant(dtype, cfg.get("layout"), cfg.get("out_dtype"), cfg.get("epilogue")):
-        return {"dtype": dtype, "tile": tile}  # the plain kernel: the same artifact key as before variants
+        return {"dtype": dtype, "tile": tile, **launch}  # the plain kernel: the same key as before variants
     picked = TILE_CONFIGS[tile]
     if not cfg.get("tile") and (picked.get("kind") != "persistent" or picked["block_n"] % 64):
         tile = VARIANT_TILE  # the variants need a persistent tile of whole 64-column store boxes
@@ -536,7 +544,7 @@ def compile_params(**cfg) -> dict:
          "epilogue": epilogue}
     if epilogue in ("bias", "alpha_beta_bias"):
         p["bias_dtype"] = cfg.get("bias_dtype") or dtype
-    return p
+    return {**p, **launch}
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -544,9 +552,14 @@ def compile_params(**cfg) -> dict:
 # ---------------------------------------------------------------------------------------------------------
 
 def get_kernel(dtype: str, tile: str, layout: str = "nt", out_dtype: str | None = None, epilogue: str = "none",
-               bias_dtype: str | None = None):
+               bias_dtype: str | None = None, pdl: str | None = PDL):
+    """The kernel of ``tile``; ``pdl``: programmatic dependent launch (``core.lang.pdl.TRIGGERS`` or None) of the
+    persistent, ping-pong and small-M kernels (the stand-alone "ws" tile has none)."""
     if dtype not in _DTYPES:
         raise ValueError(f"fp16_bf16_gemm: dtype {dtype!r} is not one of {sorted(_DTYPES)}")
+    from tirx_kernels.core.lang import pdl as pdl_launch
+
+    pdl_launch.check_trigger("fp16_bf16_gemm", pdl)
     params = dict(TILE_CONFIGS[tile])
     if params.get("kind") != "persistent" and is_variant(dtype, layout, out_dtype, epilogue):
         raise ValueError(f"fp16_bf16_gemm: tile {tile!r} builds only NT, {dtype} out, no epilogue; layout "
@@ -555,16 +568,16 @@ def get_kernel(dtype: str, tile: str, layout: str = "nt", out_dtype: str | None 
         from tirx_kernels.gemm import _persistent
 
         return _persistent.build_persistent_kernel(dtype, **params, layout=layout, out_dtype=out_dtype,
-                                                   epilogue=epilogue, bias_dtype=bias_dtype)
+                                                   epilogue=epilogue, bias_dtype=bias_dtype, pdl=pdl)
     if TILE_CONFIGS[tile].get("kind") == "pingpong":
         from tirx_kernels.gemm import _pingpong
 
         return _pingpong.build_pingpong_kernel(dtype, **params, layout=layout, out_dtype=out_dtype,
-                                               epilogue=epilogue, bias_dtype=bias_dtype)
+                                               epilogue=epilogue, bias_dtype=bias_dtype, pdl=pdl)
     if TILE_CONFIGS[tile].get("kind") == "small_m":
         from tirx_kernels.gemm import _small_m
 
-        return _small_m.build_small_m_kernel(dtype, **params)
+        return _small_m.build_small_m_kernel(dtype, **params, pdl=pdl)
     return _build_kernel(dtype, **params)
 
 

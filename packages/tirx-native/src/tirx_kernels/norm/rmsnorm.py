@@ -20,6 +20,9 @@ Design (memory-bound: 2 bytes read + 2 written per element, the weight stays in 
   ``L1::evict_last`` above; and L2 eviction priorities (``row_access``, measured): x read L2 evict_last up to
   H = 7168; above, torch.compile's two passes (x read evict_last, re-read evict_first after the reduction,
   weight evict_last), which reached torch.compile at 32768 x 8192 (252.7 us, 4.25 TB/s).
+- Launched as a programmatic dependent (``core.lang.pdl``, ``PDL``): every thread waits for the previous kernel
+  before its first global access and signals the next after its stores, so back-to-back calls overlap one's
+  launch with the other's tail (32x128 in a CUDA graph: 0.8 us vs 1.1).
 - ptxas (nvcc 13.0), every config: 28-65 registers, 0-byte stack, no spills; SASS has only
   LDG.E.NA.128 / LDG.E.EL.128 / LDG.E.EF.128 (x) / LDG.E(.EL).128 (weight) / STG.E.128 global accesses, the
   first pass's loads ahead of the first FFMA.
@@ -132,6 +135,12 @@ def x_load_cache(H: int) -> str:
 _TWO_PASS = {"load_cache": "evict_last", "reload_cache": "evict_first", "x_policy": "evict_last",
              "reload_policy": "evict_first", "weight_policy": "evict_last"}
 ROW_ACCESS = [(7168, {"x_policy": "evict_last"}), (MAX_H, _TWO_PASS)]
+# Programmatic dependent launch of the row kernel (``core.lang.pdl``; FlashInfer launches its norms so on Hopper):
+# wait before the first global access, signal the next kernel after the stores. Sweep round 9 on the H200
+# (docs/measurements/2026-12-03c-h200/sweep-round9.log): 32x128 from a CUDA graph of back-to-back calls 0.8 us
+# vs 1.1 without (liger 1.4, FlashInfer's CUDA kernel 1.6; "early" trigger equal); cold L2 8192x4096 35.4 vs
+# 36.1, 32768x8192 252.8 vs 252.5, 37x8192 5.1 both (equal within the rounds' spread).
+PDL = "end"
 ACCESS_KEYS = ("load_cache", "reload_cache", "x_policy", "reload_policy", "weight_policy", "store_policy")
 
 
@@ -181,7 +190,7 @@ def row_plan(H: int) -> dict:
 SCHEDULES = ("row", "persistent", "bulk")
 VARIANT_KEYS = ("schedule", "threads_per_row", "rows_per_cta", "ctas_per_sm", "pipeline", "store_cache",
                 "load_cache", "weight_late", "reload_cache", "stages", "out", "x_regs", "load_hint",
-                "x_policy", "reload_policy", "weight_policy", "store_policy")
+                "x_policy", "reload_policy", "weight_policy", "store_policy", "pdl")
 NUM_SMS = 132  # H200 SXM
 
 
@@ -200,8 +209,9 @@ def get_kernel(dtype: str, H: int, schedule: str = "row", threads_per_row: int |
                store_cache: str = "default", load_cache: str | None = None, weight_late: bool = False,
                reload_cache: str | None = None, stages: int = 2, out: str = "reg", x_regs: bool = False,
                load_hint: str | None = None, x_policy: str | None = None, reload_policy: str | None = None,
-               weight_policy: str | None = None, store_policy: str | None = None):
-    """The kernel of ``schedule``; unset plan entries come from ``row_plan`` (the default variant)."""
+               weight_policy: str | None = None, store_policy: str | None = None, pdl: str | None = PDL):
+    """The kernel of ``schedule``; unset plan entries come from ``row_plan`` (the default variant). ``pdl``
+    (row schedule only): programmatic dependent launch, ``core.lang.pdl.TRIGGERS`` or None."""
     if dtype not in _DTYPES:
         raise ValueError(f"rmsnorm: dtype {dtype!r} is not one of {sorted(_DTYPES)}")
     if H % _VEC or not MIN_H <= H <= MAX_H:
@@ -224,7 +234,7 @@ def get_kernel(dtype: str, H: int, schedule: str = "row", threads_per_row: int |
     return build_kernel(dtype, H, tpr, rows, store_cache, load_cache=access["load_cache"],
                         min_ctas_per_sm=ctas_per_sm, weight_late=weight_late, reload_cache=access["reload_cache"],
                         policies={"x": access["x_policy"], "reload": access["reload_policy"],
-                                  "weight": access["weight_policy"], "store": access["store_policy"]})
+                                  "weight": access["weight_policy"], "store": access["store_policy"]}, pdl=pdl)
 
 
 # Row pieces every schedule shares (plain Python run while a prim_func is parsed; they emit statements).
@@ -259,22 +269,9 @@ def _scale_vector(orr, xr, wr, v: int, rs, dtype: str, x_base: int | None = None
         vector.pack2(orr, j, x_lo * rs * w_lo, x_hi * rs * w_hi, dtype)
 
 
-def _create_policies(pol, slots: dict, policies: dict):
-    """``pol[slots[name]]`` <- an L2 policy of priority ``policies[name]``, for every hinted access."""
-    from tirx_kernels.core.lang import vector
-
-    for name, i in slots.items():
-        vector.l2_policy(pol[i], policies[name])
-
-
-def _policy(pol, slots: dict, name: str):
-    """The L2 policy operand of access ``name``, None where it carries no hint."""
-    return pol[slots[name]] if name in slots else None
-
-
 def build_kernel(dtype: str, H: int, threads_per_row: int, rows_per_cta: int, store_cache: str = "default",
                  load_cache: str = "stream", min_ctas_per_sm: int | None = None, weight_late: bool = False,
-                 reload_cache: str | None = None, policies: dict | None = None):
+                 reload_cache: str | None = None, policies: dict | None = None, pdl: str | None = None):
     """The kernel for an explicit plan (``get_kernel`` takes it from ``row_plan``; sweeps call this).
 
     ``load_cache``: ``vector.LOAD_CACHE`` qualifiers of the x loads. ``min_ctas_per_sm``: emit
@@ -283,14 +280,18 @@ def build_kernel(dtype: str, H: int, threads_per_row: int, rows_per_cta: int, st
     ``reload_cache``: two passes over x, as torch.compile's reduction does: x is not held across the
     reduction but loaded again after it (an L1/L2 hit) with these qualifiers, together with the weight.
     ``policies``: L2 eviction priorities (``vector.L2_PRIORITIES``, None = no ``.L2::cache_hint``) of the
-    accesses "x" (first read), "reload", "weight" and "store".
+    accesses "x" (first read), "reload", "weight" and "store". ``pdl``: launched as a programmatic dependent
+    (``core.lang.pdl``): every thread waits for the previous kernel before its first global access, and
+    signals the next one after its stores ("end") or right after the wait ("early").
     """
-    weight_late = weight_late or reload_cache is not None
-    policies = {k: v for k, v in (policies or {}).items() if v is not None}
-    slots = {name: i for i, name in enumerate(sorted(policies))}  # one createpolicy per hinted access
     from tvm.script import tirx as T
 
+    from tirx_kernels.core.lang import pdl as pdl_launch
     from tirx_kernels.core.lang import reduce, vector
+
+    pdl_launch.check_trigger("rmsnorm", pdl)
+    access = vector.AccessPolicies("rmsnorm", policies)
+    weight_late = weight_late or reload_cache is not None
 
     tpr = threads_per_row
     vpt = vector.ceil_div(H // _VEC, tpr)
@@ -346,8 +347,12 @@ def build_kernel(dtype: str, H: int, threads_per_row: int, rows_per_cta: int, st
         orr = T.alloc_local((words,), "uint32")
         acc = T.alloc_local((1,), "float32")
         scratch = T.alloc_shared((scratch_len,), "float32")
-        pol = T.alloc_local((max(1, len(slots)),), "uint64")
-        _create_policies(pol, slots, policies)
+        pol = T.alloc_local((access.count,), "uint64")
+        access.create(pol)
+        if pdl is not None:
+            pdl_launch.wait()  # nothing global before this: the previous kernel may still write x or read out
+            if pdl == "early":
+                pdl_launch.launch_dependents()
 
         # Loads: the weight, then the row of x, all issued before any math. Without the ``after_all``
         # dependency below ptxas sank the weight loads below the sum of squares (SASS of H=4096: 4
@@ -356,11 +361,11 @@ def build_kernel(dtype: str, H: int, threads_per_row: int, rows_per_cta: int, st
         lane = tid % tpr
         x_base = T.Cast("int64", row) * T.Cast("int64", x_stride)
         if weight_late:
-            load_row(xr, Xf, x_base, lane, row_pred(row, M), load_cache, _policy(pol, slots, "x"))
+            load_row(xr, Xf, x_base, lane, row_pred(row, M), load_cache, access.operand(pol, "x"))
             acc[0] = T.cuda.uint_as_float(vector.after_all(xr, vpt * words, zero))  # 0.0, after all of x
         else:
-            load_row(wr, Wt, 0, lane, None, "default", _policy(pol, slots, "weight"))
-            load_row(xr, Xf, x_base, lane, row_pred(row, M), load_cache, _policy(pol, slots, "x"))
+            load_row(wr, Wt, 0, lane, None, "default", access.operand(pol, "weight"))
+            load_row(xr, Xf, x_base, lane, row_pred(row, M), load_cache, access.operand(pol, "x"))
             acc[0] = T.cuda.uint_as_float(vector.after_all(wr, vpt * words, zero))  # 0.0, after the weight
 
         # Sum of squares in fp32 over the row, then the reciprocal RMS.
@@ -368,15 +373,17 @@ def build_kernel(dtype: str, H: int, threads_per_row: int, rows_per_cta: int, st
         total = reduce.group_sum(acc[0], tid, tpr, scratch)
         rs = T.rsqrt(total * T.float32(inv_h) + eps)
         if weight_late:
-            load_row(wr, Wt, 0, lane, None, "default", _policy(pol, slots, "weight"))
+            load_row(wr, Wt, 0, lane, None, "default", access.operand(pol, "weight"))
         if reload_cache is not None:
-            load_row(xr, Xf, x_base, lane, row_pred(row, M), reload_cache, _policy(pol, slots, "reload"))
+            load_row(xr, Xf, x_base, lane, row_pred(row, M), reload_cache, access.operand(pol, "reload"))
 
         # out = x * rs * w, rounded once.
         y_base = T.Cast("int64", row) * T.Cast("int64", y_stride)
-        scale_store(Yf, y_base, lane, row_pred(row, M), xr, wr, orr, rs, _policy(pol, slots, "store"))
+        scale_store(Yf, y_base, lane, row_pred(row, M), xr, wr, orr, rs, access.operand(pol, "store"))
+        if pdl == "end":
+            pdl_launch.launch_dependents()
 
-    return rmsnorm
+    return rmsnorm if pdl is None else pdl_launch.enable(rmsnorm)
 
 
 def build_kernel_persistent(dtype: str, H: int, threads_per_row: int, ctas_per_sm: int, pipeline: bool = True,

@@ -102,6 +102,29 @@ def l2_policy(policy, priority: str):
     tma.create_policy(policy, f"L2::{priority}")
 
 
+class AccessPolicies:
+    """The L2 policies of a kernel's named accesses (``{"x": "evict_last", "store": None, ...}``; None: no
+    ``.L2::cache_hint``): one ``createpolicy`` per hinted access into a ``uint64`` local array of ``count``
+    slots (``pol = T.alloc_local((policies.count,), "uint64")``; at least one slot, so the array always exists)."""
+
+    def __init__(self, kernel: str, policies: dict | None):
+        self.policies = {k: v for k, v in (policies or {}).items() if v is not None}
+        for name, priority in self.policies.items():
+            if priority not in L2_PRIORITIES:
+                raise ValueError(f"{kernel}: L2 policy of access {name!r}: {priority!r} is not one of {L2_PRIORITIES}")
+        self.slots = {name: i for i, name in enumerate(sorted(self.policies))}
+        self.count = max(1, len(self.slots))
+
+    def create(self, pol):
+        """``pol[slot]`` <- the policy of every hinted access (at the top of the kernel)."""
+        for name, i in self.slots.items():
+            l2_policy(pol[i], self.policies[name])
+
+    def operand(self, pol, name: str):
+        """The ``policy=`` operand of access ``name`` for :func:`load_v4` / :func:`store_v4`; None: no hint."""
+        return pol[self.slots[name]] if name in self.slots else None
+
+
 # Cache qualifiers of a 16-byte global store (``store_v4(..., cache=...)``); "cs" is st.global.cs
 # (cache-streaming, evict-first), which lost 1-2 % on the H200 for rmsnorm and act_and_mul (sweep round 1).
 STORE_CACHE = {

@@ -10,9 +10,9 @@ Upstream runs one CTA per row (``min(d / 8, 1024)`` threads) with one 16-byte ve
 in flight per thread per loop trip. Here one artifact per (act, dtype, d) serves every row count M and
 any 16-byte row strides of x and out:
 - A row of d / 8 output vectors is cut into ``segments`` equal segments of ``threads_per_segment``
-  threads x ``vectors_per_thread`` vectors (``tile_plan``: 14336 -> 2 x 224 threads x 4, exact); short
-  rows pack several rows per CTA. Each thread loads all its gate and up vectors (8 independent 16-byte
-  loads) before any math, then computes and stores; only vectors that can fall past d are predicated.
+  threads x ``vectors_per_thread`` vectors (``tile_plan``: 14336 -> 7 x 256 threads x 1, exact); short
+  rows pack several rows per CTA. Each thread loads all its gate and up vectors (2 independent 16-byte
+  loads a vector) before any math, then computes and stores; only vectors that can fall past d are predicated.
 - d is a compile-time constant: every load of a thread is one base register plus an immediate offset, no
   division, and the tiling divides d exactly (a dynamic-d draft needed a division and carried row/column
   steps per vector). ptxas still issued only 3 of the 8 loads before the first vector's math, which then
@@ -24,9 +24,11 @@ any 16-byte row strides of x and out:
   grid-stride loop over tiles that loads the next tile before the current one's math, and "bulk"
   (``chunk``/``stages``/``out``/``load_hint``): a producer warp bulk-copies (row, column chunk) tiles into a
   shared-memory mbarrier ring for consumer warps. Default: "tile".
-- Plain ``ld.global`` loads (no cache qualifier): ``L1::no_allocate`` (the first version) cost 4 % at
-  32768 x 2x14336 on the H200 (672 vs 643 us; sweep rounds 3-4, docs/measurements/2026-12-02-h200-b/); no
-  other L1 eviction or store qualifier moved it further.
+- Gate/up loads without an L1 qualifier: ``L1::no_allocate`` (the first version) cost 4 % at 32768 x 2x14336
+  on the H200 (672 vs 643 us; sweep rounds 3-4, docs/measurements/2026-12-02-h200-b/); no other L1 eviction or
+  store qualifier moved it further. An L2 evict_last policy on them did (round 9: 637 us, ``LOAD_POLICY``).
+- Launched as a programmatic dependent (``core.lang.pdl``, ``PDL``): back-to-back small calls overlap the
+  next kernel's launch with this one's tail.
 - Activation math as upstream: silu ``g / (1 + e^-g)`` (exp2 + fast reciprocal), gelu with ``erff``,
   gelu_tanh with ``tanh.approx.f32``.
 """
@@ -81,18 +83,31 @@ _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 ACTS = ("silu", "gelu", "gelu_tanh")
 _VEC = 8  # 16-bit elements per 16-byte vector
 
-# (d / 8) vectors per row = segments x threads_per_segment x vectors_per_thread, rounded up. 4 vectors: 8
-# independent 16-byte loads (128 B) in flight per thread. Segments of at most 256 threads keep the CTA count
-# high at small M; rows of <= 32 threads are packed into CTAs of at least 128 threads.
-# Sweep on the H200 (tools/sweep_variants.py, cold L2): one vector per thread in 128-thread segments won at
-# every measured shape: 32768x14336 silu 673.0 us (4.19 TB/s) vs 691.5 with 2x224x4; 4096x14336 gelu_tanh
-# 88.4 vs 91.4; 4096x4096 silu 29.9 vs 30.7. Fewer registers (28 vs 40-44) -> more resident warps.
+# (d / 8) vectors per row = segments x threads_per_segment x vectors_per_thread, rounded up; rows of <= 32
+# threads are packed into CTAs of at least 128 threads.
+# Sweep on the H200 (tools/sweep_variants.py, cold L2): one vector per thread won at every measured shape
+# (round 1: 32768x14336 silu 673.0 us (4.19 TB/s) with 128-thread segments vs 691.5 with 2x224x4; 4096x14336
+# gelu_tanh 88.4 vs 91.4; 4096x4096 silu 29.9 vs 30.7; fewer registers, 28 vs 40-44, more resident warps).
+# Segments of 256 threads rather than 128 (round 11, docs/measurements/2026-12-03c-h200/sweep-round11.log): half
+# the CTAs, which is what counts when few rows make the launch the cost: fp16 37 x 2x14336 from a CUDA graph
+# 1.4 us vs 1.7 (FlashInfer 1.6); equal at the large shapes (32768 x 2x14336 640.2 vs 639.7, 4096 x 2x4096
+# 28.3 both, gelu_tanh 4096 x 2x14336 84.8 vs 85.0).
 VECTORS_PER_THREAD = 1
-MAX_SEGMENT_THREADS = 128
+MAX_SEGMENT_THREADS = 256
 # Gate/up loads: plain. Sweep rounds 3-4 on the H200 (32768 x 2x14336 silu, cold L2): plain 643.2 us (4.38 TB/s,
 # torch.compile 642.6 in the same run), L1::evict_last / evict_unchanged 643.3-643.4, L1::no_allocate 673.5,
 # L2::256B prefetch 646.9, .nc + no_allocate 672.5; store qualifiers (evict_first, no_allocate) within 0.1 %.
 LOAD_CACHE = "default"
+# L2 eviction priorities of the gate/up loads and the stores (``.L2::cache_hint``), sweep round 9 on the H200
+# (cold L2 after the suite's 512 MiB write flush; docs/measurements/2026-12-03c-h200/sweep-round9.log): gate/up
+# read L2 evict_last: 32768 x 2x14336 637.3 us vs 643.5 plain (torch.compile 642.7), 4096 x 2x4096 28.0 vs 29.7
+# (torch.compile 29.6), 37 x 2x14336 4.8 vs 5.1; evict_first loads lost 1-5 %, store priorities moved < 1 %.
+LOAD_POLICY = "evict_last"
+STORE_POLICY = None
+# Programmatic dependent launch (``core.lang.pdl``, as FlashInfer launches its activations on Hopper): fp16
+# 37 x 2x14336 from a CUDA graph of back-to-back calls 1.6 us vs 1.8 without ("early" trigger equal); cold L2
+# equal (643.4 vs 643.5, 29.6 vs 29.7).
+PDL = "end"
 MIN_CTA_THREADS = 128
 
 
@@ -127,7 +142,8 @@ def tile_plan(d: int) -> dict:
 SCHEDULES = ("tile", "persistent", "bulk")
 TILE_KEYS = ("segments", "threads_per_segment", "vectors_per_thread", "rows_per_cta")
 BULK_KEYS = ("chunk", "stages", "out", "load_hint")
-VARIANT_KEYS = ("schedule", *TILE_KEYS, "ctas_per_sm", "pipeline", "store_cache", "load_cache", *BULK_KEYS)
+VARIANT_KEYS = ("schedule", *TILE_KEYS, "ctas_per_sm", "pipeline", "store_cache", "load_cache", *BULK_KEYS,
+                "load_policy", "store_policy", "pdl")
 NUM_SMS = 132  # H200 SXM
 
 
@@ -142,9 +158,12 @@ def compile_params(**cfg) -> dict:
 # ---------------------------------------------------------------------------------------------------------
 
 def get_kernel(act: str, dtype: str, d: int, schedule: str = "tile", ctas_per_sm: int | None = None,
-               pipeline: bool = True, store_cache: str = "default", load_cache: str = LOAD_CACHE, **tiling):
+               pipeline: bool = True, store_cache: str = "default", load_cache: str = LOAD_CACHE,
+               load_policy: str | None = LOAD_POLICY, store_policy: str | None = STORE_POLICY,
+               pdl: str | None = PDL, **tiling):
     """The kernel of ``schedule``; ``tiling`` (``TILE_KEYS``) overrides ``tile_plan(d)`` (the default), or
-    for "bulk" holds ``BULK_KEYS`` and ``vectors_per_thread``."""
+    for "bulk" holds ``BULK_KEYS`` and ``vectors_per_thread``. ``load_policy`` / ``store_policy`` (L2
+    priorities) and ``pdl`` (``core.lang.pdl``) apply to the "tile" schedule."""
     if act not in ACTS:
         raise ValueError(f"act_and_mul: act {act!r} is not one of {ACTS}")
     if dtype not in _DTYPES:
@@ -169,7 +188,7 @@ def get_kernel(act: str, dtype: str, d: int, schedule: str = "tile", ctas_per_sm
         return build_kernel_persistent(act, dtype, d, **plan, ctas_per_sm=ctas_per_sm or 2, pipeline=pipeline,
                                        store_cache=store_cache, load_cache=load_cache)
     return build_kernel(act, dtype, d, **plan, store_cache=store_cache, load_cache=load_cache,
-                        min_ctas_per_sm=ctas_per_sm)
+                        min_ctas_per_sm=ctas_per_sm, policies={"load": load_policy, "store": store_policy}, pdl=pdl)
 
 
 def _activation(act: str, T, g, tmp, k):
@@ -204,15 +223,23 @@ def _act_vector(act: str, dtype: str, orr, gr, ur, v: int, tmp, dep=None):
 
 def build_kernel(act: str, dtype: str, d: int, segments: int, threads_per_segment: int,
                  vectors_per_thread: int, rows_per_cta: int, store_cache: str = "default",
-                 load_cache: str = LOAD_CACHE, min_ctas_per_sm: int | None = None):
+                 load_cache: str = LOAD_CACHE, min_ctas_per_sm: int | None = None, policies: dict | None = None,
+                 pdl: str | None = None):
     """The kernel for an explicit tiling (``get_kernel`` takes it from ``tile_plan``; sweeps call this).
 
     ``load_cache``: the ``vector.LOAD_CACHE`` qualifiers of the gate/up loads; ``min_ctas_per_sm``: emit
     ``__launch_bounds__(threads, min_ctas_per_sm)`` (caps registers so that many CTAs stay resident).
+    ``policies``: L2 eviction priorities of the accesses "load" (gate and up) and "store" (None: no hint).
+    ``pdl``: launched as a programmatic dependent (``core.lang.pdl``): every thread waits for the previous
+    kernel before its loads and signals the next one after its stores ("end") or right after the wait ("early").
     """
     from tvm.script import tirx as T
 
+    from tirx_kernels.core.lang import pdl as pdl_launch
     from tirx_kernels.core.lang import vector
+
+    pdl_launch.check_trigger("act_and_mul", pdl)
+    access = vector.AccessPolicies("act_and_mul", policies)
 
     tps = threads_per_segment
     vpt = vectors_per_thread
@@ -232,18 +259,18 @@ def build_kernel(act: str, dtype: str, d: int, segments: int, threads_per_segmen
     def col(v, seg, lane):
         return ((seg * vpt + v) * tps + lane) * _VEC
 
-    def load_all(gr, ur, Xf, x_base, seg, lane, row, M):
+    def load_all(gr, ur, Xf, x_base, seg, lane, row, M, policy):
         for v in range(vpt):
             vector.load_v4(gr, v * words, Xf.ptr_to([x_base + col(v, seg, lane)]), vector_pred(v, seg, lane, row, M),
-                           cache=load_cache)
+                           cache=load_cache, policy=policy)
             vector.load_v4(ur, v * words, Xf.ptr_to([x_base + d + col(v, seg, lane)]),
-                           vector_pred(v, seg, lane, row, M), cache=load_cache)
+                           vector_pred(v, seg, lane, row, M), cache=load_cache, policy=policy)
 
-    def compute_store(Yf, y_base, seg, lane, row, M, gr, ur, orr, tmp, dep):
+    def compute_store(Yf, y_base, seg, lane, row, M, gr, ur, orr, tmp, dep, policy):
         for v in range(vpt):
             _act_vector(act, dtype, orr, gr, ur, v, tmp, dep[0])
             vector.store_v4(Yf.ptr_to([y_base + col(v, seg, lane)]), orr, 0, vector_pred(v, seg, lane, row, M),
-                            cache=store_cache)
+                            cache=store_cache, policy=policy)
 
     @T.prim_func
     def act_and_mul(x_ptr: T.handle, y_ptr: T.handle, zero: T.int32):
@@ -266,16 +293,24 @@ def build_kernel(act: str, dtype: str, d: int, segments: int, threads_per_segmen
         orr = T.alloc_local((words,), "uint32")
         tmp = T.alloc_local((2 * words,), "float32")
         dep = T.alloc_local((1,), "uint32")
+        pol = T.alloc_local((access.count,), "uint64")
+        access.create(pol)
+        if pdl is not None:
+            pdl_launch.wait()  # nothing global before this: the previous kernel may still write x or read out
+            if pdl == "early":
+                pdl_launch.launch_dependents()
         row = row_block * rows_per_cta + tid // tps
         lane = tid % tps
         x_base = T.Cast("int64", row) * T.Cast("int64", x_stride)
         y_base = T.Cast("int64", row) * T.Cast("int64", y_stride)
-        load_all(gr, ur, Xf, x_base, seg, lane, row, M)
+        load_all(gr, ur, Xf, x_base, seg, lane, row, M, access.operand(pol, "load"))
         # Every word depends on every load (``zero`` is 0): all 8 loads issue before any math.
         dep[0] = vector.after_all(gr, vpt * words, zero) | vector.after_all(ur, vpt * words, zero)
-        compute_store(Yf, y_base, seg, lane, row, M, gr, ur, orr, tmp, dep)
+        compute_store(Yf, y_base, seg, lane, row, M, gr, ur, orr, tmp, dep, access.operand(pol, "store"))
+        if pdl == "end":
+            pdl_launch.launch_dependents()
 
-    return act_and_mul
+    return act_and_mul if pdl is None else pdl_launch.enable(act_and_mul)
 
 
 def build_kernel_persistent(act: str, dtype: str, d: int, segments: int, threads_per_segment: int,
