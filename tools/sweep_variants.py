@@ -82,19 +82,14 @@ def _pdl(make, *args):
 # segments of 256 threads (or 2 of 896) vs 1.6 with the default 14 of 128 (FlashInfer 1.5); 1 segment of 448
 # threads x 4 vectors 2.8.
 #
-# Round 11: 256-thread segments (one vector a thread) at every act_and_mul shape, the large ones included (round 1
-# had picked 128-thread segments over 224 x 4 vectors, not over 256 x 1).
+# Round 11 (log: docs/measurements/2026-12-03c-h200/sweep-round11.log): 256-thread segments equal 128 at the
+# large act_and_mul shapes and win at few rows: now the default (its variant list is in git history).
+#
+# Round 12: PDL on and off for rmsnorm's cold-L2 rows, many rounds: round 9 and the bench of the final run read
+# 4113x8192 1.5-4 % slower with PDL (within the rounds' spread), 8192x4096 faster.
 VARIANTS = [
-    _act("silu", 14336, "tile"), _act("silu", 14336, "seg7x256", segments=7, threads_per_segment=256,
-                                      vectors_per_thread=1, rows_per_cta=1),
-    _act("silu", 14336, "tile", dtype="float16"),
-    _act("silu", 14336, "seg7x256", dtype="float16", segments=7, threads_per_segment=256, vectors_per_thread=1,
-         rows_per_cta=1),
-    _act("silu", 4096, "tile"), _act("silu", 4096, "seg2x256", segments=2, threads_per_segment=256,
-                                     vectors_per_thread=1, rows_per_cta=1),
-    _act("gelu_tanh", 14336, "tile"), _act("gelu_tanh", 14336, "seg7x256", segments=7, threads_per_segment=256,
-                                           vectors_per_thread=1, rows_per_cta=1),
-    _rms("bfloat16", 128, "row"),
+    _rms("bfloat16", 8192, "row"), _rms("bfloat16", 8192, "plain", pdl=None),
+    _rms("bfloat16", 4096, "row"), _rms("bfloat16", 4096, "plain", pdl=None),
 ]
 
 CALLS = {
