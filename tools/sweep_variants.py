@@ -90,6 +90,7 @@ def _pdl(make, *args):
 VARIANTS = [
     _rms("bfloat16", 8192, "row"), _rms("bfloat16", 8192, "plain", pdl=None),
     _rms("bfloat16", 4096, "row"), _rms("bfloat16", 4096, "plain", pdl=None),
+    _act("silu", 14336, "tile"),  # act_and_mul's default beside the references (its test reads it from here)
 ]
 
 CALLS = {
