@@ -31,16 +31,12 @@ def _copy_kernel(trigger):
         cta = T.cta_id([M])
         tid = T.thread_id([128])
         xr = T.alloc_local((words,), "uint32")
-        if trigger is not None:
-            pdl.wait()
-            if trigger == "early":
-                pdl.launch_dependents()
+        pdl.begin(trigger)
         vector.load_v4(xr, 0, X.ptr_to([cta, tid * 8]))
         vector.store_v4(Y.ptr_to([cta, tid * 8]), xr, 0)
-        if trigger == "end":
-            pdl.launch_dependents()
+        pdl.end(trigger)
 
-    return pdl_copy if trigger is None else pdl.enable(pdl_copy)
+    return pdl.launch(pdl_copy, trigger)
 
 
 def test_enable_sets_the_launch_attribute():

@@ -304,10 +304,7 @@ def build_persistent_kernel(dtype: str, block_m: int, block_n: int, block_k: int
             T.cuda.cluster_sync()
         else:
             T.cuda.cta_sync()
-        if pdl is not None:  # programmatic dependent launch: no global access before the previous kernel is done
-            pdl_launch.wait()
-            if pdl == "early":
-                pdl_launch.launch_dependents()
+        pdl_launch.begin(pdl)  # programmatic dependent launch: no global access before the previous kernel is done
 
         if wg == 0:
             # TMA warpgroup: decrease registers for the consumers.
@@ -455,9 +452,7 @@ def build_persistent_kernel(dtype: str, block_m: int, block_n: int, block_k: int
         if cluster_m == 2:
             # No CTA may exit while its peer still multicasts into its smem or arrives on its barriers.
             T.cuda.cluster_sync()
-        if pdl == "end":
-            pdl_launch.launch_dependents()
+        pdl_launch.end(pdl)
 
     unused = (() if add_bias else ("bias_ptr", "Bias")) + (() if reads_c else ("alpha", "beta"))
-    func = _drop_params(fp16_bf16_gemm_persistent, unused)
-    return func if pdl is None else pdl_launch.enable(func, cluster=cluster_m == 2)
+    return pdl_launch.launch(_drop_params(fp16_bf16_gemm_persistent, unused), pdl, cluster=cluster_m == 2)

@@ -226,10 +226,7 @@ def build_pingpong_kernel(dtype: str, block_m: int, block_n: int, block_k: int, 
             T.cuda.cluster_sync()
         else:
             T.cuda.cta_sync()
-        if pdl is not None:  # programmatic dependent launch: no global access before the previous kernel is done
-            pdl_launch.wait()
-            if pdl == "early":
-                pdl_launch.launch_dependents()
+        pdl_launch.begin(pdl)  # programmatic dependent launch: no global access before the previous kernel is done
 
         if wg == 0:
             # TMA warpgroup: decrease registers for the consumers. Loads every tile of the CTA in order,
@@ -310,9 +307,6 @@ def build_pingpong_kernel(dtype: str, block_m: int, block_n: int, block_k: int, 
         if cluster_m == 2:
             # No CTA may exit while its peer still multicasts into its smem or arrives on its barriers.
             T.cuda.cluster_sync()
-        if pdl == "end":
-            pdl_launch.launch_dependents()
+        pdl_launch.end(pdl)
 
-    if pdl is None:
-        return fp16_bf16_gemm_pingpong
-    return pdl_launch.enable(fp16_bf16_gemm_pingpong, cluster=cluster_m == 2)
+    return pdl_launch.launch(fp16_bf16_gemm_pingpong, pdl, cluster=cluster_m == 2)

@@ -246,10 +246,7 @@ def build_small_m_kernel(dtype: str, block_m: int, block_n: int, block_k: int, n
             ring.init(full, empty)
             mbarrier.fence_init()
         T.cuda.cta_sync()
-        if pdl is not None:  # programmatic dependent launch: no global access before the previous kernel is done
-            pdl_launch.wait()
-            if pdl == "early":
-                pdl_launch.launch_dependents()
+        pdl_launch.begin(pdl)  # programmatic dependent launch: no global access before the previous kernel is done
 
         if wg == 0:
             # TMA warpgroup.
@@ -331,7 +328,6 @@ def build_small_m_kernel(dtype: str, block_m: int, block_n: int, block_k: int, n
                 # No CTA may exit (and free its smem) while a peer still reads its partial tile.
                 cluster.arrive(relaxed=True)
                 cluster.wait()
-        if pdl == "end":
-            pdl_launch.launch_dependents()
+        pdl_launch.end(pdl)
 
-    return fp16_bf16_gemm_small_m if pdl is None else pdl_launch.enable(fp16_bf16_gemm_small_m, cluster=clustered)
+    return pdl_launch.launch(fp16_bf16_gemm_small_m, pdl, cluster=clustered)

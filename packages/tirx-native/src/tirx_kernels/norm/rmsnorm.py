@@ -349,10 +349,7 @@ def build_kernel(dtype: str, H: int, threads_per_row: int, rows_per_cta: int, st
         scratch = T.alloc_shared((scratch_len,), "float32")
         pol = T.alloc_local((access.count,), "uint64")
         access.create(pol)
-        if pdl is not None:
-            pdl_launch.wait()  # nothing global before this: the previous kernel may still write x or read out
-            if pdl == "early":
-                pdl_launch.launch_dependents()
+        pdl_launch.begin(pdl)  # nothing global before this: the previous kernel may still write x or read out
 
         # Loads: the weight, then the row of x, all issued before any math. Without the ``after_all``
         # dependency below ptxas sank the weight loads below the sum of squares (SASS of H=4096: 4
@@ -380,10 +377,9 @@ def build_kernel(dtype: str, H: int, threads_per_row: int, rows_per_cta: int, st
         # out = x * rs * w, rounded once.
         y_base = T.Cast("int64", row) * T.Cast("int64", y_stride)
         scale_store(Yf, y_base, lane, row_pred(row, M), xr, wr, orr, rs, access.operand(pol, "store"))
-        if pdl == "end":
-            pdl_launch.launch_dependents()
+        pdl_launch.end(pdl)
 
-    return rmsnorm if pdl is None else pdl_launch.enable(rmsnorm)
+    return pdl_launch.launch(rmsnorm, pdl)
 
 
 def build_kernel_persistent(dtype: str, H: int, threads_per_row: int, ctas_per_sm: int, pipeline: bool = True,

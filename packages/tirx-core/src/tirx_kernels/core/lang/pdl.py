@@ -27,8 +27,8 @@ from tvm.script import tirx as T
 
 # TIRx's launch-parameter tag (spelled as TIRx spells it) that makes the host wrapper add the launch attribute.
 LAUNCH_TAG = "tirx.use_programtic_dependent_launch"
-# How each ``enable`` option places ``launch_dependents``: "end" after the kernel's last global store, "early"
-# right after ``wait``; ``None``: PDL off (a plain launch).
+# A kernel's ``pdl`` compile param (``begin`` / ``end`` / ``launch``): "end" calls ``launch_dependents`` after
+# the kernel's last global store, "early" right after ``wait``; None: PDL off (a plain launch).
 TRIGGERS = ("end", "early")
 
 
@@ -48,6 +48,27 @@ def check_trigger(kernel: str, trigger) -> None:
     """A kernel's ``pdl`` compile param: None (off) or one of ``TRIGGERS``."""
     if trigger is not None and trigger not in TRIGGERS:
         raise ValueError(f"{kernel}: pdl {trigger!r} is not None or one of {TRIGGERS}")
+
+
+def begin(trigger) -> None:
+    """A kernel body's PDL prologue for its ``pdl`` compile param ``trigger`` (None: nothing): :func:`wait`, and
+    for "early" :func:`launch_dependents` right after it. Call it after the shared-memory / barrier setup and
+    before the first global access, in code every thread runs."""
+    if trigger is not None:
+        wait()
+        if trigger == "early":
+            launch_dependents()
+
+
+def end(trigger) -> None:
+    """A kernel body's PDL epilogue: :func:`launch_dependents` after the last global store, for trigger "end"."""
+    if trigger == "end":
+        launch_dependents()
+
+
+def launch(func, trigger, *, cluster: bool = False):
+    """``func`` launched as ``trigger`` says: unchanged for None, else :func:`enable`-d."""
+    return func if trigger is None else enable(func, cluster=cluster)
 
 
 def enable(func, *, cluster: bool = False):

@@ -295,10 +295,7 @@ def build_kernel(act: str, dtype: str, d: int, segments: int, threads_per_segmen
         dep = T.alloc_local((1,), "uint32")
         pol = T.alloc_local((access.count,), "uint64")
         access.create(pol)
-        if pdl is not None:
-            pdl_launch.wait()  # nothing global before this: the previous kernel may still write x or read out
-            if pdl == "early":
-                pdl_launch.launch_dependents()
+        pdl_launch.begin(pdl)  # nothing global before this: the previous kernel may still write x or read out
         row = row_block * rows_per_cta + tid // tps
         lane = tid % tps
         x_base = T.Cast("int64", row) * T.Cast("int64", x_stride)
@@ -307,10 +304,9 @@ def build_kernel(act: str, dtype: str, d: int, segments: int, threads_per_segmen
         # Every word depends on every load (``zero`` is 0): all 8 loads issue before any math.
         dep[0] = vector.after_all(gr, vpt * words, zero) | vector.after_all(ur, vpt * words, zero)
         compute_store(Yf, y_base, seg, lane, row, M, gr, ur, orr, tmp, dep, access.operand(pol, "store"))
-        if pdl == "end":
-            pdl_launch.launch_dependents()
+        pdl_launch.end(pdl)
 
-    return act_and_mul if pdl is None else pdl_launch.enable(act_and_mul)
+    return pdl_launch.launch(act_and_mul, pdl)
 
 
 def build_kernel_persistent(act: str, dtype: str, d: int, segments: int, threads_per_segment: int,
