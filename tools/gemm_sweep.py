@@ -71,6 +71,8 @@ def candidate_tiles(M: int) -> list[str]:  # noqa: N803
         tiles += [t for t, c in mod.TILE_CONFIGS.items() if c.get("kind") == "pingpong"]
     if SMALL_M < M <= max(MID_MS):  # split-K with 128-row tiles
         tiles += [t for t, c in mod.TILE_CONFIGS.items() if c.get("kind") == "small_m" and c["block_m"] == 128]
+    if M <= 16:  # the skinny mma.sync kernel (gemm/_gemv.py) serves M <= its token tile
+        tiles += [t for t, c in mod.TILE_CONFIGS.items() if c.get("kind") == "gemv" and c["tokens"] >= M]
     default = mod.choose_tile(M, 4096, 4096)
     return sorted(set(tiles) | {default})
 

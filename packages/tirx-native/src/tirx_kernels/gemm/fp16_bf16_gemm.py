@@ -218,6 +218,21 @@ CONFIGS = [
      "tile": "smallm_64x128x64_s8_k8"},
     {"label": "fp16_129x520x1048_smallm_256_k2", "dtype": "float16", "M": 129, "N": 520, "K": 1048,
      "tile": "smallm_128x256x64_s4_k2"},
+    # The skinny mma.sync kernel (gemm/_gemv.py). N = 520 ends 8 rows into a 16-row warp (and into the second
+    # row group of a 32-row CTA); K = 1048 = 4 chunks of 256 + 24 (a partial step), K = 200 over 16 K-lanes of
+    # 64 (12 lanes idle), K = 72 one partial chunk; M = 1 / 5 / 13 fill part of an 8 / 16-token tile.
+    {"label": "bf16_1x4096x4096_gemv_t8", "dtype": "bfloat16", "M": 1, "N": 4096, "K": 4096,
+     "tile": "gemv_t8_r1_k8_u4"},
+    {"label": "bf16_5x520x1048_gemv_t8_r2", "dtype": "bfloat16", "M": 5, "N": 520, "K": 1048,
+     "tile": "gemv_t8_r2_k4_u4"},
+    {"label": "fp16_16x1112x200_gemv_t16_k16", "dtype": "float16", "M": 16, "N": 1112, "K": 200,
+     "tile": "gemv_t16_r1_k16_u2"},
+    {"label": "bf16_13x264x72_gemv_t16_u8", "dtype": "bfloat16", "M": 13, "N": 264, "K": 72,
+     "tile": "gemv_t16_r1_k8_u8"},
+    {"label": "fp16_8x520x1048_gemv_t8_u8", "dtype": "float16", "M": 8, "N": 520, "K": 1048,
+     "tile": "gemv_t8_r1_k4_u8"},
+    {"label": "bf16_16x2056x7168_gemv_t16_r2", "dtype": "bfloat16", "M": 16, "N": 2056, "K": 7168,
+     "tile": "gemv_t16_r2_k8_u4"},
 ]
 
 # Square sizes and one LLM projection; the persistent/cluster variants side by side in the same run.
@@ -431,6 +446,15 @@ TILE_CONFIGS = {
 }
 
 # (max M, max N, max K, tile): the first row that fits wins (``choose_tile``; ``gemm_nt(..., tile=)`` pins one).
+# The skinny kernel (gemm/_gemv.py): M <= tokens (8 or 16), mma.sync fed by 16-byte loads of B. CTA =
+# row_groups x k_lanes warps over 16 * row_groups B rows, each warp K-chunks of 32 * unroll columns. Candidates
+# for the GPU sweep until measured.
+GEMV_TILES = {
+    f"gemv_t{t}_r{r}_k{k}_u{u}": {"kind": "gemv", "tokens": t, "row_groups": r, "k_lanes": k, "unroll": u}
+    for t in (8, 16) for r, k, u in ((1, 8, 4), (1, 8, 8), (1, 16, 4), (1, 4, 8), (2, 4, 4), (2, 8, 4), (1, 16, 2))
+}
+TILE_CONFIGS.update(GEMV_TILES)
+
 TILE_TABLE = [
     # First match wins: (max M, max N, max K, tile[, n_div]); a row with n_div matches only when N % n_div == 0
     # (the 224-column tiles: N = 7168 / 14336 / 28672 are whole numbers of them). Picked from the H200 sweeps of
@@ -498,6 +522,10 @@ def sass_expect(dtype: str, tile: str, layout: str = "nt", **_) -> list[str]:
         from tirx_kernels.gemm import _small_m
 
         return _small_m.sass_expect(dtype, **{k: v for k, v in cfg.items() if k != "kind"})
+    if cfg.get("kind") == "gemv":
+        from tirx_kernels.gemm import _gemv
+
+        return _gemv.sass_expect(dtype, **{k: v for k, v in cfg.items() if k != "kind"})
     n = cfg["block_n"]
     out = [rf"HGMMA\.64x{n}x16\.F32" + (r"\.BF16" if dtype == "bfloat16" else r"\b"), r"UTMALDG\.2D",
            r"UTMASTG\.2D", r"USETMAXREG"]
@@ -579,6 +607,10 @@ def get_kernel(dtype: str, tile: str, layout: str = "nt", out_dtype: str | None 
         from tirx_kernels.gemm import _small_m
 
         return _small_m.build_small_m_kernel(dtype, **params, pdl=pdl)
+    if TILE_CONFIGS[tile].get("kind") == "gemv":
+        from tirx_kernels.gemm import _gemv
+
+        return _gemv.build_gemv_kernel(dtype, **params, pdl=pdl)
     return _build_kernel(dtype, **params)
 
 
