@@ -58,7 +58,14 @@ def test_fake_impl_shapes():
 def test_tile_heuristic_and_params():
     kind = {t: c.get("kind") for t, c in mod.TILE_CONFIGS.items()}
     assert mod.TILE_TABLE[-1][:3] == (None, None, None)  # a catch-all row
-    assert kind[mod.choose_tile(1, 4096, 4096)] == "small_m"
+    assert kind[mod.choose_tile(1, 4096, 4096)] == "gemv"
+    assert kind[mod.choose_tile(16, 7168, 2048)] == "gemv"
+    assert kind[mod.choose_tile(1, 28672, 8192)] == "small_m"
+    assert mod.choose_tile(17, 4096, 4096) == "smallm_64x64x64_s12_k2"
+    # A gemv tile computes M <= tokens rows only: no table row may give it more.
+    for max_m, _, _, tile, *_ in mod.TILE_TABLE:
+        if kind[tile] == "gemv":
+            assert max_m is not None and max_m <= mod.TILE_CONFIGS[tile]["tokens"], (max_m, tile)
     assert kind[mod.choose_tile(128, 14336, 4096)] == "small_m"
     assert mod.choose_tile(512, 4096, 4096) == "persistent_128x128x64_s6_g8"
     assert mod.choose_tile(4096, 4096, 4096) == "persistent_128x256x64_s4_e128_g8"
@@ -158,6 +165,14 @@ def test_epilogue_args_rejected(op, kwargs, arg, what):
         kwargs = {k: v for k, v in kwargs.items() if k not in ("bias", "alpha")}  # NN alone needs persistent
     with pytest.raises(TirxInputError, match=f"{op}: argument '{arg}': expected .*{what}"):
         getattr(mod, op)(a, b, **kwargs)
+
+
+def test_gemv_tile_rejects_more_rows_than_its_tokens():
+    # A gemv tile computes M <= tokens rows: pinned on a taller A it would leave rows unwritten.
+    with pytest.raises(TirxInputError, match="gemm_nt: argument 'tile': expected a tile serving M = 9 rows"):
+        mod.gemm_nt(_t(9, 64), _t(32, 64), tile="gemv_t8_r1_k16_u2")
+    with pytest.raises(TirxInputError, match="argument 'a': expected a CUDA tensor"):  # M = 8 passes the tile check
+        mod.gemm_nt(_t(8, 64), _t(32, 64), tile="gemv_t8_r1_k16_u2")
 
 
 def test_plain_nt_accepts_ws_tile_but_nn_does_not():

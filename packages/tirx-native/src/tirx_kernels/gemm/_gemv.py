@@ -18,8 +18,9 @@ Design (transposed: the B rows are mma's M dimension, the tokens its N):
 - CTA = ``row_groups`` x ``k_lanes`` warps. Warp (r, l) owns B rows ``16 r .. 16 r + 15`` of the CTA's
   ``16 * row_groups`` rows and K-chunks ``l, l + k_lanes, ...`` of ``32 * unroll`` columns each; per chunk
   it issues all its loads (``unroll`` steps: 2 B rows + ``tokens / 8`` token rows each) before the first
-  mma. B loads skip L1 and are L2 evict_first (read once); token loads stay in L1 (the CTA's other row
-  groups read the same ones) and are L2 evict_last.
+  mma. B loads skip L1 and are L2 evict_first (read once; ``b_cache="stream_l2_256"`` also has L2 fetch
+  256-byte blocks, 4 steps of a row); token loads stay in L1 (the CTA's other row groups read the same
+  ones) and are L2 evict_last.
 - The ``k_lanes`` partial sums of a row are added in shared memory (fixed order: deterministic), then one
   thread per (token, row) rounds and stores.
 - Ragged shapes: loads past N, M or K are predicated off (their registers zeroed first), stores past M / N
@@ -41,7 +42,11 @@ def fragment_words(s: int) -> tuple[int, int]:
     return 2 * s, 2 * s + 1
 
 
-def check_params(dtype: str, tokens: int, row_groups: int, k_lanes: int, unroll: int) -> None:
+B_CACHE = ("stream", "stream_l2_256")  # B loads: skip L1; optionally L2 fetches 256-byte blocks (4 load steps)
+
+
+def check_params(dtype: str, tokens: int, row_groups: int, k_lanes: int, unroll: int,
+                 b_cache: str = "stream") -> None:
     if dtype not in ("bfloat16", "float16"):
         raise ValueError(f"gemv: dtype {dtype!r} is not bfloat16/float16")
     if tokens not in TOKEN_TILES:
@@ -51,23 +56,27 @@ def check_params(dtype: str, tokens: int, row_groups: int, k_lanes: int, unroll:
                          "1 .. 16 warps")
     if unroll not in (1, 2, 4, 8):
         raise ValueError(f"gemv: unroll={unroll} must be 1, 2, 4 or 8")
+    if b_cache not in B_CACHE:
+        raise ValueError(f"gemv: b_cache={b_cache!r} must be one of {B_CACHE}")
 
 
-def sass_expect(dtype: str, tokens: int, row_groups: int, k_lanes: int, unroll: int) -> list[str]:
+def sass_expect(dtype: str, tokens: int, row_groups: int, k_lanes: int, unroll: int,
+                b_cache: str = "stream") -> list[str]:
     """SASS the CPU build test asserts: the mma.sync (HMMA.16816 with an fp32 accumulator), 16-byte B loads
-    that skip L1 (``.NA``), with the L2 cache hint operand, 16-bit stores; no TMA, no wgmma."""
+    that skip L1 (``.NA``; ``.LTC256B`` with ``b_cache="stream_l2_256"``), 16-bit stores."""
     kind = r"\.BF16" if dtype == "bfloat16" else r"(\.F16)?\b"
-    return [rf"HMMA\.16816\.F32{kind}", r"LDG\.E\.EF\.NA\.128|LDG\.E\.NA\.EF\.128|LDG\.E\.NA\.128", r"STG\.E\.U16"]
+    b_load = r"LDG\.E\.NA\.LTC256B\.128" if b_cache == "stream_l2_256" else r"LDG\.E\.NA\.128"
+    return [rf"HMMA\.16816\.F32{kind}", b_load, r"STG\.E\.U16"]
 
 
 def build_gemv_kernel(dtype: str, tokens: int, row_groups: int, k_lanes: int, unroll: int,
-                      pdl: str | None = None):
-    check_params(dtype, tokens, row_groups, k_lanes, unroll)
+                      b_cache: str = "stream", pdl: str | None = None):
+    check_params(dtype, tokens, row_groups, k_lanes, unroll, b_cache)
 
     from tvm.script import tirx as T
 
-    from tirx_kernels.core.lang import vector
     from tirx_kernels.core.lang import pdl as pdl_launch
+    from tirx_kernels.core.lang import vector
 
     rows = MMA_ROWS * row_groups  # B rows (output columns) per CTA
     threads = 32 * row_groups * k_lanes
@@ -140,10 +149,10 @@ def build_gemv_kernel(dtype: str, tokens: int, row_groups: int, k_lanes: int, un
                 k = k0 + u * K_STEP
                 vector.fill(bw, 8 * u, 8)
                 vector.fill(xw, 4 * tiles * u, 4 * tiles)
-                vector.load_v4(bw, 8 * u, Bf.ptr_to([base_lo + k]), T.And(k < K, row_lo < N), cache="stream",
+                vector.load_v4(bw, 8 * u, Bf.ptr_to([base_lo + k]), T.And(k < K, row_lo < N), cache=b_cache,
                                policy=access.operand(pol, "b"))
                 vector.load_v4(bw, 8 * u + 4, Bf.ptr_to([base_hi + k]), T.And(k < K, row_hi < N),
-                               cache="stream", policy=access.operand(pol, "b"))
+                               cache=b_cache, policy=access.operand(pol, "b"))
                 for t in T.unroll(tiles):
                     vector.load_v4(xw, 4 * (tiles * u + t), Af.ptr_to([T.Cast("int64", t * 8 + g) * K + k]),
                                    T.And(k < K, t * 8 + g < M), policy=access.operand(pol, "x"))

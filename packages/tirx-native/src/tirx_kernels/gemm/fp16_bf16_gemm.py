@@ -445,16 +445,22 @@ TILE_CONFIGS = {
                                "num_stages": 12, "split_k": 2},
 }
 
-# (max M, max N, max K, tile): the first row that fits wins (``choose_tile``; ``gemm_nt(..., tile=)`` pins one).
 # The skinny kernel (gemm/_gemv.py): M <= tokens (8 or 16), mma.sync fed by 16-byte loads of B. CTA =
-# row_groups x k_lanes warps over 16 * row_groups B rows, each warp K-chunks of 32 * unroll columns. Candidates
-# for the GPU sweep until measured.
+# row_groups x k_lanes warps over 16 * row_groups B rows, each warp K-chunks of 32 * unroll columns. TILE_TABLE
+# picks gemv_t8_r1_k16_u2 and gemv_t16_r1_k8_u4; the others are sweep candidates.
 GEMV_TILES = {
     f"gemv_t{t}_r{r}_k{k}_u{u}": {"kind": "gemv", "tokens": t, "row_groups": r, "k_lanes": k, "unroll": u}
     for t in (8, 16) for r, k, u in ((1, 8, 4), (1, 8, 8), (1, 16, 4), (1, 4, 8), (2, 4, 4), (2, 8, 4), (1, 16, 2))
 }
+# The same with B's L2 fetches in 256-byte blocks (``.L2::256B``: 4 load steps of a row at once).
+GEMV_TILES.update({
+    f"gemv_t{t}_r{r}_k{k}_u{u}_p256": {"kind": "gemv", "tokens": t, "row_groups": r, "k_lanes": k, "unroll": u,
+                                       "b_cache": "stream_l2_256"}
+    for t in (8, 16) for r, k, u in ((1, 8, 4), (1, 16, 2), (1, 4, 8), (2, 4, 4))
+})
 TILE_CONFIGS.update(GEMV_TILES)
 
+# (max M, max N, max K, tile): the first row that fits wins (``choose_tile``; ``gemm_nt(..., tile=)`` pins one).
 TILE_TABLE = [
     # First match wins: (max M, max N, max K, tile[, n_div]); a row with n_div matches only when N % n_div == 0
     # (the 224-column tiles: N = 7168 / 14336 / 28672 are whole numbers of them). Picked from the H200 sweeps of
@@ -462,15 +468,27 @@ TILE_TABLE = [
     # run; the latest raw rows: docs/measurements/2026-12-03-h200/run{1,2}-gemm-*.json). The
     # numbers after a row are its tile's time over the best tile's at the shapes that put it there (the
     # previous pick's in brackets); differences under ~2 % are within run-to-run noise.
-    # M <= 128, memory-bound: B streams from DRAM; the split-K cluster kernel (gemm/_small_m.py). M <= 64 is one
-    # 64-row M-tile whatever M is, so these rows are chosen on the geomean over M = 1, 16, 64 (M <= 64 rows:
-    # run 2's gemm-small.json, where the block_k 128 tiles were candidates too).
-    (64, 2048, None, "smallm_64x128x64_s8_k4"),    # N=2048 K=7168: 1.00, 1.12-1.16x cuBLAS
-    (64, 4096, 4096, "smallm_64x128x64_s8_k2"),    # 4096x4096: 1.03 (64x224 k4 1.04)
-    (64, 4096, None, "smallm_64x224x128_s3_k4"),   # 4096x14336: 1.01 [64x128 k2 1.09] (64x224 block_k 64: 1.07)
-    (64, 8192, None, "smallm_64x128x64_s8_k2"),    # N=6144/7168/8192: 1.04/1.02/1.01
-    (64, 16384, None, "smallm_64x224x128_s3_k2"),  # 14336x4096: 1.02 [64x256 k2 1.03]
-    (64, None, None, "smallm_64x224x128_s3_k1"),   # 28672x8192: 1.00, 1.00x cuBLAS [64x256 k2 1.04] (block_k 64: 1.04)
+    # M <= 128, memory-bound: B streams from DRAM. M <= 16 and N <= 8192 / 7168: the skinny mma.sync kernel
+    # (gemm/_gemv.py); 2026-12-03d run 1 (docs/measurements/2026-12-03d-h200/run1-gemm-issue.json), us, best
+    # tile and the split-K cluster kernel's best in brackets: M = 1: 4096x4096 15.3 (15.2) [16.7], 4096x14336
+    # 37.4 (36.9) [38.8], 6144x4096 20.1 (19.3) [21.2], 8192x28672 131.3 (128.9) [131.5], 7168x2048 14.3 (14.2)
+    # [14.8], 2048x7168 13.9 [15.0]; M = 16: 4096x4096 15.9 [17.2], 4096x14336 38.4 [38.6], 6144x4096 21.8
+    # (20.8) [20.9], 7168x2048 14.3 [15.0], 2048x7168 15.3 [15.3].
+    (8, 8192, None, "gemv_t8_r1_k16_u2"),
+    (16, 7168, None, "gemv_t16_r1_k8_u4"),
+    # The rest of M <= 128: the split-K cluster kernel (gemm/_small_m.py). M <= 64 is one 64-row M-tile
+    # whatever M is; the M <= 16 rows (N >= 8192 here) were chosen on the geomean over M = 1, 16, 64, the
+    # 16 < M <= 64 rows on M = 64 (two runs: 2026-12-03b run 1, 2026-12-03d run 1; cuBLAS/ours of each).
+    (16, 2048, None, "smallm_64x128x64_s8_k4"),
+    (16, 8192, None, "smallm_64x128x64_s8_k2"),    # N=8192 K=28672: 1.01
+    (16, 16384, None, "smallm_64x224x128_s3_k2"),  # 14336x4096: 1.02 [64x256 k2 1.03]
+    (16, None, None, "smallm_64x224x128_s3_k1"),   # 28672x8192: 1.00, 1.00x cuBLAS [64x256 k2 1.04] (block_k 64: 1.04)
+    (64, 2048, None, "smallm_64x128x64_s8_k4"),    # 64x2048x7168: 1.10 / 1.11
+    (64, 4096, None, "smallm_64x64x64_s12_k2"),    # 4096x4096 1.06 / 1.06 [64x128 k2 1.00]; x14336 1.15 / 1.16 [1.05]
+    (64, 7168, None, "smallm_64x64x64_s12_k1"),    # 6144x4096 1.06 / 1.09 [1.02]; 7168x2048 1.00 / 1.04 [0.94]
+    (64, 8192, None, "smallm_64x128x128_s4_k2"),   # 8192x28672 1.05 / 1.08 [64x128x64 k2 1.07]
+    (64, 16384, None, "smallm_64x128x128_s4_k1"),  # 14336x4096 1.07 / 1.08 [64x224x128 k2 1.03]
+    (64, None, None, "smallm_64x224x128_s3_k1"),   # 28672x8192 1.02 / 1.00
     (128, 2048, None, "smallm_128x128x64_s6_k4"),  # 1.00
     # M = 128, N <= 7168: 128x64 tiles read each B tile once (64x128 read it twice, once per 64-row M-tile).
     # 2026-12-03b run 1 (docs/measurements/2026-12-03b-h200/gemm-issue.json), cuBLAS/ours:
@@ -880,6 +898,9 @@ def _check_inputs(a, b, out, op: str = _OP, layout: str = "nt", bias=None, alpha
     if bias is not None:
         checks.tensor(op, "bias", bias, dtypes=(a.dtype, torch.float32), cuda=False)
         checks.tensor(op, "bias", bias, shape=(n,), cuda=False)
+    if tile is not None and TILE_CONFIGS[tile].get("kind") == "gemv" and a.shape[0] > TILE_CONFIGS[tile]["tokens"]:
+        _fail(op, "tile", f"a tile serving M = {a.shape[0]} rows of 'a' (a gemv tile serves M <= its "
+              f"{TILE_CONFIGS[tile]['tokens']} tokens)", repr(tile))
     if tile is not None and TILE_CONFIGS[tile].get("kind") != "persistent":
         od = out.dtype if out is not None else (out_dtype or a.dtype)
         if layout != "nt" or od != a.dtype or _epilogue(bias, alpha, beta) != "none":
