@@ -38,7 +38,8 @@ def test_gemv_configs_pin_gemv_tiles_on_ragged_shapes():
 
 
 @pytest.mark.parametrize("bad", [
-    {"tokens": 4}, {"tokens": 32}, {"row_groups": 3}, {"k_lanes": 32}, {"row_groups": 4, "k_lanes": 8},
+    {"tokens": 4}, {"tokens": 32}, {"row_groups": 0}, {"row_groups": 17}, {"k_lanes": 3}, {"k_lanes": 32},
+    {"row_groups": 4, "k_lanes": 8}, {"row_groups": 14, "k_lanes": 2},
     {"unroll": 3}, {"unroll": 16},
 ])
 def test_gemv_rejects_bad_params(bad):

@@ -51,9 +51,9 @@ def check_params(dtype: str, tokens: int, row_groups: int, k_lanes: int, unroll:
         raise ValueError(f"gemv: dtype {dtype!r} is not bfloat16/float16")
     if tokens not in TOKEN_TILES:
         raise ValueError(f"gemv: tokens={tokens} must be one of {TOKEN_TILES}")
-    if row_groups not in (1, 2, 4) or k_lanes not in (1, 2, 4, 8, 16) or not 1 <= row_groups * k_lanes <= 16:
-        raise ValueError(f"gemv: row_groups={row_groups} x k_lanes={k_lanes} warps must be powers of two, "
-                         "1 .. 16 warps")
+    if not 1 <= row_groups <= 16 or k_lanes not in (1, 2, 4, 8, 16) or row_groups * k_lanes > 16:
+        raise ValueError(f"gemv: row_groups={row_groups} (1 .. 16) x k_lanes={k_lanes} (a power of two) must be "
+                         "at most 16 warps")
     if unroll not in (1, 2, 4, 8):
         raise ValueError(f"gemv: unroll={unroll} must be 1, 2, 4 or 8")
     if b_cache not in B_CACHE:

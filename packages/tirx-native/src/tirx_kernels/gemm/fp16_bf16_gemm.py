@@ -458,6 +458,12 @@ GEMV_TILES.update({
                                        "b_cache": "stream_l2_256"}
     for t in (8, 16) for r, k, u in ((1, 8, 4), (1, 16, 2), (1, 4, 8), (2, 4, 4))
 })
+# One wave of ~128 CTAs on the large projections (N / (16 * row_groups) CTAs, each a contiguous block of rows):
+# N = 28672 at 14 row groups, 14336 at 7, 8192 at 4, whole K per warp or split 2 / 4 ways.
+GEMV_TILES.update({
+    f"gemv_t{t}_r{r}_k{k}_u{u}": {"kind": "gemv", "tokens": t, "row_groups": r, "k_lanes": k, "unroll": u}
+    for t, u in ((8, 8), (16, 4)) for r, k in ((14, 1), (7, 2), (4, 4))
+})
 TILE_CONFIGS.update(GEMV_TILES)
 
 # (max M, max N, max K, tile): the first row that fits wins (``choose_tile``; ``gemm_nt(..., tile=)`` pins one).
