@@ -26,6 +26,23 @@ def test_build_writes_a_bundle(tmp_path):
     assert (out / art["file"]).stat().st_size > 0 and man["arch"] == "sm_90a"
 
 
+def test_build_params_file_builds_every_line(tmp_path):
+    pytest.importorskip("tvm", reason="apache-tvm is needed to build kernels")
+    out = tmp_path / "bundle"
+    lines = [{"dtype": "bfloat16", "H": 128},
+             {"dtype": "float16", "H": 256}]
+    pf = tmp_path / "params.jsonl"
+    pf.write_text("".join(json.dumps(p) + "\n" for p in lines) + "\n")
+    r = _cli("tirx_kernels.build", "--kernel", "rmsnorm", "--params-file", str(pf), "--jobs", "2", "--out", str(out),
+             env={"TIRX_KERNELS_CACHE": str(tmp_path / "cache")})
+    assert r.returncode == 0, r.stderr[-2000:]
+    man = json.loads((out / "manifest.json").read_text())
+    assert sorted((a["params"]["dtype"], a["params"]["H"]) for a in man["artifacts"]) == [("bfloat16", 128),
+                                                                                          ("float16", 256)]
+    r = _cli("tirx_kernels.build", "--kernel", "rmsnorm", "--params-file", str(tmp_path / "empty"), "--out", str(out))
+    assert r.returncode != 0
+
+
 def test_unknown_kernel_is_a_clear_error():
     for cli in ("tirx_kernels.test", "tirx_kernels.bench"):
         r = _cli(cli, "--kernel", "no_such_kernel")

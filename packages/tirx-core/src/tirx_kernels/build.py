@@ -4,6 +4,8 @@
     python -m tirx_kernels.build --kernel rmsnorm [--config L] --out DIR
     python -m tirx_kernels.build --all --out DIR [--jobs 2]
     python -m tirx_kernels.build --kernel rmsnorm --params '{"dtype": "bfloat16", "H": 3072}' --out DIR
+    python tools/gemm_sweep.py tiles > tiles.jsonl   # one JSON object of compile params per line
+    python -m tirx_kernels.build --kernel fp16_bf16_gemm --params-file tiles.jsonl --jobs 2 --out DIR
 """
 
 from __future__ import annotations
@@ -18,15 +20,17 @@ from tirx_kernels import registry
 from tirx_kernels.core import artifacts
 
 
-def plan(names: list[str], label: str | None = None, extra_params: dict | None = None) -> list[tuple]:
-    """Unique (kernel, module, params, labels) to build, from CONFIGS (+ BENCH_CONFIGS)."""
+def plan(names: list[str], label: str | None = None, extra_params: dict | list | None = None) -> list[tuple]:
+    """Unique (kernel, module, params, labels) to build, from CONFIGS (+ BENCH_CONFIGS), or from explicit compile
+    params (one dict, or a list of them)."""
     from tirx_kernels.core.harness import all_configs, full_config
 
     out: dict[tuple, dict] = {}
     for name in names:
         mod = registry.load(name)
         if extra_params is not None:
-            rows = [{"label": "custom", "_params": extra_params}]
+            listed = extra_params if isinstance(extra_params, list) else [extra_params]
+            rows = [{"label": "custom", "_params": p} for p in listed]
         else:
             rows = all_configs(mod)
             if label:
@@ -57,6 +61,7 @@ def main(argv=None) -> int:
     ap.add_argument("--config", help="only this config label")
     ap.add_argument("--all", action="store_true", help="every installed kernel")
     ap.add_argument("--params", help="explicit compile params as JSON (with one --kernel)")
+    ap.add_argument("--params-file", help="explicit compile params, one JSON object per line (with one --kernel)")
     ap.add_argument("--out", required=True, help="bundle directory (manifest.json + .so files)")
     ap.add_argument("--jobs", type=int, default=1, help="parallel builds")
     a = ap.parse_args(argv)
@@ -66,9 +71,17 @@ def main(argv=None) -> int:
         names = a.kernel
     else:
         ap.error("give --kernel K or --all")
-    if a.params and len(names) != 1:
-        ap.error("--params needs exactly one --kernel")
-    items = plan(names, a.config, json.loads(a.params) if a.params else None)
+    if (a.params or a.params_file) and len(names) != 1:
+        ap.error("--params / --params-file need exactly one --kernel")
+    if a.params and a.params_file:
+        ap.error("give --params or --params-file, not both")
+    extra = json.loads(a.params) if a.params else None
+    if a.params_file:
+        with open(a.params_file) as f:
+            extra = [json.loads(line) for line in f if line.strip()]
+        if not extra:
+            ap.error(f"--params-file {a.params_file}: no params in it")
+    items = plan(names, a.config, extra)
     built = []
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, a.jobs)) as ex:
         for res in ex.map(_build_one, items):
