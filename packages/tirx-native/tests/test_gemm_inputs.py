@@ -60,7 +60,8 @@ def test_tile_heuristic_and_params():
     assert mod.TILE_TABLE[-1][:3] == (None, None, None)  # a catch-all row
     assert kind[mod.choose_tile(1, 4096, 4096)] == "gemv"
     assert kind[mod.choose_tile(16, 7168, 2048)] == "gemv"
-    assert kind[mod.choose_tile(1, 28672, 8192)] == "small_m"
+    assert kind[mod.choose_tile(1, 28672, 8192)] == "gemv"
+    assert kind[mod.choose_tile(16, 28672, 8192)] == "small_m"
     assert mod.choose_tile(17, 4096, 4096) == "smallm_64x64x64_s12_k2"
     # A gemv tile computes M <= tokens rows only: no table row may give it more.
     for max_m, _, _, tile, *_ in mod.TILE_TABLE:
@@ -69,8 +70,9 @@ def test_tile_heuristic_and_params():
     assert kind[mod.choose_tile(128, 14336, 4096)] == "small_m"
     assert mod.choose_tile(512, 4096, 4096) == "persistent_128x128x64_s6_g8"
     assert mod.choose_tile(4096, 4096, 4096) == "persistent_128x256x64_s4_e128_g8"
-    assert mod.choose_tile(8192, 4096, 4096) == "pingpong_128x128x64_s6_e64_g8"
-    assert mod.choose_tile(8192, 8192, 8192) == "persistent_128x256x64_s3_g8"
+    assert mod.choose_tile(8192, 4096, 4096) == "persistent_128x256x64_s4_e128_g8"
+    assert mod.choose_tile(8192, 8192, 8192) == "persistent_128x256x64_s4_e128_c2_g8"
+    assert mod.choose_tile(2048, 7168, 2048) == "pingpong_128x128x64_s6_e64_g8"
     # n_div rows: the 224-column tile only where N is a whole number of them.
     assert all(len(row) == 4 or (len(row) == 5 and isinstance(row[4], int)) for row in mod.TILE_TABLE)
     assert mod.choose_tile(512, 7168, 2048) == "persistent_128x224x64_s4_g8"
@@ -211,8 +213,9 @@ def test_variant_compile_params():
     assert p == {"dtype": "bfloat16", "tile": mod.choose_tile(4096, 4096, 4096), "layout": "nn",
                  "out_dtype": "bfloat16", "epilogue": "none"}
     assert mod.TILE_CONFIGS[p["tile"]]["kind"] == "persistent"
-    # ... and VARIANT_TILE where the table picks another kernel (ping-pong at 8192 x 4096 x 4096, split-K at M=1).
-    for m, n, k in ((8192, 4096, 4096), (1, 4096, 4096)):
+    # ... and VARIANT_TILE where the table picks another kernel (ping-pong at 2048 x 7168 x 2048, split-K at M=64,
+    # gemv at M=1).
+    for m, n, k in ((2048, 7168, 2048), (64, 4096, 4096), (1, 4096, 4096)):
         assert mod.TILE_CONFIGS[mod.choose_tile(m, n, k)]["kind"] != "persistent"
         assert mod.compile_params(dtype="bfloat16", M=m, N=n, K=k, layout="nn")["tile"] == mod.VARIANT_TILE
     assert mod.TILE_CONFIGS[mod.VARIANT_TILE]["kind"] == "persistent"

@@ -227,12 +227,13 @@ CONFIGS = [
      "tile": "gemv_t8_r2_k4_u4"},
     {"label": "fp16_16x1112x200_gemv_t16_k16", "dtype": "float16", "M": 16, "N": 1112, "K": 200,
      "tile": "gemv_t16_r1_k16_u2"},
-    {"label": "bf16_13x264x72_gemv_t16_u8", "dtype": "bfloat16", "M": 13, "N": 264, "K": 72,
-     "tile": "gemv_t16_r1_k8_u8"},
-    {"label": "fp16_8x520x1048_gemv_t8_u8", "dtype": "float16", "M": 8, "N": 520, "K": 1048,
-     "tile": "gemv_t8_r1_k4_u8"},
-    {"label": "bf16_16x2056x7168_gemv_t16_r2", "dtype": "bfloat16", "M": 16, "N": 2056, "K": 7168,
-     "tile": "gemv_t16_r2_k8_u4"},
+    {"label": "bf16_13x264x72_gemv_t16_p256", "dtype": "bfloat16", "M": 13, "N": 264, "K": 72,
+     "tile": "gemv_t16_r1_k8_u4_p256"},
+    {"label": "fp16_8x520x1048_gemv_t8_u8_p256", "dtype": "float16", "M": 8, "N": 520, "K": 1048,
+     "tile": "gemv_t8_r1_k4_u8_p256"},
+    {"label": "bf16_16x2056x7168_gemv_t16_r2_p256", "dtype": "bfloat16", "M": 16, "N": 2056, "K": 7168,
+     "tile": "gemv_t16_r2_k4_u4_p256"},
+    {"label": "fp16_3x6152x1048_gemv", "dtype": "float16", "M": 3, "N": 6152, "K": 1048},
 ]
 
 # Square sizes and one LLM projection; the persistent/cluster variants side by side in the same run.
@@ -447,22 +448,19 @@ TILE_CONFIGS = {
 
 # The skinny kernel (gemm/_gemv.py): M <= tokens (8 or 16), mma.sync fed by 16-byte loads of B. CTA =
 # row_groups x k_lanes warps over 16 * row_groups B rows, each warp K-chunks of 32 * unroll columns. TILE_TABLE
-# picks gemv_t8_r1_k16_u2 and gemv_t16_r1_k8_u4; the others are sweep candidates.
+# picks gemv_t16_r1_k8_u4_p256 and gemv_t16_r2_k4_u4_p256; the others are sweep candidates. Measured and dropped
+# (2026-12-03d runs 1-2): unroll 8 with 8 K-lanes, 16 K-lanes of 4 steps, 2 row groups of 8 K-lanes (within
+# 1-5 % of these, never the best), and one wave of ~128 CTAs (4 / 7 / 14 row groups at N = 8192 / 14336 /
+# 28672: 1x28672x8192 130.8-136.3 us vs 122.9, 1x8192x28672 133.3-306 vs 124.8).
 GEMV_TILES = {
     f"gemv_t{t}_r{r}_k{k}_u{u}": {"kind": "gemv", "tokens": t, "row_groups": r, "k_lanes": k, "unroll": u}
-    for t in (8, 16) for r, k, u in ((1, 8, 4), (1, 8, 8), (1, 16, 4), (1, 4, 8), (2, 4, 4), (2, 8, 4), (1, 16, 2))
+    for t in (8, 16) for r, k, u in ((1, 8, 4), (2, 4, 4), (1, 16, 2))
 }
 # The same with B's L2 fetches in 256-byte blocks (``.L2::256B``: 4 load steps of a row at once).
 GEMV_TILES.update({
     f"gemv_t{t}_r{r}_k{k}_u{u}_p256": {"kind": "gemv", "tokens": t, "row_groups": r, "k_lanes": k, "unroll": u,
                                        "b_cache": "stream_l2_256"}
     for t in (8, 16) for r, k, u in ((1, 8, 4), (1, 16, 2), (1, 4, 8), (2, 4, 4))
-})
-# One wave of ~128 CTAs on the large projections (N / (16 * row_groups) CTAs, each a contiguous block of rows):
-# N = 28672 at 14 row groups, 14336 at 7, 8192 at 4, whole K per warp or split 2 / 4 ways.
-GEMV_TILES.update({
-    f"gemv_t{t}_r{r}_k{k}_u{u}": {"kind": "gemv", "tokens": t, "row_groups": r, "k_lanes": k, "unroll": u}
-    for t, u in ((8, 8), (16, 4)) for r, k in ((14, 1), (7, 2), (4, 4))
 })
 TILE_CONFIGS.update(GEMV_TILES)
 
@@ -474,21 +472,22 @@ TILE_TABLE = [
     # run; the latest raw rows: docs/measurements/2026-12-03-h200/run{1,2}-gemm-*.json). The
     # numbers after a row are its tile's time over the best tile's at the shapes that put it there (the
     # previous pick's in brackets); differences under ~2 % are within run-to-run noise.
-    # M <= 128, memory-bound: B streams from DRAM. M <= 16 and N <= 8192 / 7168: the skinny mma.sync kernel
-    # (gemm/_gemv.py); 2026-12-03d run 1 (docs/measurements/2026-12-03d-h200/run1-gemm-issue.json), us, best
-    # tile and the split-K cluster kernel's best in brackets: M = 1: 4096x4096 15.3 (15.2) [16.7], 4096x14336
-    # 37.4 (36.9) [38.8], 6144x4096 20.1 (19.3) [21.2], 8192x28672 131.3 (128.9) [131.5], 7168x2048 14.3 (14.2)
-    # [14.8], 2048x7168 13.9 [15.0]; M = 16: 4096x4096 15.9 [17.2], 4096x14336 38.4 [38.6], 6144x4096 21.8
-    # (20.8) [20.9], 7168x2048 14.3 [15.0], 2048x7168 15.3 [15.3].
-    (8, 8192, None, "gemv_t8_r1_k16_u2"),
-    (16, 7168, None, "gemv_t16_r1_k8_u4"),
+    # M <= 128, memory-bound: B streams from DRAM. M <= 16: the skinny mma.sync kernel (gemm/_gemv.py) with
+    # .L2::256B B fetches; 2026-12-03d run 2 (docs/measurements/2026-12-03d-h200/run2-gemm-issue.json), cuBLAS/ours,
+    # [the split-K cluster kernel's best]. M = 1 (all 8 projections): 4096^2 1.255 [1.11], 14336x4096 1.110,
+    # 4096x14336 1.137, 6144x4096 1.158, 28672x8192 1.014 [0.988], 8192x28672 1.000 [0.948], 7168x2048 1.137,
+    # 2048x7168 1.260 (geomean 1.130; the best t8 tile 1.123, without .L2::256B 1.094).
+    (8, None, None, "gemv_t16_r1_k8_u4_p256"),
+    # M = 16: 4096^2 1.240 [1.08], 4096x14336 1.112, 2048x7168 1.114 [1.155]; two row groups of 4 K-lanes
+    # where N >= 6144 at K <= 4096: 6144x4096 1.112 [r1 k8 1.051], 14336x4096 1.060 [1.012], 7168x2048 1.089.
+    (16, 4096, None, "gemv_t16_r1_k8_u4_p256"),
+    (16, 7168, None, "gemv_t16_r2_k4_u4_p256"),
     # The rest of M <= 128: the split-K cluster kernel (gemm/_small_m.py). M <= 64 is one 64-row M-tile
     # whatever M is; the M <= 16 rows (N >= 8192 here) were chosen on the geomean over M = 1, 16, 64, the
     # 16 < M <= 64 rows on M = 64 (two runs: 2026-12-03b run 1, 2026-12-03d run 1; cuBLAS/ours of each).
-    (16, 2048, None, "smallm_64x128x64_s8_k4"),
-    (16, 8192, None, "smallm_64x128x64_s8_k2"),    # N=8192 K=28672: 1.01
-    (16, 16384, None, "smallm_64x224x128_s3_k2"),  # 14336x4096: 1.02 [64x256 k2 1.03]
-    (16, None, None, "smallm_64x224x128_s3_k1"),   # 28672x8192: 1.00, 1.00x cuBLAS [64x256 k2 1.04] (block_k 64: 1.04)
+    (16, 8192, None, "smallm_64x128x64_s8_k2"),    # 16x8192x28672: 0.998 [gemv r1 k8 0.968, r2 k4 0.984]
+    (16, 16384, None, "gemv_t16_r2_k4_u4_p256"),   # 16x14336x4096 (above)
+    (16, None, None, "smallm_64x224x128_s3_k1"),   # 16x28672x8192: 0.970 [gemv 0.940]
     (64, 2048, None, "smallm_64x128x64_s8_k4"),    # 64x2048x7168: 1.10 / 1.11
     (64, 4096, None, "smallm_64x64x64_s12_k2"),    # 4096x4096 1.06 / 1.06 [64x128 k2 1.00]; x14336 1.15 / 1.16 [1.05]
     (64, 7168, None, "smallm_64x64x64_s12_k1"),    # 6144x4096 1.06 / 1.09 [1.02]; 7168x2048 1.00 / 1.04 [0.94]
@@ -524,16 +523,23 @@ TILE_TABLE = [
     (512, 7168, None, "persistent_128x128x64_s6_g8"),
     (1024, 8192, None, "persistent_128x256x64_s4_e128_g8"),  # 512/1024x8192x28672 1.00
     (512, 16384, None, "persistent_128x256x64_s4_e128_g8"),
-    (512, None, None, "pingpong_128x128x64_s6_e64_g8"),  # 512x28672x8192: 1.00 in three runs [128x128 1.01-1.02]
+    # From here on: the mean cuBLAS/ours over three issue sweeps (2026-12-03b run 1, 2026-12-03d runs 1-2) of each
+    # tile, [the previous pick's].
+    (512, None, None, "persistent_128x224x64_s4_g8", 224),  # 512x28672x8192: 0.966 [ping-pong 128x128 0.933]
+    (512, None, None, "pingpong_128x128x64_s6_e64_g8"),
     (1024, 16384, None, "pingpong_128x128x64_s6_e64_g8"),  # 1024x14336x4096: 1.00 vs 1.02 (128x128)
     (1024, None, None, "ws_128x256x64_s3"),  # 1024x28672x8192: 1.00 in two runs [128x256 s4 e128 1.04-1.06]
     # M > 1024: compute-bound. Ping-pong (gemm/_pingpong.py: one warpgroup's epilogue under the other's
-    # mainloop) where K is short, so the epilogue is a larger share of each tile; 128x256 with 4 stages to M=4096;
-    # 128x256 s3 for long K at M > 4096.
-    (2048, None, 2048, "pingpong_128x128x64_s6_e64_g8"),  # 2048x7168x2048 1.00 vs 1.03; 2048^3 1.00 vs 1.01
-    (4096, None, None, "persistent_128x256x64_s4_e128_g8"),  # 2048 x 4096/2048 x 4096-14336, 4096^3: 1.00
-    (None, None, 4096, "pingpong_128x128x64_s6_e64_g8"),  # 8192 x {4096, 14336, 6144} x 4096: 1.00 vs 1.01-1.05
-    (None, None, None, "persistent_128x256x64_s3_g8"),  # K >= 7168 at M = 8192, 16384^3: 1.00-1.02
+    # mainloop) where K is short at M = 2048, so the epilogue is a larger share of each tile; otherwise 128x256
+    # with 4 stages (epi_cols 128), with 2-CTA clusters at N = 8192, K <= 8192.
+    (2048, None, 2048, "pingpong_128x128x64_s6_e64_g8"),  # 2048x7168x2048 0.932 [s4 e128 0.845]; 2048^3 0.979
+    (2048, 6144, None, "persistent_128x256x64_s4_e128_g8"),  # 2048 x 4096/6144 x 4096-14336: 0.998-1.007
+    (2048, 8192, None, "ws_128x256x64_s3"),  # 2048x8192x28672: 0.985 [s4 e128 0.955]
+    (None, 7168, None, "persistent_128x256x64_s4_e128_g8"),  # M = 8192, N <= 7168: 0.994-1.019 [ping-pong
+    # 128x128 / s3: 8192x4096x4096 0.972, x6144x4096 1.001, x7168x2048 0.992, x2048x7168 0.970]; 4096^3 1.000
+    (None, 8192, 8192, "persistent_128x256x64_s4_e128_c2_g8"),  # 8192^3: 1.074 [s3 1.051, s4 e128 1.041]
+    (None, None, None, "persistent_128x256x64_s4_e128_g8"),  # 8192 x 8192 x 28672 1.019 [s3 1.011], x14336x4096
+    # 0.989 [ping-pong 1.003], x28672x8192 1.004 [s3 1.007], 16384^3 1.000 [s3 1.008]
 ]
 
 
