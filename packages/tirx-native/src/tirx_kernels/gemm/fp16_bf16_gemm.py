@@ -15,8 +15,12 @@ Warp-specialized TMA + wgmma kernel (one launch per call, M, N, K dynamic):
 - Ragged shapes: TMA zero-fills load boxes past M/N/K (so the K tail adds zeros) and clips store boxes
   past M/N. TMA needs 16-byte global strides, hence K % 8 == 0 and N % 8 == 0 (checked by ``gemm_nt``).
 
-Pinned ``pingpong_*`` tiles run the ping-pong variant (``gemm/_pingpong.py``: each math warpgroup whole tiles,
-alternately, so one's epilogue overlaps the other's mainloop; plain NT only; built, not yet measured).
+The tile (``TILE_TABLE``, or ``tile=``) picks the kernel: ``persistent_*`` (``gemm/_persistent.py``: the
+persistent form of the above, grouped raster, optional 2-CTA B multicast), ``pingpong_*`` (``gemm/_pingpong.py``:
+each math warpgroup whole tiles, alternately, so one's epilogue overlaps the other's mainloop), ``smallm_*``
+(``gemm/_small_m.py``: split-K over a cluster, M <= 128), ``gemv_*`` (``gemm/_gemv.py``: mma.sync fed by 16-byte
+loads of B, M <= 16), ``ws_*`` (this module's non-persistent kernel below). ``packages/tirx-native/docs/gemm.md``
+tells how each got its place in the table, with the measurements.
 
 Measured: the same design in examples/gemm_ws_pipelined.py ran at 646-688 TFLOP/s at 4096³ on the H200
 against cuBLAS 678-773 in the same rounds, bit-identical to torch.
