@@ -51,11 +51,12 @@ MID_MS = [256, 512, 1024]  # where split-K (small-M tiles with 128 rows) may bea
 
 def shapes(which: str) -> list[tuple[int, int, int]]:
     out = []
-    if which in ("issue", "small"):
-        out += [(m, n, k) for n, k in PROJECTIONS for m in MS if which == "issue" or m <= SMALL_M]
+    if which in ("issue", "small", "large"):
+        out += [(m, n, k) for n, k in PROJECTIONS for m in MS
+                if which == "issue" or (m <= SMALL_M) == (which == "small")]
     if which == "mid":
         out += [(m, n, k) for n, k in PROJECTIONS for m in MID_MS] + [(1024, 1024, 1024), (2048, 2048, 2048)]
-    if which in ("issue", "square"):
+    if which in ("issue", "square", "large"):
         out += [(s, s, s) for s in SQUARES]
     return out
 
@@ -236,7 +237,8 @@ def main() -> int:
     t.add_argument("--dtype", type=_dtype_list, default=["bfloat16"],
                    help="comma-separated: bfloat16 (default), float16")
     r = sub.add_parser("run", help="check and time every candidate tile per shape (GPU host)")
-    r.add_argument("--shapes", choices=("issue", "small", "square", "mid"), default="issue")
+    r.add_argument("--shapes", choices=("issue", "small", "large", "square", "mid"),
+                   help="issue: all 61 of issue #4; small / large: its M <= 128 / M > 128 rows (large: + squares)", default="issue")
     r.add_argument("--dtype", choices=DTYPES, default="bfloat16", help="A, B and C dtype (build its tiles first)")
     r.add_argument("--calls", type=int, default=20)
     r.add_argument("--rounds", type=int, default=3)
