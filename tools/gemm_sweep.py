@@ -237,8 +237,8 @@ def main() -> int:
     t.add_argument("--dtype", type=_dtype_list, default=["bfloat16"],
                    help="comma-separated: bfloat16 (default), float16")
     r = sub.add_parser("run", help="check and time every candidate tile per shape (GPU host)")
-    r.add_argument("--shapes", choices=("issue", "small", "large", "square", "mid"),
-                   help="issue: all 61 of issue #4; small / large: its M <= 128 / M > 128 rows (large: + squares)", default="issue")
+    r.add_argument("--shapes", choices=("issue", "small", "large", "square", "mid"), default="issue",
+                   help="issue: all 61 of issue #4; small / large: its M <= 128 / M > 128 rows (large: + squares)")
     r.add_argument("--dtype", choices=DTYPES, default="bfloat16", help="A, B and C dtype (build its tiles first)")
     r.add_argument("--calls", type=int, default=20)
     r.add_argument("--rounds", type=int, default=3)
