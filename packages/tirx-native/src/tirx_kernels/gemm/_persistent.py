@@ -25,11 +25,10 @@ Design:
   the B tile and multicasts it into both. When the number of M-tiles is odd, the last cluster's second
   CTA lies past M: it still loads (zero-filled) A, multicasts its B half and joins every barrier, but
   stores nothing.
-- ``block_n`` a multiple of 16 but not of 64 (224: N = 7168, 14336 and 28672 are 32, 64 and 128 such tiles,
-  one or a whole number of waves on 132 SMs where 128 x 256 tiles leave a 0.85 wave; 176: 2048 x 7168 is
-  16 x 41 = 656 tiles, 4.97 waves): the first ``block_n // 64 * 64`` columns go out through the staging tile and
-  TMA as above, the last 16-48 straight from the accumulator registers (one ``st.global`` of a 16-bit pair per
-  fragment element, clipped at M and N).
+- ``block_n`` a multiple of 32 but not of 64 (224: N = 7168, 14336 and 28672 are 32, 64 and 128 such tiles,
+  one or a whole number of waves on 132 SMs where 128 x 256 tiles leave a 0.85 wave): the first
+  ``block_n // 64 * 64`` columns go out through the staging tile and TMA as above, the last 32 straight from
+  the accumulator registers (one ``st.global`` of a 16-bit pair per fragment element, clipped at M and N).
   The plain kernel only (NT, 16-bit out, no epilogue), no cluster.
 - Every shared buffer, barriers included, in one ``T.SMEMPool`` (1024-aligned only then).
 
@@ -121,8 +120,8 @@ def build_persistent_kernel(dtype: str, block_m: int, block_n: int, block_k: int
                          f"when the epilogue adds a bias (epilogue {epilogue!r})")
     if block_m != NUM_CONSUMERS * wgmma.M or block_k * elem != 128:
         raise ValueError("persistent gemm: block_m must be 128 (2 x m64) and block_k one 128-byte SW128 row")
-    if block_n % 16 or not 64 <= block_n <= 256:
-        raise ValueError(f"persistent gemm: block_n={block_n} must be a multiple of 16 in [64, 256]")
+    if block_n % 32 or not 64 <= block_n <= 256:
+        raise ValueError(f"persistent gemm: block_n={block_n} must be a multiple of 32 in [64, 256]")
     staged = staged_cols(block_n)  # through the staging tile and TMA stores
     tail_cols = block_n - staged  # stored from registers
     if tail_cols and (layout != "nt" or out_dtype != dtype or epilogue != "none" or cluster_m != 1):
@@ -404,7 +403,7 @@ def build_persistent_kernel(dtype: str, block_m: int, block_n: int, block_k: int
                                                  Cs.ptr_to([(cs_base + box * store_rows * store_cols) // 2]))
                             tma.store_commit()
                     if tail_cols > 0:
-                        # The last tail_cols columns (block_n % 64: 16-48): pairs straight from the registers, C
+                        # The last tail_cols columns (block_n % 64 == 32): pairs straight from the registers, C
                         # as 32-bit words at row * ldc + col (TIRx 0.27 drops match_buffer strides from device
                         # indexing; ldc and col are even). Only built for such tiles: no C pointer otherwise.
                         Cw = T.decl_buffer((M * ldc // 2,), "uint32", data=C.data)

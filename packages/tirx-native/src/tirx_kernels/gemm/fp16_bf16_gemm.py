@@ -121,14 +121,6 @@ CONFIGS = [
      "tile": "persistent_128x224x64_s4_g8"},
     {"label": "bf16_512x7168x2048_persistent_128x224", "dtype": "bfloat16", "M": 512, "N": 7168, "K": 2048,
      "tile": "persistent_128x224x64_s4_g8"},
-    # 176-column tiles (48 columns from registers): N = 520 ends 168 columns into the 3rd N-tile (its staged boxes
-    # past N skipped, 40 register columns in), N = 200 ends inside the staged part of the 2nd; K = 1048 wraps the ring.
-    {"label": "bf16_300x520x1048_persistent_128x176", "dtype": "bfloat16", "M": 300, "N": 520, "K": 1048,
-     "tile": "persistent_128x176x64_s5_g8"},
-    {"label": "fp16_1000x200x136_persistent_128x176_s4", "dtype": "float16", "M": 1000, "N": 200, "K": 136,
-     "tile": "persistent_128x176x64_s4_g8"},
-    {"label": "bf16_2048x7168x2048_persistent_128x176", "dtype": "bfloat16", "M": 2048, "N": 7168, "K": 2048,
-     "tile": "persistent_128x176x64_s5_g8"},
     {"label": "bf16_37x520x1048_smallm_224_k2", "dtype": "bfloat16", "M": 37, "N": 520, "K": 1048,
      "tile": "smallm_64x224x64_s6_k2"},
     {"label": "fp16_100x1112x200_smallm_128x224_k4", "dtype": "float16", "M": 100, "N": 1112, "K": 200,
@@ -365,13 +357,6 @@ TILE_CONFIGS = {
     # are 32 / 64 / 128 such tiles, so 512 x 7168 x 2048 is 128 tiles (one wave; 128x128: 224 = 1.7 waves) and
     # 512 x 28672 x 8192 512 tiles (3.9 waves; 128x256: 448 = 3.4). 4 x 44 KB ring + 48 KB staging = 224 KB.
     "persistent_128x224x64_s4_g8": {"kind": "persistent", "block_m": 128, "block_n": 224, "block_k": 64,
-                                    "num_stages": 4, "cluster_m": 1, "group_m": 8, "num_sms": 132},
-    # 128x176 (cuBLAS's nvjet tile at 2048x7168x2048 and 512x28672x8192, ncu 2026-12-03d): 2048 x 7168 is
-    # 16 x 41 = 656 tiles = 4.97 waves (128x128: 6.8, 128x224: 3.9), 512 x 28672 652 = 4.94; the last 48 columns
-    # from registers. 5 x 38 KB ring + 32 KB staging = 222 KB. Sweep candidates.
-    "persistent_128x176x64_s5_g8": {"kind": "persistent", "block_m": 128, "block_n": 176, "block_k": 64,
-                                    "num_stages": 5, "cluster_m": 1, "group_m": 8, "num_sms": 132},
-    "persistent_128x176x64_s4_g8": {"kind": "persistent", "block_m": 128, "block_n": 176, "block_k": 64,
                                     "num_stages": 4, "cluster_m": 1, "group_m": 8, "num_sms": 132},
     # 128x128 with B multicast: the heuristic's tile for M <= 1024 and the mid shapes loads 32 KB per
     # k-step for half the math of 128x256, so halving B's L2 -> SM traffic may matter more here (e.g.
