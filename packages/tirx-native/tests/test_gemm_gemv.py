@@ -29,6 +29,39 @@ def test_fragment_words_take_each_k_column_of_a_step_once():
     assert _gemv.fragment_words(0) != _gemv.fragment_words(1)
 
 
+def test_fragment_mapping_computes_the_product():
+    """Model one 32-column step of one warp as the hardware reads it (PTX ISA, mma.m16n8k16 fragments: A row
+    g / g + 8, columns 2q, 2q + 1 (+ 8); B rows 2q, 2q + 1 (+ 8), column g; D rows g / g + 8, columns 2q, 2q + 1)
+    from the registers the kernel loads, and check that the two mmas give B·Xᵀ over the step's 32 columns."""
+    import torch
+
+    g_ = torch.Generator().manual_seed(0)
+    b = torch.randn(16, _gemv.K_STEP, generator=g_, dtype=torch.float64)  # 16 B rows (mma M) x 32 K
+    x = torch.randn(8, _gemv.K_STEP, generator=g_, dtype=torch.float64)  # 8 tokens (mma N) x 32 K
+    d = torch.zeros(16, 8, dtype=torch.float64)
+    for s in range(2):
+        a_mma = torch.full((16, 16), float("nan"), dtype=torch.float64)
+        b_mma = torch.full((16, 8), float("nan"), dtype=torch.float64)
+        for lane in range(32):
+            g, q = lane // 4, lane % 4
+
+            def word(rows, row, w, q=q):  # 32-bit word w (an element pair) of the lane's 16-byte load of row
+                return rows[row, 8 * q + 2 * w: 8 * q + 2 * w + 2]
+
+            w0, w1 = _gemv.fragment_words(s)
+            # A registers (bw[8u + w0], bw[8u + 4 + w0], bw[8u + w1], bw[8u + 4 + w1]): rows g, g + 8.
+            a_mma[g, 2 * q: 2 * q + 2] = word(b, g, w0)
+            a_mma[g + 8, 2 * q: 2 * q + 2] = word(b, g + 8, w0)
+            a_mma[g, 8 + 2 * q: 8 + 2 * q + 2] = word(b, g, w1)
+            a_mma[g + 8, 8 + 2 * q: 8 + 2 * q + 2] = word(b, g + 8, w1)
+            # B registers (xw[w0], xw[w1]): token g.
+            b_mma[2 * q: 2 * q + 2, g] = word(x, g, w0)
+            b_mma[8 + 2 * q: 8 + 2 * q + 2, g] = word(x, g, w1)
+        assert not a_mma.isnan().any() and not b_mma.isnan().any()  # every fragment element is loaded
+        d += a_mma @ b_mma
+    torch.testing.assert_close(d, b @ x.T)
+
+
 def test_gemv_configs_pin_gemv_tiles_on_ragged_shapes():
     pinned = [c for c in mod.CONFIGS if c.get("tile") in GEMV]
     assert {c["tile"] for c in pinned} >= {"gemv_t8_r1_k8_u4", "gemv_t16_r1_k16_u2", "gemv_t8_r2_k4_u4"}
