@@ -5,6 +5,7 @@
     python -m tirx_kernels.build --kernel fp16_bf16_gemm --out build/artifacts   # CPU machine (+ tiles below)
     python tools/gemm_sweep.py tiles [--dtype bfloat16,float16]  # the tiles a sweep needs (build them in)
     python tools/gemm_sweep.py run [--dtype float16] --out sweep.json   # GPU host: torch + tvm-ffi + bundle
+    python tools/gemm_sweep.py table sweep1.json [sweep2.json ...]      # CPU: TILE_TABLE against stored sweeps
 
 The shapes are issue #4's: square 1024 ... 16384 and the LLM projections (N, K) of Llama-3-8B/70B, Qwen3-32B
 and DeepSeek-V3 at M in {1, 16, 64, 128, 512, 2048, 8192}. Each (shape, tile) is checked against an fp32
@@ -230,6 +231,66 @@ def cmd_run(args) -> int:
     return 0
 
 
+def table_report(runs: list[dict], choose_tile) -> dict:
+    """Score a tile table against stored sweeps (``run --out`` JSONs, all of one dtype): per file, the geomean of
+    cuBLAS/ours with ``choose_tile``'s pick and with each shape's best tile, and the picks below 0.97; per shape,
+    the pick's and the best tile's mean ratio over the files that timed them (a tile must be in every file of the
+    shape to be "best"). Pure Python: runs on the CPU machine."""
+    import math
+
+    def gmean(xs):
+        return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
+
+    files, shapes = [], {}
+    for run in runs:
+        picked, best, low, missing = [], [], [], []
+        for r in run["rows"]:
+            if not r["tiles_us"]:
+                continue
+            key = (r["M"], r["N"], r["K"])
+            pick = choose_tile(*key)
+            best.append(r["cublas_us"] / min(r["tiles_us"].values()))
+            shapes.setdefault(key, []).append(r)
+            if pick not in r["tiles_us"]:
+                missing.append(key)
+                continue
+            x = r["cublas_us"] / r["tiles_us"][pick]
+            picked.append(x)
+            if x < 0.97:
+                low.append((key, round(x, 3)))
+        files.append({"table": gmean(picked), "best": gmean(best), "shapes": len(picked), "below_097": low,
+                      "pick_not_timed": missing})
+    per_shape = []
+    for key, rows in shapes.items():
+        common = set.intersection(*(set(r["tiles_us"]) for r in rows))
+        mean = {t: gmean([r["cublas_us"] / r["tiles_us"][t] for r in rows]) for t in common}
+        pick = choose_tile(*key)
+        top = max(mean, key=mean.get) if mean else None
+        per_shape.append({"shape": key, "pick": pick, "pick_mean": mean.get(pick), "best": top,
+                          "best_mean": mean.get(top), "runs": len(rows)})
+    return {"files": files, "per_shape": per_shape}
+
+
+def cmd_table(args) -> int:
+    from tirx_kernels.gemm import fp16_bf16_gemm as mod
+
+    runs = []
+    for path in args.files:
+        with open(path) as f:
+            runs.append(json.load(f))
+    rep = table_report(runs, mod.choose_tile)
+    for path, f in zip(args.files, rep["files"]):
+        print(f"{path}: table geomean {f['table']:.3f} over {f['shapes']} shapes (best tile {f['best']:.3f}); "
+              f"below 0.97: {f['below_097'] or 'none'}" + (f"; pick not timed: {f['pick_not_timed']}"
+                                                            if f["pick_not_timed"] else ""))
+    for r in rep["per_shape"]:
+        if r["pick_mean"] is None or r["best_mean"] > r["pick_mean"] + args.margin:
+            pm = "not timed" if r["pick_mean"] is None else f"{r['pick_mean']:.3f}"
+            print(f"  {'x'.join(map(str, r['shape'])):>18}: pick {r['pick']} {pm}, best {r['best']} "
+                  f"{r['best_mean']:.3f} (mean over {r['runs']} runs)")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -245,8 +306,12 @@ def main() -> int:
     r.add_argument("--out", default="")
     r.add_argument("--refs", default="", type=_ref_list,
                    help="extra references, comma-separated: quack, max-autotune (slow to compile per shape)")
+    tb = sub.add_parser("table", help="score TILE_TABLE against stored sweep JSONs (CPU; shapes where a tile beats "
+                                      "the pick by more than --margin are listed)")
+    tb.add_argument("files", nargs="+")
+    tb.add_argument("--margin", type=float, default=0.015)
     args = ap.parse_args()
-    return cmd_tiles(args) if args.cmd == "tiles" else cmd_run(args)
+    return {"tiles": cmd_tiles, "run": cmd_run, "table": cmd_table}[args.cmd](args)
 
 
 if __name__ == "__main__":
