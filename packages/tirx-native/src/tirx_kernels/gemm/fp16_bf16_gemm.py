@@ -238,9 +238,6 @@ CONFIGS = [
     {"label": "bf16_16x2056x7168_gemv_t16_r2_p256", "dtype": "bfloat16", "M": 16, "N": 2056, "K": 7168,
      "tile": "gemv_t16_r2_k4_u4_p256"},
     {"label": "fp16_3x6152x1048_gemv", "dtype": "float16", "M": 3, "N": 6152, "K": 1048},
-    # The M <= 8, N = 6144 pick: N = 6152 ends 8 rows into the last 32-row CTA, K = 2056 8 columns into a step.
-    {"label": "bf16_7x6152x2056_gemv_t8_r2_p256", "dtype": "bfloat16", "M": 7, "N": 6152, "K": 2056,
-     "tile": "gemv_t8_r2_k4_u4_p256"},
 ]
 
 # Square sizes and one LLM projection; the persistent/cluster variants side by side in the same run.
