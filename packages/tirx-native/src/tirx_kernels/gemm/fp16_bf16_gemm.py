@@ -481,18 +481,11 @@ TILE_TABLE = [
     # [the split-K cluster kernel's best]. M = 1 (all 8 projections): 4096^2 1.255 [1.11], 14336x4096 1.110,
     # 4096x14336 1.137, 6144x4096 1.158, 28672x8192 1.014 [0.988], 8192x28672 1.000 [0.948], 7168x2048 1.137,
     # 2048x7168 1.260 (geomean 1.130; the best t8 tile 1.123, without .L2::256B 1.094).
-    # Refined on the mean of three sweeps at the final kernels (2026-12-03d run 2, final, again; `tools/gemm_sweep.py
-    # table`): two row groups of 4 K-lanes at N = 6144 (1x6144x4096 1.196 [r1 k8 1.148]).
-    (8, 4096, None, "gemv_t16_r1_k8_u4_p256"),
-    (8, 6144, None, "gemv_t8_r2_k4_u4_p256"),
     (8, None, None, "gemv_t16_r1_k8_u4_p256"),
-    # M = 16: 4096^2 1.240 [1.08], 4096x14336 1.112; the split-K cluster kernel at N = 2048 (16x2048x7168, three-run
-    # mean 1.146 [gemv 1.113]); two row groups of 4 K-lanes at N = 6144 (6144x4096 1.112 [r1 k8 1.051]) and
-    # 14336x4096 (1.060 [1.012]), one of 8 at 7168x2048 (three-run mean 1.103 [r2 k4 1.051]).
-    (16, 2048, None, "smallm_64x128x64_s8_k4"),
+    # M = 16: 4096^2 1.240 [1.08], 4096x14336 1.112, 2048x7168 1.114 [1.155]; two row groups of 4 K-lanes
+    # where N >= 6144 at K <= 4096: 6144x4096 1.112 [r1 k8 1.051], 14336x4096 1.060 [1.012], 7168x2048 1.089.
     (16, 4096, None, "gemv_t16_r1_k8_u4_p256"),
-    (16, 6144, None, "gemv_t16_r2_k4_u4_p256"),
-    (16, 7168, None, "gemv_t16_r1_k8_u4_p256"),
+    (16, 7168, None, "gemv_t16_r2_k4_u4_p256"),
     # The rest of M <= 128: the split-K cluster kernel (gemm/_small_m.py). M <= 64 is one 64-row M-tile
     # whatever M is; the M <= 16 rows (N >= 8192 here) were chosen on the geomean over M = 1, 16, 64, the
     # 16 < M <= 64 rows on M = 64 (two runs: 2026-12-03b run 1, 2026-12-03d run 1; cuBLAS/ours of each).
@@ -543,19 +536,11 @@ TILE_TABLE = [
     # M > 1024: compute-bound. Ping-pong (gemm/_pingpong.py: one warpgroup's epilogue under the other's
     # mainloop) where K is short at M = 2048, so the epilogue is a larger share of each tile; otherwise 128x256
     # with 4 stages (epi_cols 128), with 2-CTA clusters at N = 8192, K <= 8192.
-    (2048, 2048, 2048, "persistent_128x256x64_s4_e128_g8"),  # 2048^3: 0.993 [ping-pong 0.967] (three-run means)
-    (2048, None, 2048, "pingpong_128x128x64_s6_e64_g8"),  # 2048x7168x2048 0.932 [s4 e128 0.845]
+    (2048, None, 2048, "pingpong_128x128x64_s6_e64_g8"),  # 2048x7168x2048 0.932 [s4 e128 0.845]; 2048^3 0.979
     (2048, 6144, None, "persistent_128x256x64_s4_e128_g8"),  # 2048 x 4096/6144 x 4096-14336: 0.998-1.007
     (2048, 8192, None, "ws_128x256x64_s3"),  # 2048x8192x28672: 0.985 [s4 e128 0.955]
-    # M = 8192 refined on the three-run means at the final kernels: ping-pong 128x192 at N = 6144 / 7168, K <= 4096
-    # (8192x6144x4096 1.029 [s4 e128 1.003], x7168x2048 1.022 [1.005]), 2-CTA clusters at K > 8192 (8192x4096x14336
-    # 1.028 [1.005]).
-    (None, 4096, 4096, "persistent_128x256x64_s4_e128_g8"),
-    (None, 7168, 4096, "pingpong_128x192x64_s4_e64_g8"),
-    (None, 7168, 8192, "persistent_128x256x64_s4_e128_g8"),
-    (None, 7168, None, "persistent_128x256x64_s4_e128_c2_g8"),
-    # (The 4096 / 8192 rows above: 128x256 s4 e128 at M = 8192, 0.994-1.019 [ping-pong 128x128 / s3: 8192x4096x4096
-    # 0.972, x2048x7168 0.970]; 4096^3 1.000.)
+    (None, 7168, None, "persistent_128x256x64_s4_e128_g8"),  # M = 8192, N <= 7168: 0.994-1.019 [ping-pong
+    # 128x128 / s3: 8192x4096x4096 0.972, x6144x4096 1.001, x7168x2048 0.992, x2048x7168 0.970]; 4096^3 1.000
     (None, 8192, 8192, "persistent_128x256x64_s4_e128_c2_g8"),  # 8192^3: 1.074 [s3 1.051, s4 e128 1.041]
     (None, None, None, "persistent_128x256x64_s4_e128_g8"),  # 8192 x 8192 x 28672 1.019 [s3 1.011], x14336x4096
     # 0.989 [ping-pong 1.003], x28672x8192 1.004 [s3 1.007], 16384^3 1.000 [s3 1.008]
