@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -60,6 +61,11 @@ def shapes(which: str) -> list[tuple[int, int, int]]:
     if which in ("issue", "square", "large"):
         out += [(s, s, s) for s in SQUARES]
     return out
+
+
+def geomean(xs) -> float:
+    """Geometric mean (NaN for no values)."""
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
 
 
 def candidate_tiles(M: int) -> list[str]:  # noqa: N803
@@ -215,14 +221,12 @@ def cmd_run(args) -> int:
         for t, e in errors.items():
             print(f"      FAILED {t}: {e}")
         torch.cuda.empty_cache()
-    import math
-
     for name, key in (("best tile", None), ("heuristic", "heuristic")):
         ratios = [r["cublas_us"] / (r["tiles_us"][r["heuristic"]] if key else min(r["tiles_us"].values()))
                   for r in rows if r["tiles_us"] and (not key or r["heuristic"] in r["tiles_us"])]
         if ratios:
-            gm = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
-            print(f"{name}: geomean cuBLAS/ours {gm:.3f} over {len(ratios)} shapes, worst {min(ratios):.3f}")
+            print(f"{name}: geomean cuBLAS/ours {geomean(ratios):.3f} over {len(ratios)} shapes, "
+                  f"worst {min(ratios):.3f}")
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"rows": rows, "dtype": args.dtype, "gpu": torch.cuda.get_device_name(),
@@ -236,11 +240,6 @@ def table_report(runs: list[dict], choose_tile) -> dict:
     cuBLAS/ours with ``choose_tile``'s pick and with each shape's best tile, and the picks below 0.97; per shape,
     the pick's and the best tile's mean ratio over the files that timed them (a tile must be in every file of the
     shape to be "best"). Pure Python: runs on the CPU machine."""
-    import math
-
-    def gmean(xs):
-        return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
-
     files, shapes = [], {}
     for run in runs:
         picked, best, low, missing = [], [], [], []
@@ -258,12 +257,12 @@ def table_report(runs: list[dict], choose_tile) -> dict:
             picked.append(x)
             if x < 0.97:
                 low.append((key, round(x, 3)))
-        files.append({"table": gmean(picked), "best": gmean(best), "shapes": len(picked), "below_097": low,
+        files.append({"table": geomean(picked), "best": geomean(best), "shapes": len(picked), "below_097": low,
                       "pick_not_timed": missing})
     per_shape = []
     for key, rows in shapes.items():
         common = set.intersection(*(set(r["tiles_us"]) for r in rows))
-        mean = {t: gmean([r["cublas_us"] / r["tiles_us"][t] for r in rows]) for t in common}
+        mean = {t: geomean([r["cublas_us"] / r["tiles_us"][t] for r in rows]) for t in common}
         pick = choose_tile(*key)
         top = max(mean, key=mean.get) if mean else None
         per_shape.append({"shape": key, "pick": pick, "pick_mean": mean.get(pick), "best": top,

@@ -99,15 +99,7 @@ def test_persistent_tile_builds(tile):
 
 def test_sweep_offers_every_persistent_tile():
     """tools/gemm_sweep.py times every persistent tile (TILE_TABLE's and the candidates) above the small-M cutoff."""
-    import importlib.util
-    import pathlib
-
-    path = pathlib.Path(__file__).resolve().parents[3] / "tools" / "gemm_sweep.py"
-    if not path.exists():
-        pytest.skip("tools/gemm_sweep.py is not in this checkout")
-    spec = importlib.util.spec_from_file_location("gemm_sweep", path)
-    sweep = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(sweep)
+    sweep = testing.load_tool("gemm_sweep", __file__)
     for m in (sweep.SMALL_M + 1, 512, 1024, 8192):
         assert set(PERSISTENT) <= set(sweep.candidate_tiles(m)), m
     assert not set(PERSISTENT) & set(sweep.candidate_tiles(sweep.SMALL_M))

@@ -1,21 +1,13 @@
 # SPDX-License-Identifier: Apache-2.0
 """``tools/gemm_sweep.py table``: scoring a tile table against stored sweeps (CPU, synthetic sweep rows)."""
 
-import importlib.util
 import math
-import pathlib
 
-import pytest
+from tirx_kernels.core import testing
 
 
 def _sweep_module():
-    path = pathlib.Path(__file__).resolve().parents[3] / "tools" / "gemm_sweep.py"
-    if not path.exists():
-        pytest.skip("tools/gemm_sweep.py is not in this checkout")
-    spec = importlib.util.spec_from_file_location("gemm_sweep", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return testing.load_tool("gemm_sweep", __file__)
 
 
 def _row(m, cublas, tiles):

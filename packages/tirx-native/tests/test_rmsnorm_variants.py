@@ -86,13 +86,7 @@ def test_bulk_builds(params):
 
 def _sweep_variants(kernel):
     """(name, params) of ``kernel``'s variants in tools/sweep_variants.py (the list the GPU host times)."""
-    import importlib.util
-    import os
-
-    path = os.path.join(os.path.dirname(__file__), "..", "..", "..", "tools", "sweep_variants.py")
-    spec = importlib.util.spec_from_file_location("sweep_variants", path)
-    sweep = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(sweep)
+    sweep = testing.load_tool("sweep_variants", __file__)
     return [(name, cfg) for name, k, cfg in sweep.VARIANTS if k == kernel]
 
 

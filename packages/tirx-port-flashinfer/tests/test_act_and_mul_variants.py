@@ -78,13 +78,7 @@ def test_bulk_builds(params):
 
 def test_sweep_lists_the_default_first_and_valid_bulk_plans():
     """Each act_and_mul shape's first sweep variant is the op's default; any bulk variant has a valid plan."""
-    import importlib.util
-    import os
-
-    path = os.path.join(os.path.dirname(__file__), "..", "..", "..", "tools", "sweep_variants.py")
-    spec = importlib.util.spec_from_file_location("sweep_variants", path)
-    sweep = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(sweep)
+    sweep = testing.load_tool("sweep_variants", __file__)
     variants = [cfg for _, k, cfg in sweep.VARIANTS if k == "act_and_mul"]
     seen = set()
     for cfg in variants:

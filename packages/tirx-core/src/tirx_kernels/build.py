@@ -20,17 +20,16 @@ from tirx_kernels import registry
 from tirx_kernels.core import artifacts
 
 
-def plan(names: list[str], label: str | None = None, extra_params: dict | list | None = None) -> list[tuple]:
-    """Unique (kernel, module, params, labels) to build, from CONFIGS (+ BENCH_CONFIGS), or from explicit compile
-    params (one dict, or a list of them)."""
+def plan(names: list[str], label: str | None = None, extra_params: list[dict] | None = None) -> list[tuple]:
+    """Unique (kernel, module, params, labels) to build, from CONFIGS (+ BENCH_CONFIGS), or from a list of
+    explicit compile params."""
     from tirx_kernels.core.harness import all_configs, full_config
 
     out: dict[tuple, dict] = {}
     for name in names:
         mod = registry.load(name)
         if extra_params is not None:
-            listed = extra_params if isinstance(extra_params, list) else [extra_params]
-            rows = [{"label": "custom", "_params": p} for p in listed]
+            rows = [{"label": "custom", "_params": p} for p in extra_params]
         else:
             rows = all_configs(mod)
             if label:
@@ -75,7 +74,7 @@ def main(argv=None) -> int:
         ap.error("--params / --params-file need exactly one --kernel")
     if a.params and a.params_file:
         ap.error("give --params or --params-file, not both")
-    extra = json.loads(a.params) if a.params else None
+    extra = [json.loads(a.params)] if a.params else None
     if a.params_file:
         with open(a.params_file) as f:
             extra = [json.loads(line) for line in f if line.strip()]

@@ -106,6 +106,22 @@ def build_and_check_sass(mod, kernel: str, params: dict) -> str:
     return sass
 
 
+def load_tool(name: str, near: str):
+    """The repository script ``tools/<name>.py`` as a module, found in the first directory above ``near`` (a test's
+    ``__file__``) that has it; skips where the checkout has no tools/ (an installed package's tests)."""
+    import importlib.util
+    import pathlib
+
+    for d in pathlib.Path(near).resolve().parents:
+        path = d / "tools" / f"{name}.py"
+        if path.exists():
+            spec = importlib.util.spec_from_file_location(name, path)
+            mod = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(mod)
+            return mod
+    pytest.skip(f"tools/{name}.py is not in this checkout")
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Layer micro-kernel bundles: built on the CPU machine by a test module's ``build_bundle``, run on the GPU host
 # (which has no compiler) by its numerics test from ``$TIRX_LANG_MICRO_DIR`` (default ``<repo>/build/lang-micro``)
