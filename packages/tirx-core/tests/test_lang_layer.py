@@ -73,6 +73,24 @@ def test_cluster_raster_pairs_share_b_and_pad_m(num_m, num_n):
         scheduler.cluster_tile_coords(0, 4, 4, 3, 2, 0)
 
 
+@pytest.mark.parametrize("num_m, num_n", [(3, 1), (5, 7), (4, 8), (17, 33)])
+def test_cluster_raster_1x2_pairs_share_a_and_pad_n(num_m, num_n):
+    """1 x 2 clusters: the two CTAs take consecutive N-tiles (2j, 2j+1) of one M-tile; every real tile once,
+    one padding CTA past N per M-tile when num_n is odd."""
+    total = scheduler.num_cluster_tiles(num_m, num_n, 1, 2)
+    assert total == num_m * scheduler.ceil_div(num_n, 2)
+    seen = []
+    for tile in range(total):
+        pair = [scheduler.cluster_tile_coords(tile, num_m, num_n, 8, 1, r, cluster_n=2) for r in range(2)]
+        assert pair[0][0] == pair[1][0] and pair[1][1] == pair[0][1] + 1 and pair[0][1] % 2 == 0
+        seen += pair
+    real = [c for c in seen if c[1] < num_n]
+    assert sorted(real) == list(itertools.product(range(num_m), range(num_n)))
+    assert len(seen) - len(real) == (num_n % 2) * num_m
+    with pytest.raises(ValueError, match="one of them must be 1"):
+        scheduler.cluster_tile_coords(0, 4, 4, 8, 2, 0, cluster_n=2)
+
+
 # ---------------------------------------------------------------------------------------------------------
 # The ring protocol of the persistent GEMM, simulated with mbarrier parity semantics
 # ---------------------------------------------------------------------------------------------------------
@@ -159,6 +177,86 @@ def _simulate_persistent_ring(num_stages, num_tiles, k_tiles, num_consumers, see
 def test_persistent_ring_protocol(num_stages, num_tiles, k_tiles):
     for seed in range(20):
         _simulate_persistent_ring(num_stages, num_tiles, k_tiles, num_consumers=2, seed=seed)
+
+
+def _simulate_cluster_ring(num_stages, num_tiles, k_tiles, seed):
+    """A 2-CTA cluster with one ring release per consumer warpgroup and CTA (``consumer_release_warpgroup``):
+    each CTA's producer loads half of every use into *both* CTAs' slots (multicast), so its empty barrier
+    counts 2 warpgroups x 2 CTAs = 4 arrivals, and each warpgroup arrives once in each CTA. Checks that no
+    producer overwrites a slot any consumer of either CTA still reads, every use reads its own data, no
+    deadlock."""
+    from tirx_kernels.core.lang.mbarrier import Ring
+
+    cta_count, wgs = 2, 2
+    ring = Ring(num_stages, consumer_arrivals=wgs * cta_count)
+    full = [[_Barrier(1) for _ in range(num_stages)] for _ in range(cta_count)]
+    empty = [[_Barrier(wgs * cta_count) for _ in range(num_stages)] for _ in range(cta_count)]
+    halves = [[set() for _ in range(num_stages)] for _ in range(cta_count)]  # (use, source CTA) landed
+    readers = [set() for _ in range(num_stages)]  # (cta, wg) reading a stage, either CTA's copy
+    inflight = []  # (source cta, stage, use) multicast writes not landed
+    total = num_tiles * k_tiles
+
+    def producer(p):
+        for it in range(total):
+            s = ring.stage(it)
+            while not empty[p][s].try_wait(ring.phase(it) ^ 1):
+                yield
+            assert not readers[s], f"CTA {p} use {it} overwrites stage {s} still read by {readers[s]}"
+            inflight.append((p, s, it))
+            yield
+
+    def release(s):
+        for dst in range(cta_count):  # lane 0 of warp dst arrives in CTA dst
+            empty[dst][s].arrive()
+
+    def consumer(c, w):
+        for t in range(num_tiles):
+            for k in range(k_tiles):
+                it = t * k_tiles + k
+                s = ring.stage(it)
+                while not full[c][s].try_wait(ring.phase(it)):
+                    yield
+                assert halves[c][s] == {(it, 0), (it, 1)}, f"CTA {c} use {it} reads {halves[c][s]}"
+                readers[s].add((c, w))
+                yield
+                if k > 0:
+                    readers[ring.stage(it - 1)].discard((c, w))
+                    release(ring.stage(it - 1))
+            readers[ring.stage(t * k_tiles + k_tiles - 1)].discard((c, w))
+            release(ring.stage(t * k_tiles + k_tiles - 1))
+            yield
+
+    rng = random.Random(seed)
+    actors = {("p", p): producer(p) for p in range(cta_count)}
+    actors.update({(c, w): consumer(c, w) for c in range(cta_count) for w in range(wgs)})
+    pending_bytes = [[0] * num_stages for _ in range(cta_count)]
+    steps = 0
+    while actors or inflight:
+        steps += 1
+        assert steps < 200000, "deadlock"
+        if inflight and rng.random() < 0.3:
+            p, s, it = inflight.pop(rng.randrange(len(inflight)))
+            for dst in range(cta_count):  # the multicast half lands in both CTAs
+                halves[dst][s] = {h for h in halves[dst][s] if h[0] == it} | {(it, p)}
+                pending_bytes[dst][s] += 1
+                if pending_bytes[dst][s] == cta_count:  # expect_tx counted both halves
+                    pending_bytes[dst][s] = 0
+                    full[dst][s].arrive()
+            continue
+        if not actors:
+            continue
+        name = rng.choice(list(actors))
+        try:
+            next(actors[name])
+        except StopIteration:
+            del actors[name]
+    return steps
+
+
+@pytest.mark.parametrize("num_stages, num_tiles, k_tiles", [(3, 4, 2), (4, 6, 3), (6, 2, 17)])
+def test_cluster_ring_with_warpgroup_release(num_stages, num_tiles, k_tiles):
+    for seed in range(20):
+        _simulate_cluster_ring(num_stages, num_tiles, k_tiles, seed=seed)
 
 
 def test_ring_without_last_release_deadlocks():

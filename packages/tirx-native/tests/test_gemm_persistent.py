@@ -31,6 +31,8 @@ def test_persistent_tiles_fit_smem():
     {"block_n": 240}, {"block_n": 224, "layout": "nn"}, {"block_n": 224, "out_dtype": "float32"},
     {"block_n": 224, "epilogue": "bias", "bias_dtype": "bfloat16"}, {"block_n": 224, "cluster_m": 2},
     {"block_n": 224, "epi_cols": 128},
+    # 1 x 2 clusters and the per-warpgroup release
+    {"cluster_n": 3}, {"cluster_n": 2, "cluster_m": 2}, {"block_n": 224, "cluster_n": 2}, {"release": "thread"},
 ])
 def test_persistent_rejects_bad_params(bad):
     params = {**{k: v for k, v in mod.TILE_CONFIGS["persistent_128x256x64_s3_g8"].items() if k != "kind"}, **bad}
@@ -93,8 +95,49 @@ def test_epi_cols_rounds(kw, rounds):
 def test_persistent_tile_builds(tile):
 
     sass = testing.build_and_check_sass(mod, "fp16_bf16_gemm", {"dtype": "bfloat16", "tile": tile})
-    if mod.TILE_CONFIGS[tile]["cluster_m"] == 2:
+    if mod.TILE_CONFIGS[tile]["cluster_m"] * mod.TILE_CONFIGS[tile].get("cluster_n", 1) == 2:
         assert "UTMALDG.2D.MULTICAST" in sass
+
+
+def _device_code(tile):
+    from tirx_kernels.core import build
+
+    src = build.codegen(mod.get_kernel("bfloat16", tile))
+    return src[src.index('extern "C" __global__'):]
+
+
+@pytest.mark.parametrize("tile, arrivals, releasers", [
+    ("persistent_128x128x64_s6_c2_g8", 16, "lane_ptr[0] == 0"),  # lane 0 of 8 warps x 2 CTAs
+    ("persistent_128x128x64_s6_c2_g8_wg", 4, "(lane_ptr[0] == 0) && (warp_ptr[0] < 2)"),  # 2 warpgroups x 2 CTAs
+    ("persistent_128x128x64_s6_g8_wg", 2, "(lane_ptr[0] == 0) && (warp_ptr[0] < 1)"),
+    ("pingpong_128x128x64_s6_e64_c2n_g8_wg", 2, "(lane_ptr[0] == 0) && (warp_ptr[0] < 2)"),  # 1 warpgroup x 2
+])
+def test_ring_release_arrival_counts(tile, arrivals, releasers):
+    """The empty barriers count exactly the arrivals the consumers make: one per warp and CTA (``release``
+    "warp"), or one per warpgroup and CTA ("warpgroup": lane 0 of warp r arrives in CTA r)."""
+    dev = _device_code(tile)
+    stages = mod.TILE_CONFIGS[tile]["num_stages"]
+    # the ring's inits: num_stages full barriers of 1 arrival, num_stages empty ones of `arrivals`
+    assert dev.count("mbarrier_init_init_shared__cta_b64(") == 2 * stages
+    assert dev.count(f"(uint){arrivals});") == stages
+    assert f"if ({releasers}) {{" in dev
+
+
+def test_1x2_cluster_multicasts_a_not_b():
+    """``cluster_n=2``: each CTA loads 64 of A's 128 rows and multicasts them (A's box is 64 rows); B is its
+    own N-tile, loaded plainly."""
+    dev = _device_code("persistent_128x128x64_s6_c2n_g8_wg")
+    loads = [line for line in dev.splitlines() if "cp_async_bulk_tensor_g2s" in line and "(&(a_map))" in line]
+    assert loads and all("multicast" in line and "(ushort)3" in line for line in loads)
+    loads = [line for line in dev.splitlines() if "cp_async_bulk_tensor_g2s" in line and "(&(b_map))" in line]
+    assert loads and not any("multicast" in line for line in loads)
+    assert "cudaLaunchAttributeClusterDimension" in build_source("persistent_128x128x64_s6_c2n_g8_wg")
+
+
+def build_source(tile):
+    from tirx_kernels.core import build
+
+    return build.codegen(mod.get_kernel("bfloat16", tile))
 
 
 def test_sweep_offers_every_persistent_tile():

@@ -224,6 +224,9 @@ def test_pingpong_tiles_fit_smem():
     ({"num_stages": 5}, "smem"),
     ({"cluster_m": 3}, "cluster_m"),
     ({"cluster_m": 2, "group_m": 3}, "cluster_m"),
+    ({"cluster_n": 3}, "cluster_n"),
+    ({"cluster_n": 2, "cluster_m": 2}, "cluster_n"),
+    ({"release": "thread"}, "release"),
     ({"layout": "nn"}, "layout"),
     ({"out_dtype": "float32"}, "out_dtype"),
     ({"epilogue": "bias", "bias_dtype": "bfloat16"}, "epilogue"),
@@ -249,5 +252,5 @@ def test_pingpong_tile_builds(tile, dtype):
     assert re.search(r"USETMAXREG\.DEALLOC\S*\s+0x28\b", sass)
     assert re.search(r"USETMAXREG\.TRY_ALLOC\S*\s+\S+\s+0xe8\b", sass)
     assert "BAR.ARV" in sass  # the turn handed over
-    if mod.TILE_CONFIGS[tile].get("cluster_m", 1) == 2:
+    if mod.TILE_CONFIGS[tile].get("cluster_m", 1) * mod.TILE_CONFIGS[tile].get("cluster_n", 1) == 2:
         assert "UTMALDG.2D.MULTICAST" in sass

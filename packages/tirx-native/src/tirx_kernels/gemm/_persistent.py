@@ -25,6 +25,13 @@ Design:
   the B tile and multicasts it into both. When the number of M-tiles is odd, the last cluster's second
   CTA lies past M: it still loads (zero-filled) A, multicasts its B half and joins every barrier, but
   stores nothing.
+- ``cluster_n = 2`` (``cluster_m = 1``): a 1 x 2 cluster, the transpose of the above: the two CTAs take N-tiles
+  (2j, 2j+1) of one M-tile, each loads 64 of the tile's 128 A rows and multicasts them into both; a CTA past N
+  loads zero-filled B and stores nothing.
+- ``release``: who gives a ring slot back after the consumers' ``wgmma.wait``: ``"warp"`` (lane 0 of every
+  consumer warp, in every CTA of the cluster: 8 x cluster arrivals per slot) or ``"warpgroup"`` (lane 0 of
+  warp r of each consumer warpgroup arrives in CTA r: 2 x cluster arrivals, the remote ones leaving from two
+  warps at once; ``mbarrier.Ring.consumer_release_warpgroup``).
 - ``block_n`` a multiple of 32 but not of 64 (224: N = 7168, 14336 and 28672 are 32, 64 and 128 such tiles,
   one or a whole number of waves on 132 SMs where 128 x 256 tiles leave a 0.85 wave): the first
   ``block_n // 64 * 64`` columns go out through the staging tile and TMA as above, the last 32 straight from
@@ -56,6 +63,9 @@ SMEM_LIMIT = 232448  # 227 KB: the H200's opt-in maximum dynamic shared memory p
 NUM_CONSUMERS = 2
 
 LAYOUTS = ("nt", "nn")
+# Who gives a ring slot back: lane 0 of every consumer warp, or one thread per consumer warpgroup and CTA
+# (mbarrier.Ring.consumer_release_warpgroup).
+RELEASES = ("warp", "warpgroup")
 EPILOGUES = ("none", "bias", "alpha_beta", "alpha_beta_bias")
 
 
@@ -99,7 +109,8 @@ def _drop_params(func, names):
 def build_persistent_kernel(dtype: str, block_m: int, block_n: int, block_k: int, num_stages: int,
                             cluster_m: int, group_m: int, num_sms: int, layout: str = "nt",
                             out_dtype: str | None = None, epilogue: str = "none", bias_dtype: str | None = None,
-                            epi_cols: int | None = None, pdl: str | None = None):
+                            epi_cols: int | None = None, pdl: str | None = None, cluster_n: int = 1,
+                            release: str = "warp"):
     from tvm.script import tirx as T
 
     from tirx_kernels.core.lang import mbarrier, roles, scheduler, tma, vector, wgmma
@@ -124,11 +135,16 @@ def build_persistent_kernel(dtype: str, block_m: int, block_n: int, block_k: int
         raise ValueError(f"persistent gemm: block_n={block_n} must be a multiple of 32 in [64, 256]")
     staged = staged_cols(block_n)  # through the staging tile and TMA stores
     tail_cols = block_n - staged  # stored from registers
-    if tail_cols and (layout != "nt" or out_dtype != dtype or epilogue != "none" or cluster_m != 1):
+    if tail_cols and (layout != "nt" or out_dtype != dtype or epilogue != "none" or cluster_m * cluster_n != 1):
         raise ValueError(f"persistent gemm: block_n={block_n} (not a multiple of 64) builds only the plain NT "
                          "kernel (16-bit out, no epilogue, cluster_m=1)")
     if cluster_m not in (1, 2) or group_m % cluster_m or num_sms < cluster_m:
         raise ValueError(f"persistent gemm: cluster_m={cluster_m} (1 or 2) must divide group_m={group_m}")
+    if cluster_n not in (1, 2) or cluster_m * cluster_n > 2:
+        raise ValueError(f"persistent gemm: cluster_n={cluster_n} must be 1, or 2 with cluster_m=1 "
+                         f"(got cluster_m={cluster_m})")
+    if release not in RELEASES:
+        raise ValueError(f"persistent gemm: release {release!r} is not one of {RELEASES}")
     if epi_cols is not None and (isinstance(epi_cols, bool) or not isinstance(epi_cols, int) or epi_cols <= 0
                                  or epi_cols % 64 or staged % epi_cols):
         raise ValueError(f"persistent gemm: epi_cols={epi_cols!r} must be a multiple of 64 (one SW128 box of "
@@ -141,14 +157,17 @@ def build_persistent_kernel(dtype: str, block_m: int, block_n: int, block_k: int
     a_tile = block_m * block_k  # elements per stage
     b_tile = block_n * block_k
     b_share = block_n // cluster_m  # B rows each CTA of the cluster loads (and multicasts)
+    a_share = block_m // cluster_n  # A rows each CTA of a 1 x 2 cluster loads (and multicasts)
+    cluster_size = cluster_m * cluster_n
     stage_bytes = (a_tile + b_tile) * elem  # full boxes, also past M/N/K, all sources of the cluster
     k_steps = block_k // 16
     nacc = wgmma.acc_regs(block_n)
     store_cols = 128 // elem  # one SW128 store box: 64 rows x 128 bytes
     store_rows = wgmma.M
-    # Each stage is read by the 8 consumer warps of every CTA of the cluster (B multicast).
-    empty_arrivals = NUM_CONSUMERS * 4 * cluster_m
-    clusters_max = num_sms // cluster_m
+    # Each stage is read by the consumers of every CTA of the cluster (multicast): lane 0 of each of their
+    # warps releases it ("warp"), or one thread per warpgroup and CTA ("warpgroup").
+    empty_arrivals = NUM_CONSUMERS * (4 if release == "warp" else 1) * cluster_size
+    clusters_max = num_sms // cluster_size
     ring = mbarrier.Ring(num_stages, empty_arrivals)
     cvt_pack = {"bfloat16": T.ptx.cvt.rn.bf16x2.f32, "float16": T.ptx.cvt.rn.f16x2.f32}[dtype]
 
@@ -207,18 +226,18 @@ def build_persistent_kernel(dtype: str, block_m: int, block_n: int, block_k: int
 
     def cluster_tiles(M, N):  # noqa: N803 (M, N are the kernel's dims)
         num_m, num_n = scheduler.num_tiles(M, N, block_m, block_n)
-        return scheduler.ceil_div(num_m, cluster_m) * num_n
+        return scheduler.num_cluster_tiles(num_m, num_n, cluster_m, cluster_n)
 
     def grid_ctas(M, N):  # noqa: N803
-        return scheduler.grid_size(cluster_tiles(M, N), clusters_max) * cluster_m
+        return scheduler.grid_size(cluster_tiles(M, N), clusters_max) * cluster_size
 
     def tile_m(tile, M, N, rank):  # noqa: N803
         num_m, num_n = scheduler.num_tiles(M, N, block_m, block_n)
-        return scheduler.cluster_tile_coords(tile, num_m, num_n, group_m, cluster_m, rank)[0]
+        return scheduler.cluster_tile_coords(tile, num_m, num_n, group_m, cluster_m, rank, cluster_n)[0]
 
-    def tile_n(tile, M, N):  # noqa: N803
+    def tile_n(tile, M, N, rank):  # noqa: N803
         num_m, num_n = scheduler.num_tiles(M, N, block_m, block_n)
-        return scheduler.cluster_tile_coords(tile, num_m, num_n, group_m, cluster_m, 0)[1]
+        return scheduler.cluster_tile_coords(tile, num_m, num_n, group_m, cluster_m, rank, cluster_n)[1]
 
 
     def epilogue_pair(Cs, packed, acc, Bias, alpha, beta, N, n0, ebase, p, jj, r, warp, lane):  # noqa: N803
@@ -242,6 +261,15 @@ def build_persistent_kernel(dtype: str, block_m: int, block_n: int, block_k: int
             T.evaluate(out_pack(packed[0], v1, v0))
             T.buffer_store(Cs, packed[0], [idx // 2])
 
+    def release_use(empty, it, warp, lane, remote):
+        """Give ring use ``it`` back in every CTA of the cluster, per ``release``."""
+        if release == "warp":
+            with T.If(lane == 0):  # a Python `if` on a TIR value would be dropped in a helper
+                with T.Then():
+                    ring.consumer_release(empty, it, cluster_size, remote[0])
+        else:
+            ring.consumer_release_warpgroup(empty, it, warp, lane, cluster_size, remote[0])
+
     @T.prim_func
     def fp16_bf16_gemm_persistent(a_ptr: T.handle, b_ptr: T.handle, c_ptr: T.handle, bias_ptr: T.handle,
                                   alpha: T.float32, beta: T.float32):
@@ -258,7 +286,7 @@ def build_persistent_kernel(dtype: str, block_m: int, block_n: int, block_k: int
         a_map = T.Bind(T.tvm_stack_alloca("tensormap", 1))
         b_map = T.Bind(T.tvm_stack_alloca("tensormap", 1))
         c_map = T.Bind(T.tvm_stack_alloca("tensormap", 1))
-        tma.encode_2d(a_map, A.data, M, K, K, block_m, block_k, dtype, l2_promotion=tma.L2_PROMOTION_256B)
+        tma.encode_2d(a_map, A.data, M, K, K, a_share, block_k, dtype, l2_promotion=tma.L2_PROMOTION_256B)
         if layout == "nt":
             tma.encode_2d(b_map, B.data, N, K, K, b_share, block_k, dtype, l2_promotion=tma.L2_PROMOTION_256B)
         else:
@@ -269,14 +297,14 @@ def build_persistent_kernel(dtype: str, block_m: int, block_n: int, block_k: int
         T.attr({"tirx.launch_bounds_min_blocks_per_sm": 1})
         cta = T.cta_id([grid_ctas(M, N)])
         rank = T.int32(0)
-        if cluster_m == 2:
+        if cluster_size == 2:
             rank = T.cta_id_in_cluster([2])
         wg = T.warpgroup_id([3])
         tid = T.thread_id([384])
         k_tiles = (K + block_k - 1) // block_k
         total = cluster_tiles(M, N)
-        grid = grid_ctas(M, N) // cluster_m
-        cluster = cta // cluster_m
+        grid = grid_ctas(M, N) // cluster_size
+        cluster = cta // cluster_size
         my_tiles = scheduler.tiles_of_cta(cluster, grid, total)
 
         # Shared memory: one pool, 1024-aligned tiles first, barriers last.
@@ -300,7 +328,7 @@ def build_persistent_kernel(dtype: str, block_m: int, block_n: int, block_k: int
                 for i in T.unroll(NUM_CONSUMERS):
                     mbarrier.init(cbar.ptr_to([i]), 1)
             mbarrier.fence_init()
-        if cluster_m == 2:
+        if cluster_size == 2:
             T.cuda.cluster_sync()
         else:
             T.cuda.cta_sync()
@@ -313,13 +341,18 @@ def build_persistent_kernel(dtype: str, block_m: int, block_n: int, block_k: int
                 for t in range(my_tiles):
                     tile = cluster + t * grid
                     m0 = tile_m(tile, M, N, rank) * block_m
-                    n0 = tile_n(tile, M, N) * block_n
+                    n0 = tile_n(tile, M, N, rank) * block_n
                     for k in range(k_tiles):
                         it = t * k_tiles + k  # the ring's use count: continues across tiles
                         s = ring.stage(it)
                         ring.producer_acquire(empty, it)
                         ring.producer_expect(full, it, stage_bytes)
-                        tma.load_2d(As.ptr_to([s * a_tile]), a_map, k * block_k, m0, full.ptr_to([s]))
+                        if cluster_n == 2:
+                            # 1 x 2 cluster: one M-tile, two N-tiles; each CTA loads half of A into both.
+                            tma.load_2d(As.ptr_to([s * a_tile + rank * a_share * block_k]), a_map, k * block_k,
+                                        m0 + rank * a_share, full.ptr_to([s]), multicast_mask=3)
+                        else:
+                            tma.load_2d(As.ptr_to([s * a_tile]), a_map, k * block_k, m0, full.ptr_to([s]))
                         if layout == "nt":
                             if cluster_m == 2:
                                 tma.load_2d(Bs.ptr_to([s * b_tile + rank * b_share * block_k]), b_map, k * block_k,
@@ -345,7 +378,7 @@ def build_persistent_kernel(dtype: str, block_m: int, block_n: int, block_k: int
             for t in range(my_tiles):
                 tile = cluster + t * grid
                 m0 = tile_m(tile, M, N, rank) * block_m
-                n0 = tile_n(tile, M, N) * block_n
+                n0 = tile_n(tile, M, N, rank) * block_n
                 for k in range(k_tiles):
                     it = t * k_tiles + k
                     s = ring.stage(it)
@@ -366,12 +399,11 @@ def build_persistent_kernel(dtype: str, block_m: int, block_n: int, block_k: int
                     wgmma.commit()
                     # NOTES: one group in flight; once down to one, use it-1's wgmmas have read their smem.
                     wgmma.wait(1)
-                    if k > 0 and lane == 0:
-                        ring.consumer_release(empty, it - 1, cluster_m, remote[0])
+                    if k > 0:
+                        release_use(empty, it - 1, warp, lane, remote)
                 wgmma.wait(0)
                 # Release the tile's last stage too: the producer is already filling the next tile.
-                if lane == 0:
-                    ring.consumer_release(empty, t * k_tiles + k_tiles - 1, cluster_m, remote[0])
+                release_use(empty, t * k_tiles + k_tiles - 1, warp, lane, remote)
 
                 if plain:
                     # Epilogue: this warpgroup's 64 x block_n slab as block_n/64 SW128 boxes of 64 x 64, in
@@ -449,10 +481,10 @@ def build_persistent_kernel(dtype: str, block_m: int, block_n: int, block_k: int
                             tma.store_commit()
             if ct == 0:
                 tma.store_wait(0)
-        if cluster_m == 2:
+        if cluster_size == 2:
             # No CTA may exit while its peer still multicasts into its smem or arrives on its barriers.
             T.cuda.cluster_sync()
         pdl_launch.end(pdl)
 
     unused = (() if add_bias else ("bias_ptr", "Bias")) + (() if reads_c else ("alpha", "beta"))
-    return pdl_launch.launch(_drop_params(fp16_bf16_gemm_persistent, unused), pdl, cluster=cluster_m == 2)
+    return pdl_launch.launch(_drop_params(fp16_bf16_gemm_persistent, unused), pdl, cluster=cluster_size == 2)

@@ -49,6 +49,10 @@ Design:
   stage is reloaded (in either CTA) only after both CTAs' consumers released its previous use. An odd number
   of M-tiles leaves the last cluster's second CTA past M: it loads, multicasts and joins every barrier, and
   stores nothing. A final cluster barrier keeps either CTA alive while its peer may still write into it.
+- ``cluster_n = 2`` (``cluster_m = 1``): the 1 x 2 transpose: N-tiles (2j, 2j+1) of one M-tile, each CTA
+  loading half of the A tile's rows and multicasting them; a CTA past N stores nothing.
+- ``release``: ``"warp"`` (lane 0 of each consumer warp arrives, in every CTA) or ``"warpgroup"`` (one arrival per
+  consumer warpgroup and CTA: lane 0 of warp r arrives in CTA r), as in ``gemm/_persistent.py``.
 - Every shared buffer, barriers included, in one ``T.SMEMPool`` (1024-aligned only then).
 
 Built, not yet measured on the H200 (``docs/gemm.md``).
@@ -56,7 +60,7 @@ Built, not yet measured on the H200 (``docs/gemm.md``).
 
 from __future__ import annotations
 
-from tirx_kernels.gemm._persistent import SMEM_LIMIT
+from tirx_kernels.gemm._persistent import RELEASES, SMEM_LIMIT
 
 NUM_CONSUMERS = 2
 EPI_BAR = 1  # named barriers 1, 2: consumer w's epilogue (its 128 threads)
@@ -95,7 +99,8 @@ def store_box(h, b, epi_cols: int, dtype: str):
 
 
 def build_pingpong_kernel(dtype: str, block_m: int, block_n: int, block_k: int, num_stages: int, epi_cols: int,
-                          group_m: int, num_sms: int, cluster_m: int = 1, layout: str = "nt",
+                          group_m: int, num_sms: int, cluster_m: int = 1, cluster_n: int = 1,
+                          release: str = "warp", layout: str = "nt",
                           out_dtype: str | None = None, epilogue: str = "none", bias_dtype: str | None = None,
                           pdl: str | None = None):
     from tvm.script import tirx as T
@@ -113,6 +118,11 @@ def build_pingpong_kernel(dtype: str, block_m: int, block_n: int, block_k: int, 
                          "(only 'none')")
     if cluster_m not in (1, 2) or group_m % cluster_m or num_sms < cluster_m:
         raise ValueError(f"pingpong gemm: cluster_m={cluster_m} is not supported (1 or 2, dividing group_m={group_m})")
+    if cluster_n not in (1, 2) or cluster_m * cluster_n > 2:
+        raise ValueError(f"pingpong gemm: cluster_n={cluster_n} must be 1, or 2 with cluster_m=1 "
+                         f"(got cluster_m={cluster_m})")
+    if release not in RELEASES:
+        raise ValueError(f"pingpong gemm: release {release!r} is not one of {RELEASES}")
     if block_m != NUM_CONSUMERS * wgmma.M or block_k * elem != 128:
         raise ValueError("pingpong gemm: block_m must be 128 (2 x m64) and block_k one 128-byte SW128 row")
     # Two m64 accumulators of block_n / 2 registers each must leave room in the consumer's 232.
@@ -133,6 +143,8 @@ def build_pingpong_kernel(dtype: str, block_m: int, block_n: int, block_k: int, 
     a_tile = block_m * block_k  # elements per stage
     b_tile = block_n * block_k
     b_share = block_n // cluster_m  # B rows each CTA of the cluster loads (and multicasts)
+    a_share = block_m // cluster_n  # A rows each CTA of a 1 x 2 cluster loads (and multicasts)
+    cluster_size = cluster_m * cluster_n
     stage_bytes = (a_tile + b_tile) * elem  # full boxes, also past M/N/K, all sources of the cluster
     k_steps = block_k // 16
     nacc = wgmma.acc_regs(block_n)  # per m64 half
@@ -140,22 +152,31 @@ def build_pingpong_kernel(dtype: str, block_m: int, block_n: int, block_k: int, 
     boxes_per_half = epi_cols // store_cols  # store boxes per 64-row half and round
     rounds = block_n // epi_cols
     stage_elems = block_m * epi_cols  # one consumer's staging buffer, 16-bit elements
-    # Each use is read by one consumer warpgroup of every CTA of the cluster (B multicast): lane 0 of its 4
-    # warps releases it, in every CTA.
-    ring = mbarrier.Ring(num_stages, 4 * cluster_m)
-    clusters_max = num_sms // cluster_m
+    # Each use is read by one consumer warpgroup of every CTA of the cluster (multicast): lane 0 of its 4
+    # warps releases it, in every CTA ("warp"), or one thread of it per CTA ("warpgroup").
+    ring = mbarrier.Ring(num_stages, (4 if release == "warp" else 1) * cluster_size)
+    clusters_max = num_sms // cluster_size
     cvt_pack = {"bfloat16": T.ptx.cvt.rn.bf16x2.f32, "float16": T.ptx.cvt.rn.f16x2.f32}[dtype]
 
     def tile_mn(tile, M, N, rank):  # noqa: N803 (M, N are the kernel's dims)
         num_m, num_n = scheduler.num_tiles(M, N, block_m, block_n)
-        return scheduler.cluster_tile_coords(tile, num_m, num_n, group_m, cluster_m, rank)
+        return scheduler.cluster_tile_coords(tile, num_m, num_n, group_m, cluster_m, rank, cluster_n)
 
     def cluster_tiles(M, N):  # noqa: N803
         num_m, num_n = scheduler.num_tiles(M, N, block_m, block_n)
-        return scheduler.ceil_div(num_m, cluster_m) * num_n
+        return scheduler.num_cluster_tiles(num_m, num_n, cluster_m, cluster_n)
 
     def grid_ctas(M, N):  # noqa: N803
-        return scheduler.grid_size(cluster_tiles(M, N), clusters_max) * cluster_m
+        return scheduler.grid_size(cluster_tiles(M, N), clusters_max) * cluster_size
+
+    def release_use(empty, it, warp, lane, remote):
+        """Give ring use ``it`` back in every CTA of the cluster, per ``release``."""
+        if release == "warp":
+            with T.If(lane == 0):  # a Python `if` on a TIR value would be dropped in a helper
+                with T.Then():
+                    ring.consumer_release(empty, it, cluster_size, remote[0])
+        else:
+            ring.consumer_release_warpgroup(empty, it, warp, lane, cluster_size, remote[0])
 
     def stage_pair(Cs, packed, acc, cs_base, h, rnd, jj, r, warp, lane):  # noqa: N803
         """Two adjacent columns of one accumulator row, packed to 16-bit, into the staging buffer."""
@@ -188,21 +209,21 @@ def build_pingpong_kernel(dtype: str, block_m: int, block_n: int, block_k: int, 
         a_map = T.Bind(T.tvm_stack_alloca("tensormap", 1))
         b_map = T.Bind(T.tvm_stack_alloca("tensormap", 1))
         c_map = T.Bind(T.tvm_stack_alloca("tensormap", 1))
-        tma.encode_2d(a_map, A.data, M, K, K, block_m, block_k, dtype, l2_promotion=tma.L2_PROMOTION_256B)
+        tma.encode_2d(a_map, A.data, M, K, K, a_share, block_k, dtype, l2_promotion=tma.L2_PROMOTION_256B)
         tma.encode_2d(b_map, B.data, N, K, K, b_share, block_k, dtype, l2_promotion=tma.L2_PROMOTION_256B)
         tma.encode_2d(c_map, C.data, M, N, ldc, store_rows, store_cols, dtype)
         T.device_entry()
         T.attr({"tirx.launch_bounds_min_blocks_per_sm": 1})
         cta = T.cta_id([grid_ctas(M, N)])
         rank = T.int32(0)
-        if cluster_m == 2:
+        if cluster_size == 2:
             rank = T.cta_id_in_cluster([2])
         wg = T.warpgroup_id([3])
         tid = T.thread_id([384])
         k_tiles = (K + block_k - 1) // block_k
         total = cluster_tiles(M, N)
-        grid = grid_ctas(M, N) // cluster_m
-        cluster = cta // cluster_m
+        grid = grid_ctas(M, N) // cluster_size
+        cluster = cta // cluster_size
         my_tiles = scheduler.tiles_of_cta(cluster, grid, total)
 
         # Shared memory: one pool, 1024-aligned tiles first, barriers last.
@@ -222,7 +243,7 @@ def build_pingpong_kernel(dtype: str, block_m: int, block_n: int, block_k: int, 
         if tid == 0:
             ring.init(full, empty)
             mbarrier.fence_init()
-        if cluster_m == 2:
+        if cluster_size == 2:
             T.cuda.cluster_sync()
         else:
             T.cuda.cta_sync()
@@ -240,7 +261,13 @@ def build_pingpong_kernel(dtype: str, block_m: int, block_n: int, block_k: int, 
                         s = ring.stage(it)
                         ring.producer_acquire(empty, it)
                         ring.producer_expect(full, it, stage_bytes)
-                        tma.load_2d(As.ptr_to([s * a_tile]), a_map, k * block_k, m_tile * block_m, full.ptr_to([s]))
+                        if cluster_n == 2:
+                            # 1 x 2 cluster: one M-tile, two N-tiles; each CTA loads half of A into both.
+                            tma.load_2d(As.ptr_to([s * a_tile + rank * a_share * block_k]), a_map, k * block_k,
+                                        m_tile * block_m + rank * a_share, full.ptr_to([s]), multicast_mask=3)
+                        else:
+                            tma.load_2d(As.ptr_to([s * a_tile]), a_map, k * block_k, m_tile * block_m,
+                                        full.ptr_to([s]))
                         if cluster_m == 2:
                             tma.load_2d(Bs.ptr_to([s * b_tile + rank * b_share * block_k]), b_map, k * block_k,
                                         n_tile * block_n + rank * b_share, full.ptr_to([s]), multicast_mask=3)
@@ -275,16 +302,15 @@ def build_pingpong_kernel(dtype: str, block_m: int, block_n: int, block_k: int, 
                     wgmma.commit()
                     # NOTES: one group in flight; once down to one, use it-1's wgmmas have read their smem.
                     wgmma.wait(1)
-                    if k > 0 and lane == 0:
-                        ring.consumer_release(empty, it - 1, cluster_m, remote[0])
+                    if k > 0:
+                        release_use(empty, it - 1, warp, lane, remote)
                 # Every full wait of this tile has passed: the other consumer may start the next tile while
                 # this one's last wgmmas run and its epilogue follows. The CTA's last tile passes no turn
                 # (nobody would wait for it).
                 if t + 1 < my_tiles:
                     roles.pass_turn(TURN_BAR, cw)
                 wgmma.wait(0)
-                if lane == 0:
-                    ring.consumer_release(empty, t * k_tiles + k_tiles - 1, cluster_m, remote[0])
+                release_use(empty, t * k_tiles + k_tiles - 1, warp, lane, remote)
 
                 # Epilogue: `rounds` rounds of epi_cols columns through this consumer's own staging buffer,
                 # as 2 (row halves) x boxes_per_half SW128 boxes of 64 x 64.
@@ -304,9 +330,9 @@ def build_pingpong_kernel(dtype: str, block_m: int, block_n: int, block_k: int, 
                         tma.store_commit()
             if ct == 0:
                 tma.store_wait(0)
-        if cluster_m == 2:
+        if cluster_size == 2:
             # No CTA may exit while its peer still multicasts into its smem or arrives on its barriers.
             T.cuda.cluster_sync()
         pdl_launch.end(pdl)
 
-    return pdl_launch.launch(fp16_bf16_gemm_pingpong, pdl, cluster=cluster_m == 2)
+    return pdl_launch.launch(fp16_bf16_gemm_pingpong, pdl, cluster=cluster_size == 2)

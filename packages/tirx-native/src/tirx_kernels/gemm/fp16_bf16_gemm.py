@@ -109,6 +109,26 @@ CONFIGS = [
      "tile": "persistent_128x64x64_s8_g8"},
     {"label": "bf16_300x520x136_persistent_128x128_c2", "dtype": "bfloat16", "M": 300, "N": 520, "K": 136,
      "tile": "persistent_128x128x64_s6_c2_g8"},
+    # One ring release per consumer warpgroup ("_wg") and 1 x 2 clusters ("_c2n", A multicast). N = 520 is 5
+    # N-tiles of 128 (9 of 64, 3 of 256): odd, so the last 1 x 2 cluster has a CTA past N (zero-filled B, no
+    # stores); 2000 x 1544 x 1048: 16 x 13 tiles of 128 = 16 x 7 clusters on 66 (1-2 each, 17 K-tiles).
+    {"label": "bf16_300x520x136_persistent_128x128_wg", "dtype": "bfloat16", "M": 300, "N": 520, "K": 136,
+     "tile": "persistent_128x128x64_s6_g8_wg"},
+    {"label": "fp16_300x520x136_persistent_128x128_c2_wg", "dtype": "float16", "M": 300, "N": 520, "K": 136,
+     "tile": "persistent_128x128x64_s6_c2_g8_wg"},
+    {"label": "bf16_300x520x136_persistent_128x128_c2n_wg", "dtype": "bfloat16", "M": 300, "N": 520, "K": 136,
+     "tile": "persistent_128x128x64_s6_c2n_g8_wg"},
+    {"label": "bf16_2000x1544x1048_persistent_128x128_c2n_wg", "dtype": "bfloat16", "M": 2000, "N": 1544,
+     "K": 1048, "tile": "persistent_128x128x64_s6_c2n_g8_wg"},
+    {"label": "fp16_1000x520x1048_persistent_128x64_c2n_wg", "dtype": "float16", "M": 1000, "N": 520, "K": 1048,
+     "tile": "persistent_128x64x64_s8_c2n_g8_wg"},
+    {"label": "bf16_300x520x136_persistent_s4_e128_c2_wg", "dtype": "bfloat16", "M": 300, "N": 520, "K": 136,
+     "tile": "persistent_128x256x64_s4_e128_c2_g8_wg"},
+    {"label": "bf16_300x776x136_persistent_s4_e128_c2n_wg", "dtype": "bfloat16", "M": 300, "N": 776, "K": 136,
+     "tile": "persistent_128x256x64_s4_e128_c2n_g8_wg"},
+    {"label": "bf16_300x520x136_nn_alpha_beta_bias_c2n_wg", "dtype": "bfloat16", "M": 300, "N": 520, "K": 136,
+     "layout": "nn", "epilogue": "alpha_beta_bias", "bias_dtype": "float32", "alpha": 0.5, "beta": -1.5,
+     "tile": "persistent_128x128x64_s6_c2n_g8_wg"},
     # 224-column tiles (the last 32 columns stored from registers). N = 200: the one tile's register-stored
     # columns 192..223 reach past N (8 in, 24 out); N = 1112: the 5th N-tile stores 3 boxes, its tail 24 in;
     # 2000 x 3136: 16 x 14 = 224 tiles on 132 CTAs (the ring wraps across tiles); 512 x 7168 x 2048 the shape
@@ -195,6 +215,16 @@ CONFIGS = [
      "tile": "pingpong_128x192x64_s4_e64_c2_g8"},
     {"label": "bf16_8192x8192x8192_pingpong_128x192_c2", "dtype": "bfloat16", "M": 8192, "N": 8192, "K": 8192,
      "tile": "pingpong_128x192x64_s4_e64_c2_g8"},
+    {"label": "bf16_300x520x136_pingpong_128x128_c2n_wg", "dtype": "bfloat16", "M": 300, "N": 520, "K": 136,
+     "tile": "pingpong_128x128x64_s6_e64_c2n_g8_wg"},
+    {"label": "fp16_2900x4104x200_pingpong_128x128_c2n_wg", "dtype": "float16", "M": 2900, "N": 4104, "K": 200,
+     "tile": "pingpong_128x128x64_s6_e64_c2n_g8_wg"},
+    {"label": "bf16_2900x1544x200_pingpong_128x128_c2_wg", "dtype": "bfloat16", "M": 2900, "N": 1544, "K": 200,
+     "tile": "pingpong_128x128x64_s6_e64_c2_g8_wg"},
+    {"label": "bf16_2900x4104x200_pingpong_128x192_c2_wg", "dtype": "bfloat16", "M": 2900, "N": 4104, "K": 200,
+     "tile": "pingpong_128x192x64_s4_e64_c2_g8_wg"},
+    {"label": "fp16_300x904x136_pingpong_128x192_c2n_wg", "dtype": "float16", "M": 300, "N": 904, "K": 136,
+     "tile": "pingpong_128x192x64_s4_e64_c2n_g8_wg"},
     # The small-M split-K cluster kernel (gemm/_small_m.py), pinned until the H200 run confirms it.
     {"label": "bf16_1x4096x4096_smallm_k4", "dtype": "bfloat16", "M": 1, "N": 4096, "K": 4096,
      "tile": "smallm_64x128x64_s8_k4"},
@@ -238,6 +268,9 @@ CONFIGS = [
     {"label": "bf16_16x2056x7168_gemv_t16_r2_p256", "dtype": "bfloat16", "M": 16, "N": 2056, "K": 7168,
      "tile": "gemv_t16_r2_k4_u4_p256"},
     {"label": "fp16_3x6152x1048_gemv", "dtype": "float16", "M": 3, "N": 6152, "K": 1048},
+    # The M <= 8, N = 6144 pick: N = 6152 ends 8 rows into the last 32-row CTA, K = 2056 8 columns into a step.
+    {"label": "bf16_7x6152x2056_gemv_t8_r2_p256", "dtype": "bfloat16", "M": 7, "N": 6152, "K": 2056,
+     "tile": "gemv_t8_r2_k4_u4_p256"},
 ]
 
 # Square sizes and one LLM projection; the persistent/cluster variants side by side in the same run.
@@ -368,6 +401,42 @@ TILE_CONFIGS = {
     # its own 128 x epi_cols staging buffer. 6 x 32 KB ring + 2 x 16 KB staging = 224 KB (229 472 B); 128x192:
     # 4 x 40 KB + 2 x 16 KB = 192 KB (196 672 B; a 5th stage would need 237 568). 128x256 would need 2 x 128
     # accumulator registers of the consumers' 240: not built.
+    # Sweep candidates of 2026-12-03 (fifth session): cuBLAS's nvjet kernels run every mid-size shape in 2-CTA
+    # clusters (128x128 2x1, 176x128 1x2, 128x64 1x2; docs/measurements/2026-12-03d-h200/ncu-mid.csv) where our
+    # 2x1 tiles were 2-8 % slower than unclustered ones. "_wg": one ring release per consumer warpgroup and CTA
+    # (mbarrier.Ring.consumer_release_warpgroup) instead of one per warp; "_c2n": 1 x 2 clusters (two N-tiles
+    # of one M-tile share A, multicast).
+    "persistent_128x128x64_s6_g8_wg": {"kind": "persistent", "block_m": 128, "block_n": 128, "block_k": 64,
+                                       "num_stages": 6, "cluster_m": 1, "group_m": 8, "num_sms": 132,
+                                       "release": "warpgroup"},
+    "persistent_128x128x64_s6_c2_g8_wg": {"kind": "persistent", "block_m": 128, "block_n": 128, "block_k": 64,
+                                          "num_stages": 6, "cluster_m": 2, "group_m": 8, "num_sms": 132,
+                                          "release": "warpgroup"},
+    "persistent_128x128x64_s6_c2n_g8_wg": {"kind": "persistent", "block_m": 128, "block_n": 128, "block_k": 64,
+                                           "num_stages": 6, "cluster_m": 1, "cluster_n": 2, "group_m": 8,
+                                           "num_sms": 132, "release": "warpgroup"},
+    "persistent_128x64x64_s8_c2n_g8_wg": {"kind": "persistent", "block_m": 128, "block_n": 64, "block_k": 64,
+                                          "num_stages": 8, "cluster_m": 1, "cluster_n": 2, "group_m": 8,
+                                          "num_sms": 132, "release": "warpgroup"},
+    "persistent_128x256x64_s4_e128_c2_g8_wg": {"kind": "persistent", "block_m": 128, "block_n": 256,
+                                               "block_k": 64, "num_stages": 4, "cluster_m": 2, "group_m": 8,
+                                               "num_sms": 132, "epi_cols": 128, "release": "warpgroup"},
+    "persistent_128x256x64_s4_e128_c2n_g8_wg": {"kind": "persistent", "block_m": 128, "block_n": 256,
+                                                "block_k": 64, "num_stages": 4, "cluster_m": 1, "cluster_n": 2,
+                                                "group_m": 8, "num_sms": 132, "epi_cols": 128,
+                                                "release": "warpgroup"},
+    "pingpong_128x128x64_s6_e64_c2n_g8_wg": {"kind": "pingpong", "block_m": 128, "block_n": 128, "block_k": 64,
+                                             "num_stages": 6, "epi_cols": 64, "cluster_n": 2, "group_m": 8,
+                                             "num_sms": 132, "release": "warpgroup"},
+    "pingpong_128x128x64_s6_e64_c2_g8_wg": {"kind": "pingpong", "block_m": 128, "block_n": 128, "block_k": 64,
+                                            "num_stages": 6, "epi_cols": 64, "cluster_m": 2, "group_m": 8,
+                                            "num_sms": 132, "release": "warpgroup"},
+    "pingpong_128x192x64_s4_e64_c2_g8_wg": {"kind": "pingpong", "block_m": 128, "block_n": 192, "block_k": 64,
+                                            "num_stages": 4, "epi_cols": 64, "cluster_m": 2, "group_m": 8,
+                                            "num_sms": 132, "release": "warpgroup"},
+    "pingpong_128x192x64_s4_e64_c2n_g8_wg": {"kind": "pingpong", "block_m": 128, "block_n": 192, "block_k": 64,
+                                             "num_stages": 4, "epi_cols": 64, "cluster_n": 2, "group_m": 8,
+                                             "num_sms": 132, "release": "warpgroup"},
     "pingpong_128x128x64_s6_e64_g8": {"kind": "pingpong", "block_m": 128, "block_n": 128, "block_k": 64,
                                       "num_stages": 6, "epi_cols": 64, "group_m": 8, "num_sms": 132},
     "pingpong_128x192x64_s4_e64_g8": {"kind": "pingpong", "block_m": 128, "block_n": 192, "block_k": 64,
@@ -481,11 +550,18 @@ TILE_TABLE = [
     # [the split-K cluster kernel's best]. M = 1 (all 8 projections): 4096^2 1.255 [1.11], 14336x4096 1.110,
     # 4096x14336 1.137, 6144x4096 1.158, 28672x8192 1.014 [0.988], 8192x28672 1.000 [0.948], 7168x2048 1.137,
     # 2048x7168 1.260 (geomean 1.130; the best t8 tile 1.123, without .L2::256B 1.094).
+    # Refined on the mean of three sweeps at the final kernels (2026-12-03d run 2, final, again; `tools/gemm_sweep.py
+    # table`): two row groups of 4 K-lanes at N = 6144 (1x6144x4096 1.196 [r1 k8 1.148]).
+    (8, 4096, None, "gemv_t16_r1_k8_u4_p256"),
+    (8, 6144, None, "gemv_t8_r2_k4_u4_p256"),
     (8, None, None, "gemv_t16_r1_k8_u4_p256"),
-    # M = 16: 4096^2 1.240 [1.08], 4096x14336 1.112, 2048x7168 1.114 [1.155]; two row groups of 4 K-lanes
-    # where N >= 6144 at K <= 4096: 6144x4096 1.112 [r1 k8 1.051], 14336x4096 1.060 [1.012], 7168x2048 1.089.
+    # M = 16: 4096^2 1.240 [1.08], 4096x14336 1.112; the split-K cluster kernel at N = 2048 (16x2048x7168, three-run
+    # mean 1.146 [gemv 1.113]); two row groups of 4 K-lanes at N = 6144 (6144x4096 1.112 [r1 k8 1.051]) and
+    # 14336x4096 (1.060 [1.012]), one of 8 at 7168x2048 (three-run mean 1.103 [r2 k4 1.051]).
+    (16, 2048, None, "smallm_64x128x64_s8_k4"),
     (16, 4096, None, "gemv_t16_r1_k8_u4_p256"),
-    (16, 7168, None, "gemv_t16_r2_k4_u4_p256"),
+    (16, 6144, None, "gemv_t16_r2_k4_u4_p256"),
+    (16, 7168, None, "gemv_t16_r1_k8_u4_p256"),
     # The rest of M <= 128: the split-K cluster kernel (gemm/_small_m.py). M <= 64 is one 64-row M-tile
     # whatever M is; the M <= 16 rows (N >= 8192 here) were chosen on the geomean over M = 1, 16, 64, the
     # 16 < M <= 64 rows on M = 64 (two runs: 2026-12-03b run 1, 2026-12-03d run 1; cuBLAS/ours of each).
@@ -536,11 +612,19 @@ TILE_TABLE = [
     # M > 1024: compute-bound. Ping-pong (gemm/_pingpong.py: one warpgroup's epilogue under the other's
     # mainloop) where K is short at M = 2048, so the epilogue is a larger share of each tile; otherwise 128x256
     # with 4 stages (epi_cols 128), with 2-CTA clusters at N = 8192, K <= 8192.
-    (2048, None, 2048, "pingpong_128x128x64_s6_e64_g8"),  # 2048x7168x2048 0.932 [s4 e128 0.845]; 2048^3 0.979
+    (2048, 2048, 2048, "persistent_128x256x64_s4_e128_g8"),  # 2048^3: 0.993 [ping-pong 0.967] (three-run means)
+    (2048, None, 2048, "pingpong_128x128x64_s6_e64_g8"),  # 2048x7168x2048 0.932 [s4 e128 0.845]
     (2048, 6144, None, "persistent_128x256x64_s4_e128_g8"),  # 2048 x 4096/6144 x 4096-14336: 0.998-1.007
     (2048, 8192, None, "ws_128x256x64_s3"),  # 2048x8192x28672: 0.985 [s4 e128 0.955]
-    (None, 7168, None, "persistent_128x256x64_s4_e128_g8"),  # M = 8192, N <= 7168: 0.994-1.019 [ping-pong
-    # 128x128 / s3: 8192x4096x4096 0.972, x6144x4096 1.001, x7168x2048 0.992, x2048x7168 0.970]; 4096^3 1.000
+    # M = 8192 refined on the three-run means at the final kernels: ping-pong 128x192 at N = 6144 / 7168, K <= 4096
+    # (8192x6144x4096 1.029 [s4 e128 1.003], x7168x2048 1.022 [1.005]), 2-CTA clusters at K > 8192 (8192x4096x14336
+    # 1.028 [1.005]).
+    (None, 4096, 4096, "persistent_128x256x64_s4_e128_g8"),
+    (None, 7168, 4096, "pingpong_128x192x64_s4_e64_g8"),
+    (None, 7168, 8192, "persistent_128x256x64_s4_e128_g8"),
+    (None, 7168, None, "persistent_128x256x64_s4_e128_c2_g8"),
+    # (The 4096 / 8192 rows above: 128x256 s4 e128 at M = 8192, 0.994-1.019 [ping-pong 128x128 / s3: 8192x4096x4096
+    # 0.972, x2048x7168 0.970]; 4096^3 1.000.)
     (None, 8192, 8192, "persistent_128x256x64_s4_e128_c2_g8"),  # 8192^3: 1.074 [s3 1.051, s4 e128 1.041]
     (None, None, None, "persistent_128x256x64_s4_e128_g8"),  # 8192 x 8192 x 28672 1.019 [s3 1.011], x14336x4096
     # 0.989 [ping-pong 1.003], x28672x8192 1.004 [s3 1.007], 16384^3 1.000 [s3 1.008]
@@ -549,7 +633,7 @@ TILE_TABLE = [
 
 def sass_expect(dtype: str, tile: str, layout: str = "nt", **_) -> list[str]:
     """SASS the CPU build test asserts: the wgmma shape (m64n{block_n}: 64 ... 256), TMA loads/stores, register
-    reconfiguration; the transposed-B wgmma for NN; the B multicast of the 2-CTA cluster tiles; the small-M
+    reconfiguration; the transposed-B wgmma for NN; the B (A) multicast of the 2x1 (1x2) cluster tiles; the small-M
     kernel's own list (cluster barrier, DSMEM loads)."""
     cfg = TILE_CONFIGS[tile]
     if cfg.get("kind") == "small_m":
@@ -563,7 +647,7 @@ def sass_expect(dtype: str, tile: str, layout: str = "nt", **_) -> list[str]:
     n = cfg["block_n"]
     out = [rf"HGMMA\.64x{n}x16\.F32" + (r"\.BF16" if dtype == "bfloat16" else r"\b"), r"UTMALDG\.2D",
            r"UTMASTG\.2D", r"USETMAXREG"]
-    if cfg.get("cluster_m", 1) == 2:
+    if cfg.get("cluster_m", 1) * cfg.get("cluster_n", 1) == 2:
         out.append(r"UTMALDG\.2D\.MULTICAST")
     if cfg.get("kind") == "pingpong":
         out.append(r"BAR\.ARV")  # the consumers' turn-taking (named-barrier arrive)

@@ -120,3 +120,25 @@ class Ring:
         else:
             for r in range(cluster_size):
                 arrive_remote(bar, r, scratch)
+
+    def consumer_release_warpgroup(self, empty, it, warp, lane, cluster_size: int = 1, scratch=None):
+        """Give use ``it``'s slot back with *one* arrival per consumer warpgroup and CTA of the cluster
+        (``consumer_arrivals`` = consumer warpgroups x cluster size), called by every thread of a warpgroup
+        after its ``wgmma.wait``: lane 0 of warp ``r`` arrives in CTA ``r``, so the remote arrivals of a
+        2-CTA cluster leave from two warps at once instead of one after the other.
+
+        Sound because a wgmma is one warpgroup-wide asynchronous operation: once any warp's ``wait_group``
+        has returned, the group's shared-memory reads are complete for the whole warpgroup (CUTLASS's sm90
+        TMA pipeline counts its empty barriers the same way: one arrival per consumer warpgroup and
+        destination CTA).
+        """
+        if cluster_size > 4:
+            raise ValueError(f"mbarrier.Ring: a warpgroup has 4 warps to release into {cluster_size} CTAs")
+        bar = empty.ptr_to([self.stage(it)])
+        # A traced helper's Python `if` on a TIR value would be dropped silently: T.If.
+        with T.If(T.And(lane == 0, warp < cluster_size)):
+            with T.Then():
+                if cluster_size == 1:
+                    arrive(bar)
+                else:
+                    arrive_remote(bar, warp, scratch)

@@ -60,16 +60,31 @@ def tile_coords(tile, num_m, num_n, group_m: int):
     return first_m + in_group % height, in_group // height
 
 
-def cluster_tile_coords(tile, num_m, num_n, group_m: int, cluster_m: int, rank):
-    """``(m_tile, n_tile)`` for CTA ``rank`` of a ``cluster_m x 1`` cluster working on cluster tile ``tile``.
+def cluster_tile_coords(tile, num_m, num_n, group_m: int, cluster_m: int, rank, cluster_n: int = 1):
+    """``(m_tile, n_tile)`` for CTA ``rank`` of a ``cluster_m x 1`` (or ``1 x cluster_n``) cluster working on
+    cluster tile ``tile``.
 
-    The cluster covers ``cluster_m`` consecutive M-tiles of one N-tile (they share, and multicast, the B
-    tile). Cluster tiles are rastered like :func:`tile_coords` over ``ceil(num_m / cluster_m)`` rows with
-    ``group_m // cluster_m`` of them per group. When ``num_m % cluster_m != 0`` the last cluster row has
-    CTAs whose ``m_tile >= num_m``: they still load (zero-filled) A, multicast their B share and join every
-    barrier, but store nothing.
+    A ``cluster_m x 1`` cluster covers ``cluster_m`` consecutive M-tiles of one N-tile (they share, and
+    multicast, the B tile). Cluster tiles are rastered like :func:`tile_coords` over
+    ``ceil(num_m / cluster_m)`` rows with ``group_m // cluster_m`` of them per group. When
+    ``num_m % cluster_m != 0`` the last cluster row has CTAs whose ``m_tile >= num_m``: they still load
+    (zero-filled) A, multicast their B share and join every barrier, but store nothing.
+
+    A ``1 x cluster_n`` cluster covers ``cluster_n`` consecutive N-tiles of one M-tile (they share the A
+    tile), rastered over ``ceil(num_n / cluster_n)`` cluster columns with ``group_m`` M-tiles per group; CTAs
+    past N likewise load zero-filled B and store nothing.
     """
+    if cluster_m > 1 and cluster_n > 1:
+        raise ValueError(f"cluster_tile_coords: a {cluster_m} x {cluster_n} cluster (one of them must be 1)")
+    if cluster_n > 1:
+        m, nc = tile_coords(tile, num_m, ceil_div(num_n, cluster_n), group_m)
+        return m, nc * cluster_n + rank
     if group_m % cluster_m:
         raise ValueError(f"cluster_tile_coords: group_m={group_m} must be a multiple of cluster_m={cluster_m}")
     mc, n = tile_coords(tile, ceil_div(num_m, cluster_m), num_n, group_m // cluster_m)
     return mc * cluster_m + rank, n
+
+
+def num_cluster_tiles(num_m, num_n, cluster_m: int = 1, cluster_n: int = 1):
+    """Cluster tiles covering ``num_m x num_n`` tiles with ``cluster_m x cluster_n`` clusters."""
+    return ceil_div(num_m, cluster_m) * ceil_div(num_n, cluster_n)
