@@ -203,14 +203,12 @@ def test_epilogue_addressing(tile):
 # ---------------------------------------------------------------------------------------------------------
 
 def test_pingpong_tiles_fit_smem():
-    expect = {"pingpong_128x128x64_s6_e64_g8": 229472, "pingpong_128x192x64_s4_e64_g8": 196672,
-              "pingpong_128x192x64_s4_e64_c2_g8": 196672}
-    assert set(PINGPONG) == set(expect)
+    expect = {(128, 6): 229472, (192, 4): 196672}  # (block_n, stages): bytes, whatever the cluster / release
     for tile in PINGPONG:
         c = mod.TILE_CONFIGS[tile]
         nbytes = _pingpong.smem_bytes("bfloat16", c["block_m"], c["block_n"], c["block_k"], c["num_stages"],
                                       c["epi_cols"])
-        assert nbytes == expect[tile] and nbytes <= _pingpong.SMEM_LIMIT
+        assert nbytes == expect[c["block_n"], c["num_stages"]] and nbytes <= _pingpong.SMEM_LIMIT
         # The next stage would not fit.
         assert _pingpong.smem_bytes("bfloat16", c["block_m"], c["block_n"], c["block_k"], c["num_stages"] + 1,
                                     c["epi_cols"]) > _pingpong.SMEM_LIMIT
@@ -247,7 +245,9 @@ def test_get_kernel_rejects_variants_on_pingpong_tiles():
 def test_pingpong_tile_builds(tile, dtype):
     sass = testing.build_and_check_sass(mod, "fp16_bf16_gemm", {"dtype": dtype, "tile": tile})
     n = mod.TILE_CONFIGS[tile]["block_n"]
-    assert sass.count(f"HGMMA.64x{n}x16") == 2 * 4  # two m64 halves x 4 k16 steps per stage
+    # two m64 halves x 4 k16 steps per stage (nvcc unrolls the lean mainloop: a multiple of that)
+    hgmma = sass.count(f"HGMMA.64x{n}x16")
+    assert hgmma == 2 * 4 or (mod.TILE_CONFIGS[tile].get("lean") and hgmma % (2 * 4) == 0), hgmma
     # setmaxnreg 40 (0x28) for the producer, 232 (0xe8) for the consumers
     assert re.search(r"USETMAXREG\.DEALLOC\S*\s+0x28\b", sass)
     assert re.search(r"USETMAXREG\.TRY_ALLOC\S*\s+\S+\s+0xe8\b", sass)

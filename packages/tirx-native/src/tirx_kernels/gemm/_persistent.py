@@ -32,6 +32,10 @@ Design:
   consumer warp, in every CTA of the cluster: 8 x cluster arrivals per slot) or ``"warpgroup"`` (lane 0 of
   warp r of each consumer warpgroup arrives in CTA r: 2 x cluster arrivals, the remote ones leaving from two
   warps at once; ``mbarrier.Ring.consumer_release_warpgroup``).
+- ``lean``: the consumers build stage 0's A/B descriptors once and advance them by each use's byte offset
+  (``wgmma.desc_advance``), keep the ring position in a (stage, phase) cursor (``Ring.cursor_*``) instead of
+  dividing the use count by ``num_stages`` every k-tile, and the producer prefetches the tensor maps: the
+  consumer loop of 128 x 128 s6 goes from 89 to 33 instructions per k-tile (SASS).
 - ``block_n`` a multiple of 32 but not of 64 (224: N = 7168, 14336 and 28672 are 32, 64 and 128 such tiles,
   one or a whole number of waves on 132 SMs where 128 x 256 tiles leave a 0.85 wave): the first
   ``block_n // 64 * 64`` columns go out through the staging tile and TMA as above, the last 32 straight from
@@ -110,7 +114,7 @@ def build_persistent_kernel(dtype: str, block_m: int, block_n: int, block_k: int
                             cluster_m: int, group_m: int, num_sms: int, layout: str = "nt",
                             out_dtype: str | None = None, epilogue: str = "none", bias_dtype: str | None = None,
                             epi_cols: int | None = None, pdl: str | None = None, cluster_n: int = 1,
-                            release: str = "warp"):
+                            release: str = "warp", lean: bool = False):
     from tvm.script import tirx as T
 
     from tirx_kernels.core.lang import mbarrier, roles, scheduler, tma, vector, wgmma
@@ -261,14 +265,23 @@ def build_persistent_kernel(dtype: str, block_m: int, block_n: int, block_k: int
             T.evaluate(out_pack(packed[0], v1, v0))
             T.buffer_store(Cs, packed[0], [idx // 2])
 
-    def release_use(empty, it, warp, lane, remote):
-        """Give ring use ``it`` back in every CTA of the cluster, per ``release``."""
+    def release_use(empty, it, warp, lane, remote, stage=None):
+        """Give ring use ``it`` (or slot ``stage``) back in every CTA of the cluster, per ``release``."""
         if release == "warp":
             with T.If(lane == 0):  # a Python `if` on a TIR value would be dropped in a helper
                 with T.Then():
-                    ring.consumer_release(empty, it, cluster_size, remote[0])
+                    ring.consumer_release(empty, it, cluster_size, remote[0], stage=stage)
         else:
-            ring.consumer_release_warpgroup(empty, it, warp, lane, cluster_size, remote[0])
+            ring.consumer_release_warpgroup(empty, it, warp, lane, cluster_size, remote[0], stage=stage)
+
+    def b_desc_at(Bs, desc_b, s, kk):  # noqa: N803
+        """Encode B's descriptor of stage s, k16 step kk into desc_b (the plain mainloop)."""
+        if layout == "nt":
+            wgmma.encode_desc_kmajor_sw128(desc_b.ptr_to([0]), Bs.ptr_to([s * b_tile + kk * 16]))
+        else:
+            # MN-major SW128: LBO = the next 64-column box, SBO = the next 8 K-rows.
+            wgmma.encode_desc(desc_b.ptr_to([0]), Bs.ptr_to([s * b_tile + kk * b_kstep]), nn_lbo, nn_sbo,
+                              wgmma.SWIZZLE_128B)
 
     @T.prim_func
     def fp16_bf16_gemm_persistent(a_ptr: T.handle, b_ptr: T.handle, c_ptr: T.handle, bias_ptr: T.handle,
@@ -321,6 +334,8 @@ def build_persistent_kernel(dtype: str, block_m: int, block_n: int, block_k: int
         desc_b = T.alloc_local((1,), "uint64")
         packed = T.alloc_local((1,), "uint32")
         remote = T.alloc_local((1,), "uint32")
+        cursor = T.alloc_local((2,), "int32")  # lean: the consumer's ring (stage, phase)
+        prev = T.alloc_local((1,), "int32")  # lean: the stage of the previous use, released after the next
 
         if tid == 0:
             ring.init(full, empty)
@@ -338,6 +353,10 @@ def build_persistent_kernel(dtype: str, block_m: int, block_n: int, block_k: int
             # TMA warpgroup: decrease registers for the consumers.
             roles.producer_role()
             if tid == 0:
+                if lean:
+                    tma.prefetch_descriptor(a_map)
+                    tma.prefetch_descriptor(b_map)
+                    tma.prefetch_descriptor(c_map)
                 for t in range(my_tiles):
                     tile = cluster + t * grid
                     m0 = tile_m(tile, M, N, rank) * block_m
@@ -375,35 +394,55 @@ def build_persistent_kernel(dtype: str, block_m: int, block_n: int, block_k: int
             cs_base = cw * wgmma.M * epi
             for i in T.unroll(nacc):
                 acc[i] = T.float32(0)
+            if lean:
+                # Descriptors of stage 0 once; each use adds its byte offset (wgmma.desc_advance). The ring
+                # position runs in a (stage, phase) cursor instead of being divided out of the use count.
+                wgmma.encode_desc_kmajor_sw128(desc_a.ptr_to([0]), As.ptr_to([cw * wgmma.M * block_k]))
+                b_desc_at(Bs, desc_b, 0, 0)
+                ring.cursor_init(cursor)
             for t in range(my_tiles):
                 tile = cluster + t * grid
                 m0 = tile_m(tile, M, N, rank) * block_m
                 n0 = tile_n(tile, M, N, rank) * block_n
                 for k in range(k_tiles):
                     it = t * k_tiles + k
-                    s = ring.stage(it)
-                    ring.consumer_wait(full, it)
+                    if lean:
+                        s = cursor[0]
+                        ring.consumer_wait_at(full, cursor)
+                    else:
+                        s = ring.stage(it)
+                        ring.consumer_wait(full, it)
                     wgmma.fence()
                     for kk in T.unroll(k_steps):
-                        wgmma.encode_desc_kmajor_sw128(desc_a.ptr_to([0]),
-                                                       As.ptr_to([s * a_tile + cw * wgmma.M * block_k + kk * 16]))
-                        if layout == "nt":
-                            wgmma.encode_desc_kmajor_sw128(desc_b.ptr_to([0]), Bs.ptr_to([s * b_tile + kk * 16]))
+                        if lean:
+                            # NOTES: the tile's first wgmma overwrites the accumulator (scale-d = 0).
+                            wgmma.mma(block_n, acc, wgmma.desc_advance(desc_a[0], (s * a_tile + kk * 16) * elem),
+                                      wgmma.desc_advance(desc_b[0], (s * b_tile + kk * b_kstep) * elem), dtype,
+                                      scale_d=k + kk > 0, b_major=b_major)
                         else:
-                            # MN-major SW128: LBO = the next 64-column box, SBO = the next 8 K-rows.
-                            wgmma.encode_desc(desc_b.ptr_to([0]), Bs.ptr_to([s * b_tile + kk * b_kstep]),
-                                              nn_lbo, nn_sbo, wgmma.SWIZZLE_128B)
-                        # NOTES: the tile's first wgmma overwrites the accumulator (scale-d = 0): no zeroing
-                        # loop between tiles.
-                        wgmma.mma(block_n, acc, desc_a[0], desc_b[0], dtype, scale_d=k + kk > 0, b_major=b_major)
+                            wgmma.encode_desc_kmajor_sw128(desc_a.ptr_to([0]),
+                                                           As.ptr_to([s * a_tile + cw * wgmma.M * block_k + kk * 16]))
+                            b_desc_at(Bs, desc_b, s, kk)
+                            # NOTES: the tile's first wgmma overwrites the accumulator (scale-d = 0): no zeroing
+                            # loop between tiles.
+                            wgmma.mma(block_n, acc, desc_a[0], desc_b[0], dtype, scale_d=k + kk > 0,
+                                      b_major=b_major)
                     wgmma.commit()
                     # NOTES: one group in flight; once down to one, use it-1's wgmmas have read their smem.
                     wgmma.wait(1)
-                    if k > 0:
+                    if lean:
+                        if k > 0:
+                            release_use(empty, None, warp, lane, remote, stage=prev[0])
+                        prev[0] = s
+                        ring.cursor_advance(cursor)
+                    elif k > 0:
                         release_use(empty, it - 1, warp, lane, remote)
                 wgmma.wait(0)
                 # Release the tile's last stage too: the producer is already filling the next tile.
-                release_use(empty, t * k_tiles + k_tiles - 1, warp, lane, remote)
+                if lean:
+                    release_use(empty, None, warp, lane, remote, stage=prev[0])
+                else:
+                    release_use(empty, t * k_tiles + k_tiles - 1, warp, lane, remote)
 
                 if plain:
                     # Epilogue: this warpgroup's 64 x block_n slab as block_n/64 SW128 boxes of 64 x 64, in

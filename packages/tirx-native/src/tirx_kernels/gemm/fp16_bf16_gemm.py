@@ -126,6 +126,25 @@ CONFIGS = [
      "tile": "persistent_128x256x64_s4_e128_c2_g8_wg"},
     {"label": "bf16_300x776x136_persistent_s4_e128_c2n_wg", "dtype": "bfloat16", "M": 300, "N": 776, "K": 136,
      "tile": "persistent_128x256x64_s4_e128_c2n_g8_wg"},
+    # "_lean" (descriptors advanced from stage 0's, a running ring cursor): many tiles per CTA with K-tile counts
+    # that are not multiples of the stage count (17 of 6, 4 of 4, 3 of 8), so the cursor wraps mid-tile and
+    # across tiles; NN (the MN-major B descriptor advanced) with an epilogue; fp32 out.
+    {"label": "bf16_2000x1544x1048_persistent_128x128_lean", "dtype": "bfloat16", "M": 2000, "N": 1544, "K": 1048,
+     "tile": "persistent_128x128x64_s6_g8_lean"},
+    {"label": "fp16_4000x4104x200_persistent_s4_e128_lean", "dtype": "float16", "M": 4000, "N": 4104, "K": 200,
+     "tile": "persistent_128x256x64_s4_e128_g8_lean"},
+    {"label": "bf16_2900x4104x1048_persistent_s4_e128_c2_lean", "dtype": "bfloat16", "M": 2900, "N": 4104,
+     "K": 1048, "tile": "persistent_128x256x64_s4_e128_c2_g8_lean"},
+    {"label": "bf16_2000x3136x200_persistent_128x224_lean", "dtype": "bfloat16", "M": 2000, "N": 3136, "K": 200,
+     "tile": "persistent_128x224x64_s4_g8_lean"},
+    {"label": "bf16_1000x1032x1048_nn_bias_128x64_lean", "dtype": "bfloat16", "M": 1000, "N": 1032, "K": 1048,
+     "layout": "nn", "epilogue": "bias", "bias_dtype": "bfloat16", "tile": "persistent_128x64x64_s8_g8_lean"},
+    {"label": "fp16_2000x1544x136_out_fp32_128x192_lean", "dtype": "float16", "M": 2000, "N": 1544, "K": 136,
+     "out_dtype": "float32", "tile": "persistent_128x192x64_s4_g8_lean"},
+    {"label": "bf16_2000x1544x1048_pingpong_128x128_lean", "dtype": "bfloat16", "M": 2000, "N": 1544, "K": 1048,
+     "tile": "pingpong_128x128x64_s6_e64_g8_lean"},
+    {"label": "fp16_4000x4104x200_pingpong_128x192_lean", "dtype": "float16", "M": 4000, "N": 4104, "K": 200,
+     "tile": "pingpong_128x192x64_s4_e64_g8_lean"},
     {"label": "bf16_300x520x136_nn_alpha_beta_bias_c2n_wg", "dtype": "bfloat16", "M": 300, "N": 520, "K": 136,
      "layout": "nn", "epilogue": "alpha_beta_bias", "bias_dtype": "float32", "alpha": 0.5, "beta": -1.5,
      "tile": "persistent_128x128x64_s6_c2n_g8_wg"},
@@ -518,6 +537,14 @@ TILE_CONFIGS = {
     "smallm_64x64x64_s12_k2": {"kind": "small_m", "block_m": 64, "block_n": 64, "block_k": 64,
                                "num_stages": 12, "split_k": 2},
 }
+# "_lean": the consumer loop without per-k-tile descriptor encoding and stage/phase division (``lean`` in
+# gemm/_persistent.py and gemm/_pingpong.py; Nsight Compute at 512x4096x14336 had ours issuing 3x cuBLAS's
+# instructions with the tensor pipe 90 % busy against 95 %: docs/measurements/2026-12-03e-h200).
+for _tile in ("persistent_128x128x64_s6_g8", "persistent_128x256x64_s4_e128_g8", "persistent_128x256x64_s4_e128_c2_g8",
+              "persistent_128x224x64_s4_g8", "persistent_128x64x64_s8_g8", "persistent_128x192x64_s4_g8",
+              "pingpong_128x128x64_s6_e64_g8", "pingpong_128x192x64_s4_e64_g8"):
+    TILE_CONFIGS[f"{_tile}_lean"] = {**TILE_CONFIGS[_tile], "lean": True}
+del _tile
 
 # The skinny kernel (gemm/_gemv.py): M <= tokens (8 or 16), mma.sync fed by 16-byte loads of B. CTA =
 # row_groups x k_lanes warps over 16 * row_groups B rows, each warp K-chunks of 32 * unroll columns. TILE_TABLE

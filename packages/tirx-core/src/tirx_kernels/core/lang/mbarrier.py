@@ -111,17 +111,40 @@ class Ring:
     def consumer_wait(self, full, it):
         wait(full.ptr_to([self.stage(it)]), self.phase(it))
 
-    def consumer_release(self, empty, it, cluster_size: int = 1, scratch=None):
-        """Give use ``it``'s slot back; with ``cluster_size > 1`` arrive on the slot in every CTA of the
-        cluster (each CTA's producer multicasts into all of them), ``scratch`` a ``uint32`` local."""
-        bar = empty.ptr_to([self.stage(it)])
+    def cursor_init(self, cursor):
+        """A running (stage, phase) cursor in a 2-element ``int32`` local buffer, at use 0. Stepping it once per
+        use (:meth:`cursor_advance`) replaces the ``it % num_stages`` and ``(it // num_stages) % 2`` of every
+        use (an integer division by a constant when ``num_stages`` is not a power of two)."""
+        T.buffer_store(cursor, T.int32(0), [0])
+        T.buffer_store(cursor, T.int32(0), [1])
+
+    def cursor_seek(self, cursor, it):
+        """Put the cursor at use ``it`` (one division: once per tile where a consumer skips uses)."""
+        T.buffer_store(cursor, self.stage(it), [0])
+        T.buffer_store(cursor, self.phase(it), [1])
+
+    def cursor_advance(self, cursor):
+        """Step the cursor to the next use: the stage wraps to 0 after ``num_stages - 1``, flipping the phase."""
+        wrap = cursor[0] == self.num_stages - 1
+        T.buffer_store(cursor, T.Select(wrap, cursor[1] ^ 1, cursor[1]), [1])
+        T.buffer_store(cursor, T.Select(wrap, 0, cursor[0] + 1), [0])
+
+    def consumer_wait_at(self, full, cursor):
+        """:meth:`consumer_wait` for the use the cursor is at."""
+        wait(full.ptr_to([cursor[0]]), cursor[1])
+
+    def consumer_release(self, empty, it, cluster_size: int = 1, scratch=None, stage=None):
+        """Give use ``it``'s slot back (or slot ``stage``, given instead: ``it`` None); with ``cluster_size > 1``
+        arrive on the slot in every CTA of the cluster (each CTA's producer multicasts into all of them),
+        ``scratch`` a ``uint32`` local."""
+        bar = empty.ptr_to([self.stage(it) if stage is None else stage])
         if cluster_size == 1:
             arrive(bar)
         else:
             for r in range(cluster_size):
                 arrive_remote(bar, r, scratch)
 
-    def consumer_release_warpgroup(self, empty, it, warp, lane, cluster_size: int = 1, scratch=None):
+    def consumer_release_warpgroup(self, empty, it, warp, lane, cluster_size: int = 1, scratch=None, stage=None):
         """Give use ``it``'s slot back with *one* arrival per consumer warpgroup and CTA of the cluster
         (``consumer_arrivals`` = consumer warpgroups x cluster size), called by every thread of a warpgroup
         after its ``wgmma.wait``: lane 0 of warp ``r`` arrives in CTA ``r``, so the remote arrivals of a
@@ -134,7 +157,7 @@ class Ring:
         """
         if cluster_size > 4:
             raise ValueError(f"mbarrier.Ring: a warpgroup has 4 warps to release into {cluster_size} CTAs")
-        bar = empty.ptr_to([self.stage(it)])
+        bar = empty.ptr_to([self.stage(it) if stage is None else stage])
         # A traced helper's Python `if` on a TIR value would be dropped silently: T.If.
         with T.If(T.And(lane == 0, warp < cluster_size)):
             with T.Then():

@@ -274,6 +274,15 @@ def encode_desc(desc_ptr, smem_ptr, lbo: int, sbo: int, swizzle: int):
     T.evaluate(T.cuda.wgmma.encode_matrix_descriptor(desc_ptr, smem_ptr, lbo, sbo, swizzle))
 
 
+def desc_advance(desc, byte_offset):
+    """The descriptor of the tile ``byte_offset`` bytes (a multiple of 16) past the one ``desc`` describes:
+    the start address is bits 0-13 of the descriptor in 16-byte units, so the offset adds to the 64-bit value
+    directly. Valid while the new address stays in the 256 KB the field spans (shared memory is 228 KB: no
+    carry into the offsets above). A loop that builds each descriptor once outside and advances it inside
+    spends one 64-bit add per wgmma operand instead of the shift/mask/or of :func:`encode_desc`."""
+    return desc + T.Cast("uint64", byte_offset // 16)
+
+
 def k_step_bytes(major: str, swizzle: int, dtype: str, core_k_bytes: int | None = None) -> int:
     """How far the start address moves for the next instruction along K inside one tile.
 
