@@ -99,23 +99,30 @@ def test_persistent_tile_builds(tile):
         assert "UTMALDG.2D.MULTICAST" in sass
 
 
-def _device_code(tile):
+def _device_code(tile, **overrides):
+    """The device source of ``tile``'s kernel, its compile params overridden (e.g. ``release``)."""
     from tirx_kernels.core import build
+    from tirx_kernels.gemm import _pingpong
 
-    src = build.codegen(mod.get_kernel("bfloat16", tile))
+    params = {k: v for k, v in {**mod.TILE_CONFIGS[tile], **overrides}.items() if k != "kind"}
+    kind = mod.TILE_CONFIGS[tile].get("kind")
+    builder = _pingpong.build_pingpong_kernel if kind == "pingpong" else _persistent.build_persistent_kernel
+    src = build.codegen(builder("bfloat16", **params))
     return src[src.index('extern "C" __global__'):]
 
 
-@pytest.mark.parametrize("tile, arrivals, releasers", [
-    ("persistent_128x128x64_s6_c2_g8", 16, "lane_ptr[0] == 0"),  # lane 0 of 8 warps x 2 CTAs
-    ("persistent_128x128x64_s6_c2_g8_wg", 4, "(lane_ptr[0] == 0) && (warp_ptr[0] < 2)"),  # 2 warpgroups x 2 CTAs
-    ("persistent_128x128x64_s6_g8_wg", 2, "(lane_ptr[0] == 0) && (warp_ptr[0] < 1)"),
-    ("pingpong_128x128x64_s6_e64_c2n_g8_wg", 2, "(lane_ptr[0] == 0) && (warp_ptr[0] < 2)"),  # 1 warpgroup x 2
+@pytest.mark.parametrize("tile, overrides, arrivals, releasers", [
+    ("persistent_128x128x64_s6_c2_g8", {}, 16, "lane_ptr[0] == 0"),  # lane 0 of 8 warps x 2 CTAs
+    ("persistent_128x128x64_s6_c2_g8", {"release": "warpgroup"}, 4,
+     "(lane_ptr[0] == 0) && (warp_ptr[0] < 2)"),  # 2 warpgroups x 2 CTAs
+    ("persistent_128x128x64_s6_g8", {"release": "warpgroup"}, 2, "(lane_ptr[0] == 0) && (warp_ptr[0] < 1)"),
+    ("pingpong_128x128x64_s6_e64_g8", {"release": "warpgroup", "cluster_n": 2}, 2,
+     "(lane_ptr[0] == 0) && (warp_ptr[0] < 2)"),  # ping-pong: 1 warpgroup reads a use, x 2 CTAs
 ])
-def test_ring_release_arrival_counts(tile, arrivals, releasers):
+def test_ring_release_arrival_counts(tile, overrides, arrivals, releasers):
     """The empty barriers count exactly the arrivals the consumers make: one per warp and CTA (``release``
     "warp"), or one per warpgroup and CTA ("warpgroup": lane 0 of warp r arrives in CTA r)."""
-    dev = _device_code(tile)
+    dev = _device_code(tile, **overrides)
     stages = mod.TILE_CONFIGS[tile]["num_stages"]
     # the ring's inits: num_stages full barriers of 1 arrival, num_stages empty ones of `arrivals`
     assert dev.count("mbarrier_init_init_shared__cta_b64(") == 2 * stages
@@ -131,13 +138,22 @@ def test_1x2_cluster_multicasts_a_not_b():
     assert loads and all("multicast" in line and "(ushort)3" in line for line in loads)
     loads = [line for line in dev.splitlines() if "cp_async_bulk_tensor_g2s" in line and "(&(b_map))" in line]
     assert loads and not any("multicast" in line for line in loads)
-    assert "cudaLaunchAttributeClusterDimension" in build_source("persistent_128x128x64_s6_c2n_g8_wg")
-
-
-def build_source(tile):
     from tirx_kernels.core import build
 
-    return build.codegen(mod.get_kernel("bfloat16", tile))
+    assert "cudaLaunchAttributeClusterDimension" in build.codegen(
+        mod.get_kernel("bfloat16", "persistent_128x128x64_s6_c2n_g8_wg"))
+
+
+@pytest.mark.parametrize("tile", ["persistent_128x128x64_s6_g8", "persistent_128x256x64_s4_e128_c2_g8",
+                                  "pingpong_128x192x64_s4_e64_g8"])
+def test_lean_consumer_loop(tile):
+    """The consumers encode each operand's descriptor once (stage 0) and advance it inside the loop; no use-count
+    division in the loop (the ring cursor); the producer prefetches the three tensor maps."""
+    dev = _device_code(tile)
+    assert dev.count("ptx_wgmma_encode_matrix_descriptor(") == 2
+    assert dev.count("prefetch_tensormap") == 3
+    nvcc_loop = dev[dev.index("wgmma_fence_fence_sync_aligned()"):dev.index("wait_group_sync_aligned_0()")]
+    assert " % " not in nvcc_loop and " / " not in nvcc_loop
 
 
 def test_sweep_offers_every_persistent_tile():

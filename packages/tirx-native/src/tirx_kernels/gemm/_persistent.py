@@ -13,6 +13,11 @@ Design:
 - One ``num_stages`` full/empty ring for the whole CTA lifetime: the ring's use count is the CTA's global
   k-iteration ``t * k_tiles + k`` over all its tiles, so stage and phase continue across tiles and the
   producer runs ahead into the next tile while the consumers are in the epilogue.
+- Lean consumer loop: stage 0's A/B descriptors are built once and each use adds its byte offset
+  (``wgmma.desc_advance``); the consumers keep the ring position in a (stage, phase) cursor (``Ring.cursor_*``)
+  instead of dividing the use count by ``num_stages`` every k-tile; the producer prefetches the tensor maps.
+  128 x 128 s6: 89 -> 33 SASS instructions per k-tile and warp, the tensor pipe as busy as before (Nsight
+  Compute, 512x4096x14336: 90 %); +0.5-1 % in the sweep, 1024^3 +5 % (docs/gemm.md section 13).
 - Epilogue: fp32 -> 16-bit pairs into a SW128 staging tile, TMA store of 64 x 64 boxes, committed but
   not waited for: the next tile's mainloop overlaps the store; only before rewriting the staging tile
   does the storing thread wait for the previous stores to have *read* it (``wait_group.read``).
@@ -32,10 +37,6 @@ Design:
   consumer warp, in every CTA of the cluster: 8 x cluster arrivals per slot) or ``"warpgroup"`` (lane 0 of
   warp r of each consumer warpgroup arrives in CTA r: 2 x cluster arrivals, the remote ones leaving from two
   warps at once; ``mbarrier.Ring.consumer_release_warpgroup``).
-- ``lean``: the consumers build stage 0's A/B descriptors once and advance them by each use's byte offset
-  (``wgmma.desc_advance``), keep the ring position in a (stage, phase) cursor (``Ring.cursor_*``) instead of
-  dividing the use count by ``num_stages`` every k-tile, and the producer prefetches the tensor maps: the
-  consumer loop of 128 x 128 s6 goes from 89 to 33 instructions per k-tile (SASS).
 - ``block_n`` a multiple of 32 but not of 64 (224: N = 7168, 14336 and 28672 are 32, 64 and 128 such tiles,
   one or a whole number of waves on 132 SMs where 128 x 256 tiles leave a 0.85 wave): the first
   ``block_n // 64 * 64`` columns go out through the staging tile and TMA as above, the last 32 straight from
@@ -114,7 +115,7 @@ def build_persistent_kernel(dtype: str, block_m: int, block_n: int, block_k: int
                             cluster_m: int, group_m: int, num_sms: int, layout: str = "nt",
                             out_dtype: str | None = None, epilogue: str = "none", bias_dtype: str | None = None,
                             epi_cols: int | None = None, pdl: str | None = None, cluster_n: int = 1,
-                            release: str = "warp", lean: bool = False):
+                            release: str = "warp"):
     from tvm.script import tirx as T
 
     from tirx_kernels.core.lang import mbarrier, roles, scheduler, tma, vector, wgmma
@@ -265,23 +266,22 @@ def build_persistent_kernel(dtype: str, block_m: int, block_n: int, block_k: int
             T.evaluate(out_pack(packed[0], v1, v0))
             T.buffer_store(Cs, packed[0], [idx // 2])
 
-    def release_use(empty, it, warp, lane, remote, stage=None):
-        """Give ring use ``it`` (or slot ``stage``) back in every CTA of the cluster, per ``release``."""
+    def release_use(empty, warp, lane, remote, stage):
+        """Give ring slot ``stage`` back in every CTA of the cluster, per ``release``."""
         if release == "warp":
             with T.If(lane == 0):  # a Python `if` on a TIR value would be dropped in a helper
                 with T.Then():
-                    ring.consumer_release(empty, it, cluster_size, remote[0], stage=stage)
+                    ring.consumer_release(empty, None, cluster_size, remote[0], stage=stage)
         else:
-            ring.consumer_release_warpgroup(empty, it, warp, lane, cluster_size, remote[0], stage=stage)
+            ring.consumer_release_warpgroup(empty, None, warp, lane, cluster_size, remote[0], stage=stage)
 
-    def b_desc_at(Bs, desc_b, s, kk):  # noqa: N803
-        """Encode B's descriptor of stage s, k16 step kk into desc_b (the plain mainloop)."""
+    def b_desc0(Bs, desc_b):  # noqa: N803
+        """Encode B's descriptor of stage 0, k16 step 0 into desc_b."""
         if layout == "nt":
-            wgmma.encode_desc_kmajor_sw128(desc_b.ptr_to([0]), Bs.ptr_to([s * b_tile + kk * 16]))
+            wgmma.encode_desc_kmajor_sw128(desc_b.ptr_to([0]), Bs.ptr_to([0]))
         else:
             # MN-major SW128: LBO = the next 64-column box, SBO = the next 8 K-rows.
-            wgmma.encode_desc(desc_b.ptr_to([0]), Bs.ptr_to([s * b_tile + kk * b_kstep]), nn_lbo, nn_sbo,
-                              wgmma.SWIZZLE_128B)
+            wgmma.encode_desc(desc_b.ptr_to([0]), Bs.ptr_to([0]), nn_lbo, nn_sbo, wgmma.SWIZZLE_128B)
 
     @T.prim_func
     def fp16_bf16_gemm_persistent(a_ptr: T.handle, b_ptr: T.handle, c_ptr: T.handle, bias_ptr: T.handle,
@@ -334,8 +334,8 @@ def build_persistent_kernel(dtype: str, block_m: int, block_n: int, block_k: int
         desc_b = T.alloc_local((1,), "uint64")
         packed = T.alloc_local((1,), "uint32")
         remote = T.alloc_local((1,), "uint32")
-        cursor = T.alloc_local((2,), "int32")  # lean: the consumer's ring (stage, phase)
-        prev = T.alloc_local((1,), "int32")  # lean: the stage of the previous use, released after the next
+        cursor = T.alloc_local((2,), "int32")  # the consumer's ring position (stage, phase)
+        prev = T.alloc_local((1,), "int32")  # the stage of the previous use, released after the next one
 
         if tid == 0:
             ring.init(full, empty)
@@ -353,10 +353,9 @@ def build_persistent_kernel(dtype: str, block_m: int, block_n: int, block_k: int
             # TMA warpgroup: decrease registers for the consumers.
             roles.producer_role()
             if tid == 0:
-                if lean:
-                    tma.prefetch_descriptor(a_map)
-                    tma.prefetch_descriptor(b_map)
-                    tma.prefetch_descriptor(c_map)
+                tma.prefetch_descriptor(a_map)
+                tma.prefetch_descriptor(b_map)
+                tma.prefetch_descriptor(c_map)
                 for t in range(my_tiles):
                     tile = cluster + t * grid
                     m0 = tile_m(tile, M, N, rank) * block_m
@@ -394,55 +393,34 @@ def build_persistent_kernel(dtype: str, block_m: int, block_n: int, block_k: int
             cs_base = cw * wgmma.M * epi
             for i in T.unroll(nacc):
                 acc[i] = T.float32(0)
-            if lean:
-                # Descriptors of stage 0 once; each use adds its byte offset (wgmma.desc_advance). The ring
-                # position runs in a (stage, phase) cursor instead of being divided out of the use count.
-                wgmma.encode_desc_kmajor_sw128(desc_a.ptr_to([0]), As.ptr_to([cw * wgmma.M * block_k]))
-                b_desc_at(Bs, desc_b, 0, 0)
-                ring.cursor_init(cursor)
+            # Descriptors of stage 0 once; each use adds its byte offset (wgmma.desc_advance).
+            wgmma.encode_desc_kmajor_sw128(desc_a.ptr_to([0]), As.ptr_to([cw * wgmma.M * block_k]))
+            b_desc0(Bs, desc_b)
+            ring.cursor_init(cursor)  # the ring position continues across tiles, like the producer's use count
             for t in range(my_tiles):
                 tile = cluster + t * grid
                 m0 = tile_m(tile, M, N, rank) * block_m
                 n0 = tile_n(tile, M, N, rank) * block_n
                 for k in range(k_tiles):
-                    it = t * k_tiles + k
-                    if lean:
-                        s = cursor[0]
-                        ring.consumer_wait_at(full, cursor)
-                    else:
-                        s = ring.stage(it)
-                        ring.consumer_wait(full, it)
+                    s = cursor[0]
+                    ring.consumer_wait_at(full, cursor)
                     wgmma.fence()
                     for kk in T.unroll(k_steps):
-                        if lean:
-                            # NOTES: the tile's first wgmma overwrites the accumulator (scale-d = 0).
-                            wgmma.mma(block_n, acc, wgmma.desc_advance(desc_a[0], (s * a_tile + kk * 16) * elem),
-                                      wgmma.desc_advance(desc_b[0], (s * b_tile + kk * b_kstep) * elem), dtype,
-                                      scale_d=k + kk > 0, b_major=b_major)
-                        else:
-                            wgmma.encode_desc_kmajor_sw128(desc_a.ptr_to([0]),
-                                                           As.ptr_to([s * a_tile + cw * wgmma.M * block_k + kk * 16]))
-                            b_desc_at(Bs, desc_b, s, kk)
-                            # NOTES: the tile's first wgmma overwrites the accumulator (scale-d = 0): no zeroing
-                            # loop between tiles.
-                            wgmma.mma(block_n, acc, desc_a[0], desc_b[0], dtype, scale_d=k + kk > 0,
-                                      b_major=b_major)
+                        # NOTES: the tile's first wgmma overwrites the accumulator (scale-d = 0): no zeroing loop
+                        # between tiles.
+                        wgmma.mma(block_n, acc, wgmma.desc_advance(desc_a[0], (s * a_tile + kk * 16) * elem),
+                                  wgmma.desc_advance(desc_b[0], (s * b_tile + kk * b_kstep) * elem), dtype,
+                                  scale_d=k + kk > 0, b_major=b_major)
                     wgmma.commit()
-                    # NOTES: one group in flight; once down to one, use it-1's wgmmas have read their smem.
+                    # NOTES: one group in flight; once down to one, the previous use's wgmmas have read their smem.
                     wgmma.wait(1)
-                    if lean:
-                        if k > 0:
-                            release_use(empty, None, warp, lane, remote, stage=prev[0])
-                        prev[0] = s
-                        ring.cursor_advance(cursor)
-                    elif k > 0:
-                        release_use(empty, it - 1, warp, lane, remote)
+                    if k > 0:
+                        release_use(empty, warp, lane, remote, prev[0])
+                    prev[0] = s
+                    ring.cursor_advance(cursor)
                 wgmma.wait(0)
                 # Release the tile's last stage too: the producer is already filling the next tile.
-                if lean:
-                    release_use(empty, None, warp, lane, remote, stage=prev[0])
-                else:
-                    release_use(empty, t * k_tiles + k_tiles - 1, warp, lane, remote)
+                release_use(empty, warp, lane, remote, prev[0])
 
                 if plain:
                     # Epilogue: this warpgroup's 64 x block_n slab as block_n/64 SW128 boxes of 64 x 64, in

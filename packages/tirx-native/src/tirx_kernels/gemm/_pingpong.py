@@ -53,8 +53,8 @@ Design:
   loading half of the A tile's rows and multicasting them; a CTA past N stores nothing.
 - ``release``: ``"warp"`` (lane 0 of each consumer warp arrives, in every CTA) or ``"warpgroup"`` (one arrival per
   consumer warpgroup and CTA: lane 0 of warp r arrives in CTA r), as in ``gemm/_persistent.py``.
-- ``lean``: descriptors advanced from stage 0's and a ring cursor, as in ``gemm/_persistent.py`` (each consumer
-  seeks its cursor once per tile: it skips the other consumer's tiles' uses).
+- The lean consumer loop of ``gemm/_persistent.py`` (descriptors advanced from stage 0's, a ring cursor, tensor-map
+  prefetch); each consumer seeks its cursor once per tile, as its uses skip the other consumer's tiles.
 - Every shared buffer, barriers included, in one ``T.SMEMPool`` (1024-aligned only then).
 
 Built, not yet measured on the H200 (``docs/gemm.md``).
@@ -102,7 +102,7 @@ def store_box(h, b, epi_cols: int, dtype: str):
 
 def build_pingpong_kernel(dtype: str, block_m: int, block_n: int, block_k: int, num_stages: int, epi_cols: int,
                           group_m: int, num_sms: int, cluster_m: int = 1, cluster_n: int = 1,
-                          release: str = "warp", lean: bool = False, layout: str = "nt",
+                          release: str = "warp", layout: str = "nt",
                           out_dtype: str | None = None, epilogue: str = "none", bias_dtype: str | None = None,
                           pdl: str | None = None):
     from tvm.script import tirx as T
@@ -171,14 +171,14 @@ def build_pingpong_kernel(dtype: str, block_m: int, block_n: int, block_k: int, 
     def grid_ctas(M, N):  # noqa: N803
         return scheduler.grid_size(cluster_tiles(M, N), clusters_max) * cluster_size
 
-    def release_use(empty, it, warp, lane, remote, stage=None):
-        """Give ring use ``it`` (or slot ``stage``) back in every CTA of the cluster, per ``release``."""
+    def release_use(empty, warp, lane, remote, stage):
+        """Give ring slot ``stage`` back in every CTA of the cluster, per ``release``."""
         if release == "warp":
             with T.If(lane == 0):  # a Python `if` on a TIR value would be dropped in a helper
                 with T.Then():
-                    ring.consumer_release(empty, it, cluster_size, remote[0], stage=stage)
+                    ring.consumer_release(empty, None, cluster_size, remote[0], stage=stage)
         else:
-            ring.consumer_release_warpgroup(empty, it, warp, lane, cluster_size, remote[0], stage=stage)
+            ring.consumer_release_warpgroup(empty, None, warp, lane, cluster_size, remote[0], stage=stage)
 
     def stage_pair(Cs, packed, acc, cs_base, h, rnd, jj, r, warp, lane):  # noqa: N803
         """Two adjacent columns of one accumulator row, packed to 16-bit, into the staging buffer."""
@@ -241,8 +241,8 @@ def build_pingpong_kernel(dtype: str, block_m: int, block_n: int, block_k: int, 
         desc_b = T.alloc_local((1,), "uint64")
         packed = T.alloc_local((1,), "uint32")
         remote = T.alloc_local((1,), "uint32")
-        cursor = T.alloc_local((2,), "int32")  # lean: the consumer's ring (stage, phase)
-        prev = T.alloc_local((1,), "int32")  # lean: the stage of the previous use, released after the next
+        cursor = T.alloc_local((2,), "int32")  # the consumer's ring position (stage, phase)
+        prev = T.alloc_local((1,), "int32")  # the stage of the previous use, released after the next one
 
         if tid == 0:
             ring.init(full, empty)
@@ -258,10 +258,9 @@ def build_pingpong_kernel(dtype: str, block_m: int, block_n: int, block_k: int, 
             # whichever consumer will read it.
             roles.producer_role()
             if tid == 0:
-                if lean:
-                    tma.prefetch_descriptor(a_map)
-                    tma.prefetch_descriptor(b_map)
-                    tma.prefetch_descriptor(c_map)
+                tma.prefetch_descriptor(a_map)
+                tma.prefetch_descriptor(b_map)
+                tma.prefetch_descriptor(c_map)
                 for t in range(my_tiles):
                     m_tile, n_tile = tile_mn(cluster + t * grid, M, N, rank)
                     for k in range(k_tiles):
@@ -285,9 +284,9 @@ def build_pingpong_kernel(dtype: str, block_m: int, block_n: int, block_k: int, 
             # Math warpgroups: consumer cw takes the CTA's local tiles cw, cw + 2, ..., each whole.
             cw, ct, warp, lane = roles.consumer_role(wg, tid)
             cs_base = cw * stage_elems
-            if lean:
-                wgmma.encode_desc_kmajor_sw128(desc_a.ptr_to([0]), As.ptr_to([0]))
-                wgmma.encode_desc_kmajor_sw128(desc_b.ptr_to([0]), Bs.ptr_to([0]))
+            # Descriptors of stage 0 once; each use adds its byte offset (wgmma.desc_advance).
+            wgmma.encode_desc_kmajor_sw128(desc_a.ptr_to([0]), As.ptr_to([0]))
+            wgmma.encode_desc_kmajor_sw128(desc_b.ptr_to([0]), Bs.ptr_to([0]))
             for i in range((my_tiles - cw + 1) // 2):
                 t = 2 * i + cw
                 m_tile, n_tile = tile_mn(cluster + t * grid, M, N, rank)
@@ -297,55 +296,33 @@ def build_pingpong_kernel(dtype: str, block_m: int, block_n: int, block_k: int, 
                 # tile has no predecessor, so it starts without a turn.
                 if t > 0:
                     roles.wait_turn(TURN_BAR, cw)
-                if lean:
-                    # This consumer's uses of the ring skip the other's tiles: seek once per tile, then step.
-                    ring.cursor_seek(cursor, t * k_tiles)
+                # This consumer's uses of the ring skip the other's tiles: seek once per tile, then step.
+                ring.cursor_seek(cursor, t * k_tiles)
                 for k in range(k_tiles):
-                    it = t * k_tiles + k
-                    if lean:
-                        s = cursor[0]
-                        ring.consumer_wait_at(full, cursor)
-                    else:
-                        s = ring.stage(it)
-                        ring.consumer_wait(full, it)
+                    s = cursor[0]
+                    ring.consumer_wait_at(full, cursor)
                     wgmma.fence()
                     for kk in T.unroll(k_steps):
-                        if lean:
-                            # Stage 0's descriptors plus the byte offset (wgmma.desc_advance): no re-encoding.
-                            for h in T.unroll(2):
-                                wgmma.mma(block_n, acc,
-                                          wgmma.desc_advance(desc_a[0], (s * a_tile + h * wgmma.M * block_k
-                                                                         + kk * 16) * elem),
-                                          wgmma.desc_advance(desc_b[0], (s * b_tile + kk * 16) * elem), dtype,
-                                          scale_d=k + kk > 0, acc_offset=h * nacc)
-                        else:
-                            wgmma.encode_desc_kmajor_sw128(desc_b.ptr_to([0]), Bs.ptr_to([s * b_tile + kk * 16]))
-                            for h in T.unroll(2):
-                                wgmma.encode_desc_kmajor_sw128(
-                                    desc_a.ptr_to([0]), As.ptr_to([s * a_tile + h * wgmma.M * block_k + kk * 16]))
-                                # The tile's first wgmma overwrites the accumulator (scale-d = 0): no zeroing loop.
-                                wgmma.mma(block_n, acc, desc_a[0], desc_b[0], dtype, scale_d=k + kk > 0,
-                                          acc_offset=h * nacc)
+                        for h in T.unroll(2):
+                            # The tile's first wgmma overwrites the accumulator (scale-d = 0): no zeroing loop.
+                            a_off = (s * a_tile + h * wgmma.M * block_k + kk * 16) * elem
+                            wgmma.mma(block_n, acc, wgmma.desc_advance(desc_a[0], a_off),
+                                      wgmma.desc_advance(desc_b[0], (s * b_tile + kk * 16) * elem), dtype,
+                                      scale_d=k + kk > 0, acc_offset=h * nacc)
                     wgmma.commit()
-                    # NOTES: one group in flight; once down to one, use it-1's wgmmas have read their smem.
+                    # NOTES: one group in flight; once down to one, the previous use's wgmmas have read their smem.
                     wgmma.wait(1)
-                    if lean:
-                        if k > 0:
-                            release_use(empty, None, warp, lane, remote, stage=prev[0])
-                        prev[0] = s
-                        ring.cursor_advance(cursor)
-                    elif k > 0:
-                        release_use(empty, it - 1, warp, lane, remote)
+                    if k > 0:
+                        release_use(empty, warp, lane, remote, prev[0])
+                    prev[0] = s
+                    ring.cursor_advance(cursor)
                 # Every full wait of this tile has passed: the other consumer may start the next tile while
                 # this one's last wgmmas run and its epilogue follows. The CTA's last tile passes no turn
                 # (nobody would wait for it).
                 if t + 1 < my_tiles:
                     roles.pass_turn(TURN_BAR, cw)
                 wgmma.wait(0)
-                if lean:
-                    release_use(empty, None, warp, lane, remote, stage=prev[0])
-                else:
-                    release_use(empty, t * k_tiles + k_tiles - 1, warp, lane, remote)
+                release_use(empty, warp, lane, remote, prev[0])
 
                 # Epilogue: `rounds` rounds of epi_cols columns through this consumer's own staging buffer,
                 # as 2 (row halves) x boxes_per_half SW128 boxes of 64 x 64.

@@ -110,41 +110,31 @@ CONFIGS = [
     {"label": "bf16_300x520x136_persistent_128x128_c2", "dtype": "bfloat16", "M": 300, "N": 520, "K": 136,
      "tile": "persistent_128x128x64_s6_c2_g8"},
     # One ring release per consumer warpgroup ("_wg") and 1 x 2 clusters ("_c2n", A multicast). N = 520 is 5
-    # N-tiles of 128 (9 of 64, 3 of 256): odd, so the last 1 x 2 cluster has a CTA past N (zero-filled B, no
-    # stores); 2000 x 1544 x 1048: 16 x 13 tiles of 128 = 16 x 7 clusters on 66 (1-2 each, 17 K-tiles).
-    {"label": "bf16_300x520x136_persistent_128x128_wg", "dtype": "bfloat16", "M": 300, "N": 520, "K": 136,
-     "tile": "persistent_128x128x64_s6_g8_wg"},
-    {"label": "fp16_300x520x136_persistent_128x128_c2_wg", "dtype": "float16", "M": 300, "N": 520, "K": 136,
-     "tile": "persistent_128x128x64_s6_c2_g8_wg"},
+    # N-tiles of 128: odd, so the last 1 x 2 cluster has a CTA past N (zero-filled B, no stores); 2000 x 1544 x
+    # 1048: 16 x 13 tiles of 128 = 16 x 7 clusters on 66 (1-2 each, 17 K-tiles).
     {"label": "bf16_300x520x136_persistent_128x128_c2n_wg", "dtype": "bfloat16", "M": 300, "N": 520, "K": 136,
      "tile": "persistent_128x128x64_s6_c2n_g8_wg"},
     {"label": "bf16_2000x1544x1048_persistent_128x128_c2n_wg", "dtype": "bfloat16", "M": 2000, "N": 1544,
      "K": 1048, "tile": "persistent_128x128x64_s6_c2n_g8_wg"},
-    {"label": "fp16_1000x520x1048_persistent_128x64_c2n_wg", "dtype": "float16", "M": 1000, "N": 520, "K": 1048,
-     "tile": "persistent_128x64x64_s8_c2n_g8_wg"},
-    {"label": "bf16_300x520x136_persistent_s4_e128_c2_wg", "dtype": "bfloat16", "M": 300, "N": 520, "K": 136,
-     "tile": "persistent_128x256x64_s4_e128_c2_g8_wg"},
-    {"label": "bf16_300x776x136_persistent_s4_e128_c2n_wg", "dtype": "bfloat16", "M": 300, "N": 776, "K": 136,
-     "tile": "persistent_128x256x64_s4_e128_c2n_g8_wg"},
-    # "_lean" (descriptors advanced from stage 0's, a running ring cursor): many tiles per CTA with K-tile counts
-    # that are not multiples of the stage count (17 of 6, 4 of 4, 3 of 8), so the cursor wraps mid-tile and
-    # across tiles; NN (the MN-major B descriptor advanced) with an epilogue; fp32 out.
-    {"label": "bf16_2000x1544x1048_persistent_128x128_lean", "dtype": "bfloat16", "M": 2000, "N": 1544, "K": 1048,
-     "tile": "persistent_128x128x64_s6_g8_lean"},
-    {"label": "fp16_4000x4104x200_persistent_s4_e128_lean", "dtype": "float16", "M": 4000, "N": 4104, "K": 200,
-     "tile": "persistent_128x256x64_s4_e128_g8_lean"},
-    {"label": "bf16_2900x4104x1048_persistent_s4_e128_c2_lean", "dtype": "bfloat16", "M": 2900, "N": 4104,
-     "K": 1048, "tile": "persistent_128x256x64_s4_e128_c2_g8_lean"},
-    {"label": "bf16_2000x3136x200_persistent_128x224_lean", "dtype": "bfloat16", "M": 2000, "N": 3136, "K": 200,
-     "tile": "persistent_128x224x64_s4_g8_lean"},
-    {"label": "bf16_1000x1032x1048_nn_bias_128x64_lean", "dtype": "bfloat16", "M": 1000, "N": 1032, "K": 1048,
-     "layout": "nn", "epilogue": "bias", "bias_dtype": "bfloat16", "tile": "persistent_128x64x64_s8_g8_lean"},
-    {"label": "fp16_2000x1544x136_out_fp32_128x192_lean", "dtype": "float16", "M": 2000, "N": 1544, "K": 136,
-     "out_dtype": "float32", "tile": "persistent_128x192x64_s4_g8_lean"},
-    {"label": "bf16_2000x1544x1048_pingpong_128x128_lean", "dtype": "bfloat16", "M": 2000, "N": 1544, "K": 1048,
-     "tile": "pingpong_128x128x64_s6_e64_g8_lean"},
-    {"label": "fp16_4000x4104x200_pingpong_128x192_lean", "dtype": "float16", "M": 4000, "N": 4104, "K": 200,
-     "tile": "pingpong_128x192x64_s4_e64_g8_lean"},
+    # The lean consumer loop (descriptors advanced from stage 0's, a running ring cursor): many tiles per CTA with
+    # K-tile counts that are not multiples of the stage count (17 of 6, 4 of 4, 17 of 8), so the cursor wraps
+    # mid-tile and across tiles; NN (the MN-major B descriptor advanced) with an epilogue; fp32 out.
+    {"label": "bf16_2000x1544x1048_persistent_128x128_cursor", "dtype": "bfloat16", "M": 2000, "N": 1544, "K": 1048,
+     "tile": "persistent_128x128x64_s6_g8"},
+    {"label": "fp16_4000x4104x200_persistent_s4_e128_cursor", "dtype": "float16", "M": 4000, "N": 4104, "K": 200,
+     "tile": "persistent_128x256x64_s4_e128_g8"},
+    {"label": "bf16_2900x4104x1048_persistent_s4_e128_c2_cursor", "dtype": "bfloat16", "M": 2900, "N": 4104,
+     "K": 1048, "tile": "persistent_128x256x64_s4_e128_c2_g8"},
+    {"label": "bf16_2000x3136x200_persistent_128x224_cursor", "dtype": "bfloat16", "M": 2000, "N": 3136, "K": 200,
+     "tile": "persistent_128x224x64_s4_g8"},
+    {"label": "bf16_1000x1032x1048_nn_bias_128x64_cursor", "dtype": "bfloat16", "M": 1000, "N": 1032, "K": 1048,
+     "layout": "nn", "epilogue": "bias", "bias_dtype": "bfloat16", "tile": "persistent_128x64x64_s8_g8"},
+    {"label": "fp16_2000x1544x136_out_fp32_128x192_cursor", "dtype": "float16", "M": 2000, "N": 1544, "K": 136,
+     "out_dtype": "float32", "tile": "persistent_128x192x64_s4_g8"},
+    {"label": "bf16_2000x1544x1048_pingpong_128x128_cursor", "dtype": "bfloat16", "M": 2000, "N": 1544, "K": 1048,
+     "tile": "pingpong_128x128x64_s6_e64_g8"},
+    {"label": "fp16_4000x4104x200_pingpong_128x192_cursor", "dtype": "float16", "M": 4000, "N": 4104, "K": 200,
+     "tile": "pingpong_128x192x64_s4_e64_g8"},
     {"label": "bf16_300x520x136_nn_alpha_beta_bias_c2n_wg", "dtype": "bfloat16", "M": 300, "N": 520, "K": 136,
      "layout": "nn", "epilogue": "alpha_beta_bias", "bias_dtype": "float32", "alpha": 0.5, "beta": -1.5,
      "tile": "persistent_128x128x64_s6_c2n_g8_wg"},
@@ -234,16 +224,8 @@ CONFIGS = [
      "tile": "pingpong_128x192x64_s4_e64_c2_g8"},
     {"label": "bf16_8192x8192x8192_pingpong_128x192_c2", "dtype": "bfloat16", "M": 8192, "N": 8192, "K": 8192,
      "tile": "pingpong_128x192x64_s4_e64_c2_g8"},
-    {"label": "bf16_300x520x136_pingpong_128x128_c2n_wg", "dtype": "bfloat16", "M": 300, "N": 520, "K": 136,
-     "tile": "pingpong_128x128x64_s6_e64_c2n_g8_wg"},
-    {"label": "fp16_2900x4104x200_pingpong_128x128_c2n_wg", "dtype": "float16", "M": 2900, "N": 4104, "K": 200,
-     "tile": "pingpong_128x128x64_s6_e64_c2n_g8_wg"},
-    {"label": "bf16_2900x1544x200_pingpong_128x128_c2_wg", "dtype": "bfloat16", "M": 2900, "N": 1544, "K": 200,
-     "tile": "pingpong_128x128x64_s6_e64_c2_g8_wg"},
     {"label": "bf16_2900x4104x200_pingpong_128x192_c2_wg", "dtype": "bfloat16", "M": 2900, "N": 4104, "K": 200,
      "tile": "pingpong_128x192x64_s4_e64_c2_g8_wg"},
-    {"label": "fp16_300x904x136_pingpong_128x192_c2n_wg", "dtype": "float16", "M": 300, "N": 904, "K": 136,
-     "tile": "pingpong_128x192x64_s4_e64_c2n_g8_wg"},
     # The small-M split-K cluster kernel (gemm/_small_m.py), pinned until the H200 run confirms it.
     {"label": "bf16_1x4096x4096_smallm_k4", "dtype": "bfloat16", "M": 1, "N": 4096, "K": 4096,
      "tile": "smallm_64x128x64_s8_k4"},
@@ -424,38 +406,15 @@ TILE_CONFIGS = {
     # clusters (128x128 2x1, 176x128 1x2, 128x64 1x2; docs/measurements/2026-12-03d-h200/ncu-mid.csv) where our
     # 2x1 tiles were 2-8 % slower than unclustered ones. "_wg": one ring release per consumer warpgroup and CTA
     # (mbarrier.Ring.consumer_release_warpgroup) instead of one per warp; "_c2n": 1 x 2 clusters (two N-tiles
-    # of one M-tile share A, multicast).
-    "persistent_128x128x64_s6_g8_wg": {"kind": "persistent", "block_m": 128, "block_n": 128, "block_k": 64,
-                                       "num_stages": 6, "cluster_m": 1, "group_m": 8, "num_sms": 132,
-                                       "release": "warpgroup"},
-    "persistent_128x128x64_s6_c2_g8_wg": {"kind": "persistent", "block_m": 128, "block_n": 128, "block_k": 64,
-                                          "num_stages": 6, "cluster_m": 2, "group_m": 8, "num_sms": 132,
-                                          "release": "warpgroup"},
+    # of one M-tile share A, multicast). Of ten such tiles swept twice (docs/measurements/2026-12-03e-h200) none
+    # beat the unclustered / per-warp-release tiles by more than the run-to-run spread (one run, one shape:
+    # 128x192 c2 wg at 8192x14336x4096 +3 %); these two stay as candidates, the rest were removed.
     "persistent_128x128x64_s6_c2n_g8_wg": {"kind": "persistent", "block_m": 128, "block_n": 128, "block_k": 64,
                                            "num_stages": 6, "cluster_m": 1, "cluster_n": 2, "group_m": 8,
                                            "num_sms": 132, "release": "warpgroup"},
-    "persistent_128x64x64_s8_c2n_g8_wg": {"kind": "persistent", "block_m": 128, "block_n": 64, "block_k": 64,
-                                          "num_stages": 8, "cluster_m": 1, "cluster_n": 2, "group_m": 8,
-                                          "num_sms": 132, "release": "warpgroup"},
-    "persistent_128x256x64_s4_e128_c2_g8_wg": {"kind": "persistent", "block_m": 128, "block_n": 256,
-                                               "block_k": 64, "num_stages": 4, "cluster_m": 2, "group_m": 8,
-                                               "num_sms": 132, "epi_cols": 128, "release": "warpgroup"},
-    "persistent_128x256x64_s4_e128_c2n_g8_wg": {"kind": "persistent", "block_m": 128, "block_n": 256,
-                                                "block_k": 64, "num_stages": 4, "cluster_m": 1, "cluster_n": 2,
-                                                "group_m": 8, "num_sms": 132, "epi_cols": 128,
-                                                "release": "warpgroup"},
-    "pingpong_128x128x64_s6_e64_c2n_g8_wg": {"kind": "pingpong", "block_m": 128, "block_n": 128, "block_k": 64,
-                                             "num_stages": 6, "epi_cols": 64, "cluster_n": 2, "group_m": 8,
-                                             "num_sms": 132, "release": "warpgroup"},
-    "pingpong_128x128x64_s6_e64_c2_g8_wg": {"kind": "pingpong", "block_m": 128, "block_n": 128, "block_k": 64,
-                                            "num_stages": 6, "epi_cols": 64, "cluster_m": 2, "group_m": 8,
-                                            "num_sms": 132, "release": "warpgroup"},
     "pingpong_128x192x64_s4_e64_c2_g8_wg": {"kind": "pingpong", "block_m": 128, "block_n": 192, "block_k": 64,
                                             "num_stages": 4, "epi_cols": 64, "cluster_m": 2, "group_m": 8,
                                             "num_sms": 132, "release": "warpgroup"},
-    "pingpong_128x192x64_s4_e64_c2n_g8_wg": {"kind": "pingpong", "block_m": 128, "block_n": 192, "block_k": 64,
-                                             "num_stages": 4, "epi_cols": 64, "cluster_n": 2, "group_m": 8,
-                                             "num_sms": 132, "release": "warpgroup"},
     "pingpong_128x128x64_s6_e64_g8": {"kind": "pingpong", "block_m": 128, "block_n": 128, "block_k": 64,
                                       "num_stages": 6, "epi_cols": 64, "group_m": 8, "num_sms": 132},
     "pingpong_128x192x64_s4_e64_g8": {"kind": "pingpong", "block_m": 128, "block_n": 192, "block_k": 64,
@@ -537,14 +496,6 @@ TILE_CONFIGS = {
     "smallm_64x64x64_s12_k2": {"kind": "small_m", "block_m": 64, "block_n": 64, "block_k": 64,
                                "num_stages": 12, "split_k": 2},
 }
-# "_lean": the consumer loop without per-k-tile descriptor encoding and stage/phase division (``lean`` in
-# gemm/_persistent.py and gemm/_pingpong.py; Nsight Compute at 512x4096x14336 had ours issuing 3x cuBLAS's
-# instructions with the tensor pipe 90 % busy against 95 %: docs/measurements/2026-12-03e-h200).
-for _tile in ("persistent_128x128x64_s6_g8", "persistent_128x256x64_s4_e128_g8", "persistent_128x256x64_s4_e128_c2_g8",
-              "persistent_128x224x64_s4_g8", "persistent_128x64x64_s8_g8", "persistent_128x192x64_s4_g8",
-              "pingpong_128x128x64_s6_e64_g8", "pingpong_128x192x64_s4_e64_g8"):
-    TILE_CONFIGS[f"{_tile}_lean"] = {**TILE_CONFIGS[_tile], "lean": True}
-del _tile
 
 # The skinny kernel (gemm/_gemv.py): M <= tokens (8 or 16), mma.sync fed by 16-byte loads of B. CTA =
 # row_groups x k_lanes warps over 16 * row_groups B rows, each warp K-chunks of 32 * unroll columns. TILE_TABLE
@@ -643,6 +594,10 @@ TILE_TABLE = [
     (2048, None, 2048, "pingpong_128x128x64_s6_e64_g8"),  # 2048x7168x2048 0.932 [s4 e128 0.845]
     (2048, 6144, None, "persistent_128x256x64_s4_e128_g8"),  # 2048 x 4096/6144 x 4096-14336: 0.998-1.007
     (2048, 8192, None, "ws_128x256x64_s3"),  # 2048x8192x28672: 0.985 [s4 e128 0.955]
+    # 2048x28672x8192: 2-CTA clusters, five-run mean 1.003 [s4 e128 0.984] (2026-12-03d final/run 2/again,
+    # 2026-12-03e runs 1-2); 2048x14336x4096 stays on s4 e128 (0.999 [c2 0.992]).
+    (2048, None, 4096, "persistent_128x256x64_s4_e128_g8"),
+    (2048, None, None, "persistent_128x256x64_s4_e128_c2_g8"),
     # M = 8192 refined on the three-run means at the final kernels: ping-pong 128x192 at N = 6144 / 7168, K <= 4096
     # (8192x6144x4096 1.029 [s4 e128 1.003], x7168x2048 1.022 [1.005]), 2-CTA clusters at K > 8192 (8192x4096x14336
     # 1.028 [1.005]).
@@ -653,6 +608,8 @@ TILE_TABLE = [
     # (The 4096 / 8192 rows above: 128x256 s4 e128 at M = 8192, 0.994-1.019 [ping-pong 128x128 / s3: 8192x4096x4096
     # 0.972, x2048x7168 0.970]; 4096^3 1.000.)
     (None, 8192, 8192, "persistent_128x256x64_s4_e128_c2_g8"),  # 8192^3: 1.074 [s3 1.051, s4 e128 1.041]
+    # 8192x14336x4096: ping-pong 128x192 in 2-CTA clusters, five-run mean 1.014 [s4 e128 0.987].
+    (None, 16384, 4096, "pingpong_128x192x64_s4_e64_c2_g8"),
     (None, None, None, "persistent_128x256x64_s4_e128_g8"),  # 8192 x 8192 x 28672 1.019 [s3 1.011], x14336x4096
     # 0.989 [ping-pong 1.003], x28672x8192 1.004 [s3 1.007], 16384^3 1.000 [s3 1.008]
 ]
