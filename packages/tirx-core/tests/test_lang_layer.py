@@ -152,16 +152,24 @@ def _simulate_persistent_ring(num_stages, num_tiles, k_tiles, num_consumers, see
             empty[ring.stage(t * k_tiles + k_tiles - 1)].arrive()
             yield  # epilogue
 
-    rng = random.Random(seed)
+    def land():
+        s, it = inflight.pop(0)
+        slot[s] = it
+        full[s].arrive()  # the expect_tx arrival and the bytes, merged
+
     actors = {"p": producer(), **{c: consumer(c) for c in range(num_consumers)}}
+    return _run_actors(actors, inflight, land, random.Random(seed), max_steps=100000)
+
+
+def _run_actors(actors, inflight, land, rng, max_steps):
+    """Step generator ``actors`` (one yield = one instruction's worth) and land in-flight TMA loads, in a random
+    interleaving, until all actors finished and nothing is in flight; a run past ``max_steps`` is a deadlock."""
     steps = 0
     while actors or inflight:
         steps += 1
-        assert steps < 100000, "deadlock"
+        assert steps < max_steps, "deadlock"
         if inflight and rng.random() < 0.3:
-            s, it = inflight.pop(0)
-            slot[s] = it
-            full[s].arrive()  # the expect_tx arrival and the bytes, merged
+            land()
             continue
         if not actors:
             continue
@@ -227,30 +235,20 @@ def _simulate_cluster_ring(num_stages, num_tiles, k_tiles, seed):
             yield
 
     rng = random.Random(seed)
+    pending_bytes = [[0] * num_stages for _ in range(cta_count)]
+
+    def land():
+        p, s, it = inflight.pop(rng.randrange(len(inflight)))
+        for dst in range(cta_count):  # the multicast half lands in both CTAs
+            halves[dst][s] = {h for h in halves[dst][s] if h[0] == it} | {(it, p)}
+            pending_bytes[dst][s] += 1
+            if pending_bytes[dst][s] == cta_count:  # expect_tx counted both halves
+                pending_bytes[dst][s] = 0
+                full[dst][s].arrive()
+
     actors = {("p", p): producer(p) for p in range(cta_count)}
     actors.update({(c, w): consumer(c, w) for c in range(cta_count) for w in range(wgs)})
-    pending_bytes = [[0] * num_stages for _ in range(cta_count)]
-    steps = 0
-    while actors or inflight:
-        steps += 1
-        assert steps < 200000, "deadlock"
-        if inflight and rng.random() < 0.3:
-            p, s, it = inflight.pop(rng.randrange(len(inflight)))
-            for dst in range(cta_count):  # the multicast half lands in both CTAs
-                halves[dst][s] = {h for h in halves[dst][s] if h[0] == it} | {(it, p)}
-                pending_bytes[dst][s] += 1
-                if pending_bytes[dst][s] == cta_count:  # expect_tx counted both halves
-                    pending_bytes[dst][s] = 0
-                    full[dst][s].arrive()
-            continue
-        if not actors:
-            continue
-        name = rng.choice(list(actors))
-        try:
-            next(actors[name])
-        except StopIteration:
-            del actors[name]
-    return steps
+    return _run_actors(actors, inflight, land, rng, max_steps=200000)
 
 
 @pytest.mark.parametrize("num_stages, num_tiles, k_tiles", [(3, 4, 2), (4, 6, 3), (6, 2, 17)])
