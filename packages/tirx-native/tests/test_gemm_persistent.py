@@ -95,7 +95,7 @@ def test_epi_cols_rounds(kw, rounds):
 def test_persistent_tile_builds(tile):
 
     sass = testing.build_and_check_sass(mod, "fp16_bf16_gemm", {"dtype": "bfloat16", "tile": tile})
-    if mod.TILE_CONFIGS[tile]["cluster_m"] * mod.TILE_CONFIGS[tile].get("cluster_n", 1) == 2:
+    if mod.cluster_ctas(tile) == 2:
         assert "UTMALDG.2D.MULTICAST" in sass
 
 
@@ -173,7 +173,7 @@ def test_default_kernels_are_programmatic_dependent_launches():
     for tile in ("persistent_128x256x64_s3_c2_g8", "pingpong_128x128x64_s6_e64_g8", "smallm_128x64x64_s8_k2"):
         src = build.codegen(mod.get_kernel("bfloat16", tile))
         assert "programmaticStreamSerializationAllowed = 1" in src and "griddepcontrol.wait" in src, tile
-        assert ("cudaLaunchAttributeClusterDimension" in src) == (mod.TILE_CONFIGS[tile].get("cluster_m", 1) == 2
+        assert ("cudaLaunchAttributeClusterDimension" in src) == (mod.cluster_ctas(tile) == 2
                                                                   or mod.TILE_CONFIGS[tile].get("split_k", 1) > 1)
     plain = build.codegen(mod.get_kernel("bfloat16", "persistent_128x256x64_s3_c2_g8", pdl=None))
     assert "programmaticStreamSerialization" not in plain and "griddepcontrol" not in plain

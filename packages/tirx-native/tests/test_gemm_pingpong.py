@@ -252,5 +252,5 @@ def test_pingpong_tile_builds(tile, dtype):
     assert re.search(r"USETMAXREG\.DEALLOC\S*\s+0x28\b", sass)
     assert re.search(r"USETMAXREG\.TRY_ALLOC\S*\s+\S+\s+0xe8\b", sass)
     assert "BAR.ARV" in sass  # the turn handed over
-    if mod.TILE_CONFIGS[tile].get("cluster_m", 1) * mod.TILE_CONFIGS[tile].get("cluster_n", 1) == 2:
+    if mod.cluster_ctas(tile) == 2:
         assert "UTMALDG.2D.MULTICAST" in sass

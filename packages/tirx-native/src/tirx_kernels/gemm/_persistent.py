@@ -68,9 +68,6 @@ SMEM_LIMIT = 232448  # 227 KB: the H200's opt-in maximum dynamic shared memory p
 NUM_CONSUMERS = 2
 
 LAYOUTS = ("nt", "nn")
-# Who gives a ring slot back: lane 0 of every consumer warp, or one thread per consumer warpgroup and CTA
-# (mbarrier.Ring.consumer_release_warpgroup).
-RELEASES = ("warp", "warpgroup")
 EPILOGUES = ("none", "bias", "alpha_beta", "alpha_beta_bias")
 
 
@@ -148,8 +145,6 @@ def build_persistent_kernel(dtype: str, block_m: int, block_n: int, block_k: int
     if cluster_n not in (1, 2) or cluster_m * cluster_n > 2:
         raise ValueError(f"persistent gemm: cluster_n={cluster_n} must be 1, or 2 with cluster_m=1 "
                          f"(got cluster_m={cluster_m})")
-    if release not in RELEASES:
-        raise ValueError(f"persistent gemm: release {release!r} is not one of {RELEASES}")
     if epi_cols is not None and (isinstance(epi_cols, bool) or not isinstance(epi_cols, int) or epi_cols <= 0
                                  or epi_cols % 64 or staged % epi_cols):
         raise ValueError(f"persistent gemm: epi_cols={epi_cols!r} must be a multiple of 64 (one SW128 box of "
@@ -169,11 +164,9 @@ def build_persistent_kernel(dtype: str, block_m: int, block_n: int, block_k: int
     nacc = wgmma.acc_regs(block_n)
     store_cols = 128 // elem  # one SW128 store box: 64 rows x 128 bytes
     store_rows = wgmma.M
-    # Each stage is read by the consumers of every CTA of the cluster (multicast): lane 0 of each of their
-    # warps releases it ("warp"), or one thread per warpgroup and CTA ("warpgroup").
-    empty_arrivals = NUM_CONSUMERS * (4 if release == "warp" else 1) * cluster_size
+    # Each stage is read by both consumer warpgroups of every CTA of the cluster (multicast).
+    ring = mbarrier.Ring.for_warpgroups(num_stages, NUM_CONSUMERS, release, cluster_size)
     clusters_max = num_sms // cluster_size
-    ring = mbarrier.Ring(num_stages, empty_arrivals)
     cvt_pack = {"bfloat16": T.ptx.cvt.rn.bf16x2.f32, "float16": T.ptx.cvt.rn.f16x2.f32}[dtype]
 
     # NN: B's smem tile per stage is (block_n / mn_chunk) boxes of block_k K-rows x mn_chunk N-cols.
@@ -265,15 +258,6 @@ def build_persistent_kernel(dtype: str, block_m: int, block_n: int, block_k: int
         else:
             T.evaluate(out_pack(packed[0], v1, v0))
             T.buffer_store(Cs, packed[0], [idx // 2])
-
-    def release_use(empty, warp, lane, remote, stage):
-        """Give ring slot ``stage`` back in every CTA of the cluster, per ``release``."""
-        if release == "warp":
-            with T.If(lane == 0):  # a Python `if` on a TIR value would be dropped in a helper
-                with T.Then():
-                    ring.consumer_release(empty, None, cluster_size, remote[0], stage=stage)
-        else:
-            ring.consumer_release_warpgroup(empty, None, warp, lane, cluster_size, remote[0], stage=stage)
 
     def b_desc0(Bs, desc_b):  # noqa: N803
         """Encode B's descriptor of stage 0, k16 step 0 into desc_b."""
@@ -415,12 +399,12 @@ def build_persistent_kernel(dtype: str, block_m: int, block_n: int, block_k: int
                     # NOTES: one group in flight; once down to one, the previous use's wgmmas have read their smem.
                     wgmma.wait(1)
                     if k > 0:
-                        release_use(empty, warp, lane, remote, prev[0])
+                        ring.release_slot(empty, prev[0], warp, lane, remote[0])
                     prev[0] = s
                     ring.cursor_advance(cursor)
                 wgmma.wait(0)
                 # Release the tile's last stage too: the producer is already filling the next tile.
-                release_use(empty, warp, lane, remote, prev[0])
+                ring.release_slot(empty, prev[0], warp, lane, remote[0])
 
                 if plain:
                     # Epilogue: this warpgroup's 64 x block_n slab as block_n/64 SW128 boxes of 64 x 64, in

@@ -62,7 +62,7 @@ Built, not yet measured on the H200 (``docs/gemm.md``).
 
 from __future__ import annotations
 
-from tirx_kernels.gemm._persistent import RELEASES, SMEM_LIMIT
+from tirx_kernels.gemm._persistent import SMEM_LIMIT
 
 NUM_CONSUMERS = 2
 EPI_BAR = 1  # named barriers 1, 2: consumer w's epilogue (its 128 threads)
@@ -123,8 +123,6 @@ def build_pingpong_kernel(dtype: str, block_m: int, block_n: int, block_k: int, 
     if cluster_n not in (1, 2) or cluster_m * cluster_n > 2:
         raise ValueError(f"pingpong gemm: cluster_n={cluster_n} must be 1, or 2 with cluster_m=1 "
                          f"(got cluster_m={cluster_m})")
-    if release not in RELEASES:
-        raise ValueError(f"pingpong gemm: release {release!r} is not one of {RELEASES}")
     if block_m != NUM_CONSUMERS * wgmma.M or block_k * elem != 128:
         raise ValueError("pingpong gemm: block_m must be 128 (2 x m64) and block_k one 128-byte SW128 row")
     # Two m64 accumulators of block_n / 2 registers each must leave room in the consumer's 232.
@@ -154,9 +152,8 @@ def build_pingpong_kernel(dtype: str, block_m: int, block_n: int, block_k: int, 
     boxes_per_half = epi_cols // store_cols  # store boxes per 64-row half and round
     rounds = block_n // epi_cols
     stage_elems = block_m * epi_cols  # one consumer's staging buffer, 16-bit elements
-    # Each use is read by one consumer warpgroup of every CTA of the cluster (multicast): lane 0 of its 4
-    # warps releases it, in every CTA ("warp"), or one thread of it per CTA ("warpgroup").
-    ring = mbarrier.Ring(num_stages, (4 if release == "warp" else 1) * cluster_size)
+    # Each use is read by one consumer warpgroup (whole tiles), in every CTA of the cluster (multicast).
+    ring = mbarrier.Ring.for_warpgroups(num_stages, 1, release, cluster_size)
     clusters_max = num_sms // cluster_size
     cvt_pack = {"bfloat16": T.ptx.cvt.rn.bf16x2.f32, "float16": T.ptx.cvt.rn.f16x2.f32}[dtype]
 
@@ -170,15 +167,6 @@ def build_pingpong_kernel(dtype: str, block_m: int, block_n: int, block_k: int, 
 
     def grid_ctas(M, N):  # noqa: N803
         return scheduler.grid_size(cluster_tiles(M, N), clusters_max) * cluster_size
-
-    def release_use(empty, warp, lane, remote, stage):
-        """Give ring slot ``stage`` back in every CTA of the cluster, per ``release``."""
-        if release == "warp":
-            with T.If(lane == 0):  # a Python `if` on a TIR value would be dropped in a helper
-                with T.Then():
-                    ring.consumer_release(empty, None, cluster_size, remote[0], stage=stage)
-        else:
-            ring.consumer_release_warpgroup(empty, None, warp, lane, cluster_size, remote[0], stage=stage)
 
     def stage_pair(Cs, packed, acc, cs_base, h, rnd, jj, r, warp, lane):  # noqa: N803
         """Two adjacent columns of one accumulator row, packed to 16-bit, into the staging buffer."""
@@ -313,7 +301,7 @@ def build_pingpong_kernel(dtype: str, block_m: int, block_n: int, block_k: int, 
                     # NOTES: one group in flight; once down to one, the previous use's wgmmas have read their smem.
                     wgmma.wait(1)
                     if k > 0:
-                        release_use(empty, warp, lane, remote, prev[0])
+                        ring.release_slot(empty, prev[0], warp, lane, remote[0])
                     prev[0] = s
                     ring.cursor_advance(cursor)
                 # Every full wait of this tile has passed: the other consumer may start the next tile while
@@ -322,7 +310,7 @@ def build_pingpong_kernel(dtype: str, block_m: int, block_n: int, block_k: int, 
                 if t + 1 < my_tiles:
                     roles.pass_turn(TURN_BAR, cw)
                 wgmma.wait(0)
-                release_use(empty, warp, lane, remote, prev[0])
+                ring.release_slot(empty, prev[0], warp, lane, remote[0])
 
                 # Epilogue: `rounds` rounds of epi_cols columns through this consumer's own staging buffer,
                 # as 2 (row halves) x boxes_per_half SW128 boxes of 64 x 64.

@@ -615,6 +615,12 @@ TILE_TABLE = [
 ]
 
 
+def cluster_ctas(tile: str) -> int:
+    """CTAs per cluster of ``tile`` (2x1 or 1x2 clusters: 2; otherwise 1)."""
+    cfg = TILE_CONFIGS[tile]
+    return cfg.get("cluster_m", 1) * cfg.get("cluster_n", 1)
+
+
 def sass_expect(dtype: str, tile: str, layout: str = "nt", **_) -> list[str]:
     """SASS the CPU build test asserts: the wgmma shape (m64n{block_n}: 64 ... 256), TMA loads/stores, register
     reconfiguration; the transposed-B wgmma for NN; the B (A) multicast of the 2x1 (1x2) cluster tiles; the small-M
@@ -631,7 +637,7 @@ def sass_expect(dtype: str, tile: str, layout: str = "nt", **_) -> list[str]:
     n = cfg["block_n"]
     out = [rf"HGMMA\.64x{n}x16\.F32" + (r"\.BF16" if dtype == "bfloat16" else r"\b"), r"UTMALDG\.2D",
            r"UTMASTG\.2D", r"USETMAXREG"]
-    if cfg.get("cluster_m", 1) * cfg.get("cluster_n", 1) == 2:
+    if cluster_ctas(tile) == 2:
         out.append(r"UTMALDG\.2D\.MULTICAST")
     if cfg.get("kind") == "pingpong":
         out.append(r"BAR\.ARV")  # the consumers' turn-taking (named-barrier arrive)

@@ -65,6 +65,10 @@ def phase(k, num_stages: int):
     return (k // num_stages) % 2
 
 
+# How the consumers of a ring give a slot back (Ring.for_warpgroups / release_slot).
+RELEASES = ("warp", "warpgroup")
+
+
 class Ring:
     """The stage/phase discipline of a ``num_stages`` full/empty barrier ring (one producer, N consumers).
 
@@ -87,6 +91,21 @@ class Ring:
         self.num_stages = num_stages
         self.consumer_arrivals = consumer_arrivals
         self.producer_arrivals = producer_arrivals
+        self.release = "warp"  # what release_slot does; set by for_warpgroups
+        self.cluster_size = 1
+
+    @classmethod
+    def for_warpgroups(cls, num_stages: int, warpgroups: int, release: str = "warp", cluster_size: int = 1):
+        """A ring each use of which is read by ``warpgroups`` consumer warpgroups in every CTA of a
+        ``cluster_size`` cluster (each CTA's producer multicasting into all of them), given back by
+        :meth:`release_slot` per ``release``: ``"warp"`` (lane 0 of every consumer warp, in every CTA) or
+        ``"warpgroup"`` (:meth:`consumer_release_warpgroup`); the empty barriers count those arrivals."""
+        if release not in RELEASES:
+            raise ValueError(f"mbarrier.Ring: release {release!r} is not one of {RELEASES}")
+        per_warpgroup = 4 if release == "warp" else 1
+        ring = cls(num_stages, warpgroups * per_warpgroup * cluster_size)
+        ring.release, ring.cluster_size = release, cluster_size
+        return ring
 
     def stage(self, it):
         return stage(it, self.num_stages)
@@ -143,6 +162,16 @@ class Ring:
         else:
             for r in range(cluster_size):
                 arrive_remote(bar, r, scratch)
+
+    def release_slot(self, empty, stage, warp, lane, scratch):
+        """Give slot ``stage`` back, called by every consumer thread after its ``wgmma.wait``, as the ring's
+        ``release`` says (:meth:`for_warpgroups`); ``scratch`` a ``uint32`` local (cluster arrivals)."""
+        if self.release == "warp":
+            with T.If(lane == 0):  # a traced helper's Python `if` on a TIR value would be dropped: T.If
+                with T.Then():
+                    self.consumer_release(empty, None, self.cluster_size, scratch, stage=stage)
+        else:
+            self.consumer_release_warpgroup(empty, None, warp, lane, self.cluster_size, scratch, stage=stage)
 
     def consumer_release_warpgroup(self, empty, it, warp, lane, cluster_size: int = 1, scratch=None, stage=None):
         """Give use ``it``'s slot back with *one* arrival per consumer warpgroup and CTA of the cluster
