@@ -27,12 +27,12 @@ def test_persistent_tiles_fit_smem():
     # epi_cols: a multiple of 64 dividing block_n (256), and the smem must still fit.
     {"epi_cols": 96}, {"epi_cols": 32}, {"epi_cols": 0}, {"epi_cols": 512}, {"epi_cols": 128.0},
     {"block_n": 192, "epi_cols": 128}, {"num_stages": 5, "epi_cols": 128},
-    # block_n a multiple of 32, not 64: the plain NT kernel only, no cluster, epi_cols dividing 192.
-    {"block_n": 240}, {"block_n": 224, "layout": "nn"}, {"block_n": 224, "out_dtype": "float32"},
-    {"block_n": 224, "epilogue": "bias", "bias_dtype": "bfloat16"}, {"block_n": 224, "cluster_m": 2},
+    # block_n a multiple of 16, not 64: the plain NT kernel only, epi_cols dividing 192.
+    {"block_n": 232}, {"block_n": 200}, {"block_n": 224, "layout": "nn"}, {"block_n": 224, "out_dtype": "float32"},
+    {"block_n": 224, "epilogue": "bias", "bias_dtype": "bfloat16"}, {"block_n": 176, "epilogue": "alpha_beta"},
     {"block_n": 224, "epi_cols": 128},
     # 1 x 2 clusters and the per-warpgroup release
-    {"cluster_n": 3}, {"cluster_n": 2, "cluster_m": 2}, {"block_n": 224, "cluster_n": 2}, {"release": "thread"},
+    {"cluster_n": 3}, {"cluster_n": 2, "cluster_m": 2}, {"release": "thread"},
 ])
 def test_persistent_rejects_bad_params(bad):
     params = {**{k: v for k, v in mod.TILE_CONFIGS["persistent_128x256x64_s3_g8"].items() if k != "kind"}, **bad}

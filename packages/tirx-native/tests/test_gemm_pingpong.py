@@ -13,7 +13,7 @@ pytest.importorskip("tvm", reason="apache-tvm is needed to build kernels")
 
 from tirx_kernels.core import testing  # noqa: E402
 from tirx_kernels.core.lang import mbarrier, tma, wgmma  # noqa: E402
-from tirx_kernels.gemm import _pingpong  # noqa: E402
+from tirx_kernels.gemm import _persistent, _pingpong  # noqa: E402
 from tirx_kernels.gemm import fp16_bf16_gemm as mod  # noqa: E402
 
 PINGPONG = [t for t, c in mod.TILE_CONFIGS.items() if c.get("kind") == "pingpong"]
@@ -176,7 +176,8 @@ def test_epilogue_addressing(tile):
     assert sorted(off for _, _, off in boxes) == [i * box_elems for i in range(len(boxes))]
     by_offset = {off: (ro, co) for ro, co, off in boxes}
     seen_regs = set()
-    for rnd in range(block_n // epi_cols):
+    staged = _persistent.staged_cols(block_n)
+    for rnd in range(staged // epi_cols):
         written = set()
         for h, jj, r, warp, lane, e in itertools.product(range(2), range(epi_cols // 8), range(2), range(4),
                                                         range(32), range(2)):
@@ -195,6 +196,18 @@ def test_epilogue_addressing(tile):
             assert got == want, (rnd, h, jj, r, warp, lane, e)
             seen_regs.add(reg)
         assert written == set(range(2 * 64 * epi_cols))  # the whole 128 x epi_cols buffer, once
+    # The columns past the staged ones (176: 48) go from the registers (_persistent.store_tail_from_registers with
+    # acc_base h * nacc, col_block0 staged / 8, row0 64 h, col0 staged): each register to its own tile element.
+    tail = set()
+    for h, j, r, warp, lane, e in itertools.product(range(2), range((block_n - staged) // 8), range(2), range(4),
+                                                  range(32), range(2)):
+        reg = h * nacc + wgmma.acc_index(staged // 8 + j, r, e)
+        got = (64 * h + wgmma.acc_row(warp, lane, r), staged + wgmma.acc_col(lane, j, e))
+        assert got == (64 * h + wgmma.acc_row(warp, lane, r), wgmma.acc_col(lane, staged // 8 + j, e))
+        assert got not in tail
+        tail.add(got)
+        seen_regs.add(reg)
+    assert len(tail) == 128 * (block_n - staged)
     assert seen_regs == set(range(2 * nacc))  # every accumulator register stored once
 
 
@@ -203,7 +216,8 @@ def test_epilogue_addressing(tile):
 # ---------------------------------------------------------------------------------------------------------
 
 def test_pingpong_tiles_fit_smem():
-    expect = {(128, 6): 229472, (192, 4): 196672}  # (block_n, stages): bytes, whatever the cluster / release
+    # (block_n, stages): bytes, whatever the cluster / release
+    expect = {(128, 6): 229472, (192, 4): 196672, (176, 5): 227408}
     for tile in PINGPONG:
         c = mod.TILE_CONFIGS[tile]
         nbytes = _pingpong.smem_bytes("bfloat16", c["block_m"], c["block_n"], c["block_k"], c["num_stages"],
@@ -216,6 +230,7 @@ def test_pingpong_tiles_fit_smem():
 
 @pytest.mark.parametrize("bad, word", [
     ({"block_n": 256}, "block_n"),  # 2 x 128 accumulator registers: more than the consumers' 232
+    ({"block_n": 184}, "block_n"),  # not a multiple of 16
     ({"block_m": 64}, "block_m"),
     ({"epi_cols": 96}, "epi_cols"),
     ({"epi_cols": 128}, "epi_cols"),  # does not divide 192

@@ -37,11 +37,13 @@ Design:
   consumer warp, in every CTA of the cluster: 8 x cluster arrivals per slot) or ``"warpgroup"`` (lane 0 of
   warp r of each consumer warpgroup arrives in CTA r: 2 x cluster arrivals, the remote ones leaving from two
   warps at once; ``mbarrier.Ring.consumer_release_warpgroup``).
-- ``block_n`` a multiple of 32 but not of 64 (224: N = 7168, 14336 and 28672 are 32, 64 and 128 such tiles,
-  one or a whole number of waves on 132 SMs where 128 x 256 tiles leave a 0.85 wave): the first
-  ``block_n // 64 * 64`` columns go out through the staging tile and TMA as above, the last 32 straight from
-  the accumulator registers (one ``st.global`` of a 16-bit pair per fragment element, clipped at M and N).
-  The plain kernel only (NT, 16-bit out, no epilogue), no cluster.
+- ``block_n`` a multiple of 16 but not of 64 (224: N = 7168, 14336 and 28672 are 32, 64 and 128 such tiles,
+  one or a whole number of waves on 132 SMs where 128 x 256 tiles leave a 0.85 wave; 176, cuBLAS's tile for
+  2048 x 7168 x 2048 and 512 x 28672 x 8192: 41 and 163 N-tiles, 4.97 and 4.94 waves): the first
+  ``block_n // 64 * 64`` columns go out through the staging tile and TMA as above, the last 16-48 straight from
+  the accumulator registers (``store_tail_from_registers``: one ``st.global`` of a 16-bit pair per fragment
+  element, clipped at M and N). The plain kernel only (NT, 16-bit out, no epilogue); clusters too (a CTA past
+  M or N stores nothing there either).
 - Every shared buffer, barriers included, in one ``T.SMEMPool`` (1024-aligned only then).
 
 Variants (compile parameters; the defaults build exactly the plain kernel above):
@@ -97,6 +99,29 @@ def smem_bytes(dtype: str, block_m: int, block_n: int, block_k: int, num_stages:
     return num_stages * (block_m + block_n) * block_k * elem + staging + bars * 8
 
 
+def store_tail_from_registers(Cw, packed, acc, acc_base, col_block0, ncols, row0, col0, M, N, ldc, warp, lane,  # noqa: N803
+                               cvt_pack):
+    """``ncols`` (16, 32 or 48) columns of one m64 accumulator (registers from ``acc_base``, column blocks from
+    ``col_block0``) straight to C: one ``st.global`` of a 16-bit pair per fragment element, at row
+    ``row0 + acc_row``, column ``col0 + acc_col``, clipped at M and N (N % 8 == 0: a pair is all in or all out).
+    ``Cw`` is C as 32-bit words (TIRx 0.27 drops match_buffer strides from device indexing; ldc and col0 are
+    even). For tiles whose width is not a multiple of 64 (one SW128 store box): the staging tile and TMA stores
+    take the whole boxes, this the rest. Traced: Python loops unroll, ``T.If`` guards."""
+    from tvm.script import tirx as T
+
+    from tirx_kernels.core.lang import wgmma
+
+    for j in range(ncols // 8):
+        for r in range(2):
+            T.evaluate(cvt_pack(packed[0], acc[acc_base + wgmma.acc_index(col_block0 + j, r, 1)],
+                                acc[acc_base + wgmma.acc_index(col_block0 + j, r, 0)]))
+            grow = row0 + wgmma.acc_row(warp, lane, r)
+            gcol = col0 + wgmma.acc_col(lane, j)
+            with T.If(T.And(grow < M, gcol < N)):
+                with T.Then():
+                    T.buffer_store(Cw, packed[0], [(T.Cast("int64", grow) * T.Cast("int64", ldc) + gcol) // 2])
+
+
 def _drop_params(func, names):
     """``func`` without the parameters called ``names`` (ones its body never reads): one kernel source
     serves every argument list."""
@@ -133,13 +158,13 @@ def build_persistent_kernel(dtype: str, block_m: int, block_n: int, block_k: int
                          f"when the epilogue adds a bias (epilogue {epilogue!r})")
     if block_m != NUM_CONSUMERS * wgmma.M or block_k * elem != 128:
         raise ValueError("persistent gemm: block_m must be 128 (2 x m64) and block_k one 128-byte SW128 row")
-    if block_n % 32 or not 64 <= block_n <= 256:
-        raise ValueError(f"persistent gemm: block_n={block_n} must be a multiple of 32 in [64, 256]")
+    if block_n % 16 or not 64 <= block_n <= 256:
+        raise ValueError(f"persistent gemm: block_n={block_n} must be a multiple of 16 in [64, 256]")
     staged = staged_cols(block_n)  # through the staging tile and TMA stores
     tail_cols = block_n - staged  # stored from registers
-    if tail_cols and (layout != "nt" or out_dtype != dtype or epilogue != "none" or cluster_m * cluster_n != 1):
+    if tail_cols and (layout != "nt" or out_dtype != dtype or epilogue != "none"):
         raise ValueError(f"persistent gemm: block_n={block_n} (not a multiple of 64) builds only the plain NT "
-                         "kernel (16-bit out, no epilogue, cluster_m=1)")
+                         "kernel (16-bit out, no epilogue)")
     if cluster_m not in (1, 2) or group_m % cluster_m or num_sms < cluster_m:
         raise ValueError(f"persistent gemm: cluster_m={cluster_m} (1 or 2) must divide group_m={group_m}")
     if cluster_n not in (1, 2) or cluster_m * cluster_n > 2:
@@ -436,18 +461,11 @@ def build_persistent_kernel(dtype: str, block_m: int, block_n: int, block_k: int
                                                  Cs.ptr_to([(cs_base + box * store_rows * store_cols) // 2]))
                             tma.store_commit()
                     if tail_cols > 0:
-                        # The last tail_cols columns (block_n % 64 == 32): pairs straight from the registers, C
-                        # as 32-bit words at row * ldc + col (TIRx 0.27 drops match_buffer strides from device
-                        # indexing; ldc and col are even). Only built for such tiles: no C pointer otherwise.
+                        # The last tail_cols columns (block_n % 64 = 16, 32 or 48): pairs straight from the
+                        # registers. Only built for such tiles: no C word view otherwise.
                         Cw = T.decl_buffer((M * ldc // 2,), "uint32", data=C.data)
-                        for j in T.unroll(tail_cols // 8):
-                            for r in T.unroll(2):
-                                T.evaluate(cvt_pack(packed[0], acc[wgmma.acc_index(rounds * (epi // 8) + j, r, 1)],
-                                                    acc[wgmma.acc_index(rounds * (epi // 8) + j, r, 0)]))
-                                grow = m0 + cw * wgmma.M + wgmma.acc_row(warp, lane, r)
-                                gcol = n0 + staged + wgmma.acc_col(lane, j)
-                                if grow < M and gcol < N:  # N % 8 == 0: a pair is all in or all out
-                                    Cw[(T.Cast("int64", grow) * T.Cast("int64", ldc) + gcol) // 2] = packed[0]
+                        store_tail_from_registers(Cw, packed, acc, 0, staged // 8, tail_cols, m0 + cw * wgmma.M,
+                                                  n0 + staged, M, N, ldc, warp, lane, cvt_pack)
                 else:
                     # General epilogue: `passes` rounds of pass_cols columns (block_n / epi, twice that for
                     # fp32 out), each

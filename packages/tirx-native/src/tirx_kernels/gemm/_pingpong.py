@@ -38,8 +38,10 @@ Design:
   needs nothing new: it alone acquires the empty barriers, in order, as in the cooperative kernel.
 - Epilogue: each consumer has its own SW128 staging buffer of 128 rows x ``epi_cols`` 16-bit columns
   (64 x 64 boxes), so one consumer's epilogue never waits for the other's stores. ``block_n / epi_cols``
-  rounds: the storing thread waits until its previous stores have *read* the buffer (bulk groups are per
-  thread: ``wait_group.read`` sees only this warpgroup's stores), a warpgroup barrier (ids 1 + consumer),
+  rounds (``block_n`` rounded down to 64: a 176-column tile's last 48 columns go straight from the registers,
+  ``_persistent.store_tail_from_registers``): the storing thread waits until its previous stores have *read*
+  the buffer (bulk groups are per thread: ``wait_group.read`` sees only this warpgroup's stores), a warpgroup
+  barrier (ids 1 + consumer),
   fp32 -> 16-bit pairs into the buffer, ``fence.proxy.async``, the barrier again, then the storing thread
   TMA-stores the boxes (skipping boxes wholly past N or rows past M) and commits without waiting.
 - ``cluster_m = 2`` (as in the persistent kernel): the two CTAs of a cluster take M-tiles (2i, 2i+1) of one
@@ -57,12 +59,12 @@ Design:
   prefetch); each consumer seeks its cursor once per tile, as its uses skip the other consumer's tiles.
 - Every shared buffer, barriers included, in one ``T.SMEMPool`` (1024-aligned only then).
 
-Built, not yet measured on the H200 (``docs/gemm.md``).
+Measured on the H200: ``docs/gemm.md`` (section 5' and the step table).
 """
 
 from __future__ import annotations
 
-from tirx_kernels.gemm._persistent import SMEM_LIMIT
+from tirx_kernels.gemm._persistent import SMEM_LIMIT, staged_cols, store_tail_from_registers
 
 NUM_CONSUMERS = 2
 EPI_BAR = 1  # named barriers 1, 2: consumer w's epilogue (its 128 threads)
@@ -126,13 +128,15 @@ def build_pingpong_kernel(dtype: str, block_m: int, block_n: int, block_k: int, 
     if block_m != NUM_CONSUMERS * wgmma.M or block_k * elem != 128:
         raise ValueError("pingpong gemm: block_m must be 128 (2 x m64) and block_k one 128-byte SW128 row")
     # Two m64 accumulators of block_n / 2 registers each must leave room in the consumer's 232.
-    if block_n % 64 or not 64 <= block_n <= 192:
-        raise ValueError(f"pingpong gemm: block_n={block_n} must be a multiple of 64 in [64, 192] "
+    if block_n % 16 or not 64 <= block_n <= 192:
+        raise ValueError(f"pingpong gemm: block_n={block_n} must be a multiple of 16 in [64, 192] "
                          f"({2 * wgmma.acc_regs(block_n)} accumulator registers of {roles.CONSUMER_REGS})")
     store_cols = 128 // elem  # one SW128 store box: 64 rows x 128 bytes
-    if epi_cols % store_cols or block_n % epi_cols or epi_cols <= 0:
+    staged = staged_cols(block_n)  # through the staging buffer and TMA stores
+    tail_cols = block_n - staged  # stored from registers (block_n % 64: 16, 32 or 48)
+    if epi_cols <= 0 or epi_cols % store_cols or staged % epi_cols:
         raise ValueError(f"pingpong gemm: epi_cols={epi_cols} must be a multiple of {store_cols} dividing "
-                         f"block_n={block_n}")
+                         f"block_n={block_n} rounded down to {store_cols}")
     if group_m < 1 or num_sms < 1:
         raise ValueError(f"pingpong gemm: group_m={group_m} and num_sms={num_sms} must be >= 1")
     nbytes = smem_bytes(dtype, block_m, block_n, block_k, num_stages, epi_cols)
@@ -150,7 +154,7 @@ def build_pingpong_kernel(dtype: str, block_m: int, block_n: int, block_k: int, 
     nacc = wgmma.acc_regs(block_n)  # per m64 half
     store_rows = wgmma.M
     boxes_per_half = epi_cols // store_cols  # store boxes per 64-row half and round
-    rounds = block_n // epi_cols
+    rounds = staged // epi_cols
     stage_elems = block_m * epi_cols  # one consumer's staging buffer, 16-bit elements
     # Each use is read by one consumer warpgroup (whole tiles), in every CTA of the cluster (multicast).
     ring = mbarrier.Ring.for_warpgroups(num_stages, 1, release, cluster_size)
@@ -328,6 +332,13 @@ def build_pingpong_kernel(dtype: str, block_m: int, block_n: int, block_k: int, 
                     if ct == 0:
                         store_round(Cs, c_map, cs_base, m0, n0, rnd, M, N)
                         tma.store_commit()
+                if tail_cols > 0:
+                    # The last tail_cols columns of both row halves: pairs straight from the registers. Only
+                    # built for such tiles: no C word view otherwise.
+                    Cw = T.decl_buffer((M * ldc // 2,), "uint32", data=C.data)
+                    for h in range(2):
+                        store_tail_from_registers(Cw, packed, acc, h * nacc, staged // 8, tail_cols,
+                                                  m0 + h * wgmma.M, n0 + staged, M, N, ldc, warp, lane, cvt_pack)
             if ct == 0:
                 tma.store_wait(0)
         if cluster_size == 2:

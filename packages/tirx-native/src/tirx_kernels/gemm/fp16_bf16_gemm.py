@@ -150,6 +150,24 @@ CONFIGS = [
      "tile": "persistent_128x224x64_s4_g8"},
     {"label": "bf16_512x7168x2048_persistent_128x224", "dtype": "bfloat16", "M": 512, "N": 7168, "K": 2048,
      "tile": "persistent_128x224x64_s4_g8"},
+    # 176-column tiles (the last 48 columns from registers), cooperative and ping-pong, with and without the 2x1
+    # cluster: N = 520 ends 40 columns into the 3rd N-tile's register columns (tail 480..527: 40 in, 8 out); M = 300
+    # is 3 M-tiles (odd: the c2 tiles' last cluster has a CTA past M); 2000 x 1544: the last N-tile's tail has 8
+    # columns in; 2048 x 7168 x 2048 the shape the tile is for (656 tiles on 132 CTAs).
+    {"label": "bf16_300x520x136_persistent_128x176", "dtype": "bfloat16", "M": 300, "N": 520, "K": 136,
+     "tile": "persistent_128x176x64_s5_g8"},
+    {"label": "fp16_300x520x136_persistent_128x176_c2", "dtype": "float16", "M": 300, "N": 520, "K": 136,
+     "tile": "persistent_128x176x64_s5_c2_g8"},
+    {"label": "bf16_2048x7168x2048_persistent_128x176_c2", "dtype": "bfloat16", "M": 2048, "N": 7168, "K": 2048,
+     "tile": "persistent_128x176x64_s5_c2_g8"},
+    {"label": "bf16_2000x1544x1048_pingpong_128x176", "dtype": "bfloat16", "M": 2000, "N": 1544, "K": 1048,
+     "tile": "pingpong_128x176x64_s5_e64_g8"},
+    {"label": "fp16_300x520x136_pingpong_128x176", "dtype": "float16", "M": 300, "N": 520, "K": 136,
+     "tile": "pingpong_128x176x64_s5_e64_g8"},
+    {"label": "bf16_300x520x136_pingpong_128x176_c2", "dtype": "bfloat16", "M": 300, "N": 520, "K": 136,
+     "tile": "pingpong_128x176x64_s5_e64_c2_g8"},
+    {"label": "bf16_2048x7168x2048_pingpong_128x176", "dtype": "bfloat16", "M": 2048, "N": 7168, "K": 2048,
+     "tile": "pingpong_128x176x64_s5_e64_g8"},
     {"label": "bf16_37x520x1048_smallm_224_k2", "dtype": "bfloat16", "M": 37, "N": 520, "K": 1048,
      "tile": "smallm_64x224x64_s6_k2"},
     {"label": "fp16_100x1112x200_smallm_128x224_k4", "dtype": "float16", "M": 100, "N": 1112, "K": 200,
@@ -415,6 +433,20 @@ TILE_CONFIGS = {
     "pingpong_128x192x64_s4_e64_c2_g8_wg": {"kind": "pingpong", "block_m": 128, "block_n": 192, "block_k": 64,
                                             "num_stages": 4, "epi_cols": 64, "cluster_m": 2, "group_m": 8,
                                             "num_sms": 132, "release": "warpgroup"},
+    # 176-column tiles, cuBLAS's width at 2048 x 7168 x 2048 and 512 x 28672 x 8192 (nvjet 176x128 "1x2" = our
+    # 128 x 176 in 2x1 clusters, docs/measurements/2026-12-03d-h200/ncu-mid.csv): N = 7168 / 14336 / 28672 are 41 /
+    # 82 / 163 N-tiles (99-100 % filled), so 2048 x 7168 is 656 tiles = 4.97 waves of 132 (128x256: 448 = 3.39,
+    # 128x224: 512 = 3.88) and 512 x 28672 652 = 4.94 (128x224: 3.88). The last 48 columns go from the registers.
+    # 5 x 38 KB ring + 32 KB staging (persistent; ping-pong: 2 x 16 KB) = 222 KB (227 408 B).
+    "persistent_128x176x64_s5_g8": {"kind": "persistent", "block_m": 128, "block_n": 176, "block_k": 64,
+                                    "num_stages": 5, "cluster_m": 1, "group_m": 8, "num_sms": 132},
+    "persistent_128x176x64_s5_c2_g8": {"kind": "persistent", "block_m": 128, "block_n": 176, "block_k": 64,
+                                       "num_stages": 5, "cluster_m": 2, "group_m": 8, "num_sms": 132},
+    "pingpong_128x176x64_s5_e64_g8": {"kind": "pingpong", "block_m": 128, "block_n": 176, "block_k": 64,
+                                      "num_stages": 5, "epi_cols": 64, "group_m": 8, "num_sms": 132},
+    "pingpong_128x176x64_s5_e64_c2_g8": {"kind": "pingpong", "block_m": 128, "block_n": 176, "block_k": 64,
+                                         "num_stages": 5, "epi_cols": 64, "cluster_m": 2, "group_m": 8,
+                                         "num_sms": 132},
     "pingpong_128x128x64_s6_e64_g8": {"kind": "pingpong", "block_m": 128, "block_n": 128, "block_k": 64,
                                       "num_stages": 6, "epi_cols": 64, "group_m": 8, "num_sms": 132},
     "pingpong_128x192x64_s4_e64_g8": {"kind": "pingpong", "block_m": 128, "block_n": 192, "block_k": 64,
