@@ -96,6 +96,16 @@ def _dtype_list(text: str) -> list[str]:
     return names
 
 
+def _shape_list(text: str) -> list[tuple[int, int, int]]:
+    try:
+        out = [tuple(int(d) for d in item.split("x")) for item in text.split(",") if item]
+    except ValueError:
+        out = []
+    if not out or any(len(s) != 3 or min(s) < 1 for s in out):
+        raise argparse.ArgumentTypeError(f"--only: {text!r} is not a comma-separated list of MxNxK")
+    return out
+
+
 def cmd_tiles(args) -> int:
     from tirx_kernels.gemm import fp16_bf16_gemm as mod
 
@@ -178,6 +188,8 @@ def cmd_run(args) -> int:
     print(f"{'M':>5} {'N':>6} {'K':>6} | {'best tile':34s} {'ours us':>9} {'cuBLAS us':>9} {'cuBLAS/ours':>11} "
           f"{'rate':>12} | heuristic tile (ratio)")
     for M, N, K in shapes(args.shapes):
+        if args.only and (M, N, K) not in args.only:
+            continue
         a = torch.randn(M, K, device="cuda").to(dtype)
         b = torch.randn(N, K, device="cuda").to(dtype)
         ref = a.float() @ b.float().T
@@ -303,6 +315,8 @@ def main() -> int:
     r.add_argument("--calls", type=int, default=20)
     r.add_argument("--rounds", type=int, default=3)
     r.add_argument("--out", default="")
+    r.add_argument("--only", default=[], type=_shape_list,
+                   help="only these shapes of --shapes, comma-separated MxNxK (e.g. 2048x7168x2048,512x4096x14336)")
     r.add_argument("--refs", default="", type=_ref_list,
                    help="extra references, comma-separated: quack, max-autotune (slow to compile per shape)")
     tb = sub.add_parser("table", help="score TILE_TABLE against stored sweep JSONs (CPU; shapes where a tile beats "

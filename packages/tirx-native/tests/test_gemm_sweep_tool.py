@@ -1,7 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
 """``tools/gemm_sweep.py table``: scoring a tile table against stored sweeps (CPU, synthetic sweep rows)."""
 
+import argparse
 import math
+
+import pytest
 
 from tirx_kernels.core import testing
 
@@ -44,3 +47,11 @@ def test_table_report_flags_a_pick_no_run_timed():
     rep = sweep.table_report([{"rows": [_row(1, 10.0, {"b": 10.0})]}], lambda m, n, k: "a")
     assert rep["files"][0]["pick_not_timed"] == [(1, 64, 64)] and rep["files"][0]["shapes"] == 0
     assert rep["per_shape"][0]["pick_mean"] is None
+
+
+def test_only_shapes_parse_and_reject_bad_text():
+    gemm_sweep = _sweep_module()
+    assert gemm_sweep._shape_list("2048x7168x2048,512x4096x14336") == [(2048, 7168, 2048), (512, 4096, 14336)]
+    for bad in ("", "2048x7168", "2048x7168x0", "axbxc"):
+        with pytest.raises(argparse.ArgumentTypeError, match="--only"):
+            gemm_sweep._shape_list(bad)
