@@ -150,12 +150,10 @@ CONFIGS = [
      "tile": "persistent_128x224x64_s4_g8"},
     {"label": "bf16_512x7168x2048_persistent_128x224", "dtype": "bfloat16", "M": 512, "N": 7168, "K": 2048,
      "tile": "persistent_128x224x64_s4_g8"},
-    # 176-column tiles (the last 48 columns from registers), cooperative and ping-pong, with and without the 2x1
-    # cluster: N = 520 ends 40 columns into the 3rd N-tile's register columns (tail 480..527: 40 in, 8 out); M = 300
-    # is 3 M-tiles (odd: the c2 tiles' last cluster has a CTA past M); 2000 x 1544: the last N-tile's tail has 8
-    # columns in; 2048 x 7168 x 2048 the shape the tile is for (656 tiles on 132 CTAs).
-    {"label": "bf16_300x520x136_persistent_128x176", "dtype": "bfloat16", "M": 300, "N": 520, "K": 136,
-     "tile": "persistent_128x176x64_s5_g8"},
+    # 176-column tiles (the last 48 columns from registers), cooperative in 2x1 clusters and ping-pong: N = 520 ends
+    # 40 columns into the 3rd N-tile's register columns (tail 480..527: 40 in, 8 out); M = 300 is 3 M-tiles (odd: the
+    # c2 tile's last cluster has a CTA past M); 2000 x 1544: the last N-tile's tail has 8 columns in; 2048 x 7168 x
+    # 2048 the shape the tile is for (656 tiles on 132 CTAs).
     {"label": "fp16_300x520x136_persistent_128x176_c2", "dtype": "float16", "M": 300, "N": 520, "K": 136,
      "tile": "persistent_128x176x64_s5_c2_g8"},
     {"label": "bf16_2048x7168x2048_persistent_128x176_c2", "dtype": "bfloat16", "M": 2048, "N": 7168, "K": 2048,
@@ -164,8 +162,6 @@ CONFIGS = [
      "tile": "pingpong_128x176x64_s5_e64_g8"},
     {"label": "fp16_300x520x136_pingpong_128x176", "dtype": "float16", "M": 300, "N": 520, "K": 136,
      "tile": "pingpong_128x176x64_s5_e64_g8"},
-    {"label": "bf16_300x520x136_pingpong_128x176_c2", "dtype": "bfloat16", "M": 300, "N": 520, "K": 136,
-     "tile": "pingpong_128x176x64_s5_e64_c2_g8"},
     {"label": "bf16_2048x7168x2048_pingpong_128x176", "dtype": "bfloat16", "M": 2048, "N": 7168, "K": 2048,
      "tile": "pingpong_128x176x64_s5_e64_g8"},
     {"label": "bf16_37x520x1048_smallm_224_k2", "dtype": "bfloat16", "M": 37, "N": 520, "K": 1048,
@@ -437,16 +433,16 @@ TILE_CONFIGS = {
     # 128 x 176 in 2x1 clusters, docs/measurements/2026-12-03d-h200/ncu-mid.csv): N = 7168 / 14336 / 28672 are 41 /
     # 82 / 163 N-tiles (99-100 % filled), so 2048 x 7168 is 656 tiles = 4.97 waves of 132 (128x256: 448 = 3.39,
     # 128x224: 512 = 3.88) and 512 x 28672 652 = 4.94 (128x224: 3.88). The last 48 columns go from the registers.
-    # 5 x 38 KB ring + 32 KB staging (persistent; ping-pong: 2 x 16 KB) = 222 KB (227 408 B).
-    "persistent_128x176x64_s5_g8": {"kind": "persistent", "block_m": 128, "block_n": 176, "block_k": 64,
-                                    "num_stages": 5, "cluster_m": 1, "group_m": 8, "num_sms": 132},
+    # 5 x 38 KB ring + 32 KB staging (persistent; ping-pong: 2 x 16 KB) = 222 KB (227 408 B). Swept 2026-12-03f
+    # (docs/measurements/2026-12-03f-h200): the ping-pong tile wins those two rows (2048x7168x2048 0.943 / 0.936
+    # [ping-pong 128x128 0.928 / 0.924], 512x28672x8192 0.954 / 0.973 [128x224 0.923 / 0.947]) but runs 5-7 % below
+    # 128x192 per FLOP elsewhere; the cooperative 176 tiles lost everywhere (2048x7168x2048 0.88 unclustered, 0.86
+    # c2). Kept: the ping-pong tile (TILE_TABLE) and the c2 cooperative one (the GPU rows of the register tail in a
+    # cluster); the unclustered cooperative and the c2 ping-pong ones were removed.
     "persistent_128x176x64_s5_c2_g8": {"kind": "persistent", "block_m": 128, "block_n": 176, "block_k": 64,
                                        "num_stages": 5, "cluster_m": 2, "group_m": 8, "num_sms": 132},
     "pingpong_128x176x64_s5_e64_g8": {"kind": "pingpong", "block_m": 128, "block_n": 176, "block_k": 64,
                                       "num_stages": 5, "epi_cols": 64, "group_m": 8, "num_sms": 132},
-    "pingpong_128x176x64_s5_e64_c2_g8": {"kind": "pingpong", "block_m": 128, "block_n": 176, "block_k": 64,
-                                         "num_stages": 5, "epi_cols": 64, "cluster_m": 2, "group_m": 8,
-                                         "num_sms": 132},
     "pingpong_128x128x64_s6_e64_g8": {"kind": "pingpong", "block_m": 128, "block_n": 128, "block_k": 64,
                                       "num_stages": 6, "epi_cols": 64, "group_m": 8, "num_sms": 132},
     "pingpong_128x192x64_s4_e64_g8": {"kind": "pingpong", "block_m": 128, "block_n": 192, "block_k": 64,
@@ -602,7 +598,9 @@ TILE_TABLE = [
     (256, 16384, None, "smallm_128x224x64_s5_k1", 224),  # 256x14336x4096: 1.00 [128x256 s4 e128 1.06]
     (256, None, None, "persistent_128x224x64_s4_g8", 224),  # 256x28672x8192: 1.00 [1.09]
     (256, None, None, "persistent_128x256x64_s4_e128_g8"),
-    (512, 2048, None, "persistent_128x64x64_s8_g8"),  # 512x2048x7168: 1.00 vs 1.07 (split-K), 1.34 (128x128)
+    # 512x2048x7168: split-K's 128x64 k1 (one CTA per tile, no split), mean of five sweeps 1.031 [128x64 persistent
+    # 1.007] (2026-12-03e runs 1-2, final, again; 2026-12-03f run A).
+    (512, 2048, None, "smallm_128x64x64_s8_k1"),
     (1024, 1024, None, "persistent_128x64x64_s8_g8"),  # 1024^3: 128 tiles, 1.00 vs 1.20-1.22 (128x128)
     (512, 16384, None, "persistent_128x224x64_s4_g8", 224),  # 512x7168x2048 / 512x14336x4096: 1.00 [1.03 / 1.10]
     (1024, 8192, None, "persistent_128x224x64_s4_g8", 224),  # 1024x7168x2048: 1.00 [128x256 s4 e128 1.06]
@@ -615,15 +613,18 @@ TILE_TABLE = [
     (512, 16384, None, "persistent_128x256x64_s4_e128_g8"),
     # From here on: the mean cuBLAS/ours over three issue sweeps (2026-12-03b run 1, 2026-12-03d runs 1-2) of each
     # tile, [the previous pick's].
-    (512, None, None, "persistent_128x224x64_s4_g8", 224),  # 512x28672x8192: 0.966 [ping-pong 128x128 0.933]
-    (512, None, None, "pingpong_128x128x64_s6_e64_g8"),
+    # 512x28672x8192: ping-pong 128x176 (163 N-tiles: 4.94 waves), 2026-12-03f runs A / B 0.954 / 0.973 [128x224
+    # 0.923 / 0.947].
+    (512, None, None, "pingpong_128x176x64_s5_e64_g8"),
     (1024, 16384, None, "pingpong_128x128x64_s6_e64_g8"),  # 1024x14336x4096: 1.00 vs 1.02 (128x128)
     (1024, None, None, "ws_128x256x64_s3"),  # 1024x28672x8192: 1.00 in two runs [128x256 s4 e128 1.04-1.06]
     # M > 1024: compute-bound. Ping-pong (gemm/_pingpong.py: one warpgroup's epilogue under the other's
     # mainloop) where K is short at M = 2048, so the epilogue is a larger share of each tile; otherwise 128x256
     # with 4 stages (epi_cols 128), with 2-CTA clusters at N = 8192, K <= 8192.
     (2048, 2048, 2048, "persistent_128x256x64_s4_e128_g8"),  # 2048^3: 0.993 [ping-pong 0.967] (three-run means)
-    (2048, None, 2048, "pingpong_128x128x64_s6_e64_g8"),  # 2048x7168x2048 0.932 [s4 e128 0.845]
+    # 2048x7168x2048: ping-pong 128x176 (cuBLAS's width; 656 tiles = 4.97 waves), 2026-12-03f runs A / B 0.943 /
+    # 0.936 [ping-pong 128x128 0.928 / 0.924].
+    (2048, None, 2048, "pingpong_128x176x64_s5_e64_g8"),
     (2048, 6144, None, "persistent_128x256x64_s4_e128_g8"),  # 2048 x 4096/6144 x 4096-14336: 0.998-1.007
     (2048, 8192, None, "ws_128x256x64_s3"),  # 2048x8192x28672: 0.985 [s4 e128 0.955]
     # 2048x28672x8192: 2-CTA clusters, five-run mean 1.003 [s4 e128 0.984] (2026-12-03d final/run 2/again,
@@ -632,16 +633,18 @@ TILE_TABLE = [
     (2048, None, None, "persistent_128x256x64_s4_e128_c2_g8"),
     # M = 8192 refined on the three-run means at the final kernels: ping-pong 128x192 at N = 6144 / 7168, K <= 4096
     # (8192x6144x4096 1.029 [s4 e128 1.003], x7168x2048 1.022 [1.005]), 2-CTA clusters at K > 8192 (8192x4096x14336
-    # 1.028 [1.005]).
+    # 1.028 [1.005]). The N = 6144 / 7168, K <= 4096 row in 2-CTA clusters since 2026-12-03f: 8192x6144x4096 five-run
+    # mean 1.026 [unclustered 1.002], 8192x7168x2048 six-run 1.024 [1.025].
     (None, 4096, 4096, "persistent_128x256x64_s4_e128_g8"),
-    (None, 7168, 4096, "pingpong_128x192x64_s4_e64_g8"),
+    (None, 7168, 4096, "pingpong_128x192x64_s4_e64_c2_g8"),
     (None, 7168, 8192, "persistent_128x256x64_s4_e128_g8"),
     (None, 7168, None, "persistent_128x256x64_s4_e128_c2_g8"),
     # (The 4096 / 8192 rows above: 128x256 s4 e128 at M = 8192, 0.994-1.019 [ping-pong 128x128 / s3: 8192x4096x4096
     # 0.972, x2048x7168 0.970]; 4096^3 1.000.)
     (None, 8192, 8192, "persistent_128x256x64_s4_e128_c2_g8"),  # 8192^3: 1.074 [s3 1.051, s4 e128 1.041]
-    # 8192x14336x4096: ping-pong 128x192 in 2-CTA clusters, five-run mean 1.014 [s4 e128 0.987].
-    (None, 16384, 4096, "pingpong_128x192x64_s4_e64_c2_g8"),
+    # 8192x14336x4096: 128x256 s4 e128 in 2-CTA clusters, six-run mean 1.014 [ping-pong 128x192 c2 0.995]
+    # (2026-12-03e runs 1-2, final, again; 2026-12-03f runs A-B).
+    (None, 16384, 4096, "persistent_128x256x64_s4_e128_c2_g8"),
     (None, None, None, "persistent_128x256x64_s4_e128_g8"),  # 8192 x 8192 x 28672 1.019 [s3 1.011], x14336x4096
     # 0.989 [ping-pong 1.003], x28672x8192 1.004 [s3 1.007], 16384^3 1.000 [s3 1.008]
 ]
