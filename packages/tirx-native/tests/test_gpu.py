@@ -136,3 +136,26 @@ def test_gemm_chained_calls_wait_for_their_input(M):
         assert not t.isnan().any(), f"call {i}: NaN in the output"
         torch.testing.assert_close(t.float(), want, atol=5e-2, rtol=2e-2, msg=lambda m, i=i: f"call {i}: {m}")
         prev = t
+
+
+def test_eager_direct_path_matches_the_custom_op():
+    # Eager calls run the kernel directly (runtime.direct_call); autograd-tracked inputs and torch.compile go
+    # through the torch.library custom op. Both must give the same bits, and `out` must count as written.
+    testing.load_or_skip("fp16_bf16_gemm")
+    testing.load_or_skip("rmsnorm")
+    from tirx_kernels.gemm.fp16_bf16_gemm import gemm_nt
+    from tirx_kernels.norm.rmsnorm import rmsnorm
+
+    a = torch.randn(300, 520, dtype=torch.bfloat16, device="cuda")
+    b = torch.randn(264, 520, dtype=torch.bfloat16, device="cuda")
+    out = torch.full((300, 264), float("nan"), dtype=torch.bfloat16, device="cuda")
+    v = out._version
+    assert gemm_nt(a, b, out=out) is out and out._version > v
+    via_op = torch.ops.tirx.gemm_nt(a, b, None, None, 1.0, None)
+    assert torch.equal(out, via_op) and torch.equal(gemm_nt(a, b), via_op)
+    tracked = a.clone().requires_grad_(True)
+    assert torch.equal(gemm_nt(tracked, b), via_op)  # the custom op's path (autograd-tracked input)
+
+    x = torch.randn(37, 2880, dtype=torch.bfloat16, device="cuda")
+    w = torch.nn.Parameter(torch.randn(2880, dtype=torch.bfloat16, device="cuda"), requires_grad=False)
+    assert torch.equal(rmsnorm(x, w, 1e-6), torch.ops.tirx.rmsnorm(x, w, 1e-6))

@@ -84,3 +84,18 @@ def test_chained_calls_wait_for_their_input(graph):
         assert not b[:, :d].isnan().any(), f"call {i}: NaN in the output"
         torch.testing.assert_close(b[:, :d].float(), want, atol=2e-2, rtol=2e-2, msg=lambda m, i=i: f"call {i}: {m}")
         prev = b
+
+
+def test_eager_direct_path_matches_the_custom_op():
+    # Eager calls run the kernel directly (runtime.direct_call), torch.compile and autograd through the custom op:
+    # the same bits, and `out` counts as written.
+    testing.load_or_skip("act_and_mul")
+    from tirx_kernels.ported.flashinfer.activation.act_and_mul import silu_and_mul
+
+    x = torch.randn(37, 2 * 4096, dtype=torch.bfloat16, device="cuda")
+    out = torch.full((37, 4096), float("nan"), dtype=torch.bfloat16, device="cuda")
+    v = out._version
+    assert silu_and_mul(x, out=out) is out and out._version > v
+    via_op = torch.ops.tirx.act_and_mul(x, "silu")
+    assert torch.equal(out, via_op) and torch.equal(silu_and_mul(x), via_op)
+    assert torch.equal(silu_and_mul(x.clone().requires_grad_(True)), via_op)

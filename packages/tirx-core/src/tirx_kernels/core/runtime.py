@@ -63,3 +63,61 @@ def get_function(module, params: dict):
             fn = lib["main"]
             _loaded[key] = fn
     return fn
+
+
+class FunctionCache:
+    """A public op's hot path to its loaded kernels: ``key`` (a tuple of what picks the kernel — dtypes, the
+    dims the params depend on, the device index) -> function. The first call per key runs ``params_of()`` and
+    :func:`get_function` (arch check, params canonicalised, bundle lookup: ~15-25 us of host time); later calls
+    are one dict lookup. Bounded: cleared when it holds ``max_entries`` keys (a GEMM's shapes are keys)."""
+
+    def __init__(self, module_name: str, max_entries: int = 4096):
+        self._module_name = module_name
+        self._max = max_entries
+        self._fns: dict = {}
+
+    def get(self, key: tuple, params_of):
+        fn = self._fns.get(key)
+        if fn is None:
+            import sys
+
+            fn = get_function(sys.modules[self._module_name], params_of())
+            if len(self._fns) >= self._max:
+                self._fns.clear()
+            self._fns[key] = fn
+        return fn
+
+    def clear(self) -> None:
+        self._fns.clear()
+
+
+def direct_call(*tensors) -> bool:
+    """Whether a public op may run its kernel directly instead of through its ``torch.library`` custom op: eager
+    mode (not traced by torch.compile / export), plain tensors or parameters (no fake, functional or subclass
+    tensors; ``None`` entries are skipped), and nothing for autograd to record. Eager dispatch through the custom
+    op costs more host time than a small kernel runs (H200 host, torch 2.11: ``gemm_nt`` 99-110 us per call, the
+    tvm-ffi call itself 6 us; ``docs/measurements/2026-12-03f-h200/host-probe.log``); the custom op stays the
+    path torch.compile sees, and the one autograd sees (it records no gradient: an error at backward, as
+    before)."""
+    import torch
+
+    if torch.compiler.is_compiling():
+        return False
+    grad = torch.is_grad_enabled()
+    for t in tensors:
+        if t is None:
+            continue
+        if type(t) is not torch.Tensor and type(t) is not torch.nn.Parameter:
+            return False
+        if grad and t.requires_grad:
+            return False
+    return True
+
+
+def mark_written(out) -> None:
+    """Bump ``out``'s version counter after a direct call wrote it, as the custom op's in-place dispatch does (so
+    autograd still detects an overwritten saved tensor). Inference tensors have no version counter."""
+    import torch
+
+    if not out.is_inference():
+        torch.autograd.graph.increment_version(out)

@@ -28,9 +28,9 @@ against cuBLAS 678-773 in the same rounds, bit-identical to torch.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
-import sys
 
 import torch
 
@@ -1042,6 +1042,19 @@ def _gemm(layout: str, a, b, out, bias, alpha, beta, out_dtype, tile):
     if tile is not None and tile not in TILE_CONFIGS:
         raise checks.TirxInputError(f"{op}: argument 'tile': expected one of {sorted(TILE_CONFIGS)}, got {tile!r}")
     alpha, beta = _check_inputs(a, b, out, op, layout, bias, alpha, beta, out_dtype, tile)
+    from tirx_kernels.core import runtime
+
+    if runtime.direct_call(a, b, out, bias):
+        # Eager: the kernel straight away, not through the custom op below (its dispatch costs more host time than
+        # a small GEMM runs: runtime.direct_call).
+        if out is None:
+            n = b.shape[0] if layout == "nt" else b.shape[1]
+            res = torch.empty((a.shape[0], n), dtype=out_dtype or a.dtype, device=a.device)
+            _run(a, b, res, tile, layout, bias, alpha, 0.0)
+            return res
+        _run(a, b, out, tile, layout, bias, alpha, beta)
+        runtime.mark_written(out)
+        return out
     if out is None:
         if layout == "nt":
             return torch.ops.tirx.gemm_nt(a, b, tile, bias, alpha, out_dtype)
@@ -1087,6 +1100,13 @@ def _epilogue(bias, alpha: float, beta: float) -> str:
     return "alpha_beta_bias" if ab else "bias"
 
 
+@functools.cache
+def _functions():
+    from tirx_kernels.core import runtime
+
+    return runtime.FunctionCache(__name__)
+
+
 def _run(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, tile: str | None = None, layout: str = "nt",
          bias: torch.Tensor | None = None, alpha: float = 1.0, beta: float = 0.0) -> None:
     op = "gemm_" + layout
@@ -1105,14 +1125,18 @@ def _run(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, tile: str | None =
     checks.aligned(op, "a", a)
     checks.aligned(op, "b", b)
     checks.aligned(op, "out", out)
-    from tirx_kernels.core import runtime
-
-    dtype = str(a.dtype).replace("torch.", "")
     epilogue = _epilogue(bias, alpha, beta)
-    params = compile_params(dtype=dtype, M=M, N=N, K=K, tile=tile, layout=layout,
-                            out_dtype=str(out.dtype).replace("torch.", ""), epilogue=epilogue,
-                            bias_dtype=None if bias is None else str(bias.dtype).replace("torch.", ""))
-    fn = runtime.get_function(sys.modules[__name__], params)
+    bias_dtype = None if bias is None else bias.dtype
+
+    def params_of():
+        return compile_params(dtype=str(a.dtype).replace("torch.", ""), M=M, N=N, K=K, tile=tile, layout=layout,
+                              out_dtype=str(out.dtype).replace("torch.", ""), epilogue=epilogue,
+                              bias_dtype=None if bias is None else str(bias_dtype).replace("torch.", ""))
+
+    # What picks the kernel: the tile (choose_tile of M, N, K unless pinned) and the variant; the device for the
+    # arch check. One dict lookup per call after the first (runtime.FunctionCache).
+    fn = _functions().get((layout, a.dtype, out.dtype, bias_dtype, epilogue, M, N, K, tile, a.get_device()),
+                          params_of)
     args = [a, b, out]
     if bias is not None:
         args.append(bias)
