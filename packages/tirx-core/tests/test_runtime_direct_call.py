@@ -64,3 +64,12 @@ def test_function_cache_loads_once_per_key_and_stays_bounded(monkeypatch):
     cache.get((3,), lambda: {"n": 3})  # full: cleared, then (3,) stored
     cache.get((1,), lambda: {"n": 1})
     assert [p["n"] for p in loads] == [1, 2, 3, 1]
+
+
+def test_run_direct_writes_out_or_a_new_tensor():
+    out = torch.zeros(3)
+    v = out._version
+    assert runtime.run_direct(lambda dst: dst.fill_(2.0), out, lambda: pytest.fail("allocated despite out")) is out
+    assert out.tolist() == [2.0, 2.0, 2.0] and out._version > v
+    new = runtime.run_direct(lambda dst: dst.fill_(1.0), None, lambda: torch.empty(2))
+    assert new.tolist() == [1.0, 1.0]

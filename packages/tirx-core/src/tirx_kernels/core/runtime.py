@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 import threading
 
 from . import artifacts
@@ -79,16 +80,11 @@ class FunctionCache:
     def get(self, key: tuple, params_of):
         fn = self._fns.get(key)
         if fn is None:
-            import sys
-
             fn = get_function(sys.modules[self._module_name], params_of())
             if len(self._fns) >= self._max:
                 self._fns.clear()
             self._fns[key] = fn
         return fn
-
-    def clear(self) -> None:
-        self._fns.clear()
 
 
 def direct_call(*tensors) -> bool:
@@ -112,6 +108,17 @@ def direct_call(*tensors) -> bool:
         if grad and t.requires_grad:
             return False
     return True
+
+
+def run_direct(run, out, new_out):
+    """A public op's direct call, once :func:`direct_call` allowed it: ``run(dst)`` writes the result into ``out``,
+    or into ``new_out()`` when no ``out`` was given (the op's own allocation, the one its functional custom op
+    makes); a given ``out`` is marked written (:func:`mark_written`). Returns what was written."""
+    dst = new_out() if out is None else out
+    run(dst)
+    if out is not None:
+        mark_written(out)
+    return dst
 
 
 def mark_written(out) -> None:

@@ -28,13 +28,12 @@ against cuBLAS 678-773 in the same rounds, bit-identical to torch.
 
 from __future__ import annotations
 
-import functools
 import math
 import os
 
 import torch
 
-from tirx_kernels.core import checks
+from tirx_kernels.core import checks, runtime
 
 KERNEL_META = {
     "name": "fp16_bf16_gemm",
@@ -1042,19 +1041,11 @@ def _gemm(layout: str, a, b, out, bias, alpha, beta, out_dtype, tile):
     if tile is not None and tile not in TILE_CONFIGS:
         raise checks.TirxInputError(f"{op}: argument 'tile': expected one of {sorted(TILE_CONFIGS)}, got {tile!r}")
     alpha, beta = _check_inputs(a, b, out, op, layout, bias, alpha, beta, out_dtype, tile)
-    from tirx_kernels.core import runtime
-
     if runtime.direct_call(a, b, out, bias):
         # Eager: the kernel straight away, not through the custom op below (its dispatch costs more host time than
-        # a small GEMM runs: runtime.direct_call).
-        if out is None:
-            n = b.shape[0] if layout == "nt" else b.shape[1]
-            res = torch.empty((a.shape[0], n), dtype=out_dtype or a.dtype, device=a.device)
-            _run(a, b, res, tile, layout, bias, alpha, 0.0)
-            return res
-        _run(a, b, out, tile, layout, bias, alpha, beta)
-        runtime.mark_written(out)
-        return out
+        # a small GEMM runs: runtime.direct_call). Without `out`, beta is 0 (checked above).
+        return runtime.run_direct(lambda dst: _run(a, b, dst, tile, layout, bias, alpha, beta), out,
+                                  lambda: _new_out(layout, a, b, out_dtype))
     if out is None:
         if layout == "nt":
             return torch.ops.tirx.gemm_nt(a, b, tile, bias, alpha, out_dtype)
@@ -1100,11 +1091,17 @@ def _epilogue(bias, alpha: float, beta: float) -> str:
     return "alpha_beta_bias" if ab else "bias"
 
 
-@functools.cache
-def _functions():
-    from tirx_kernels.core import runtime
+_FUNCTIONS = runtime.FunctionCache(__name__)
 
-    return runtime.FunctionCache(__name__)
+
+def _out_cols(layout: str, b) -> int:
+    """N: B's rows for NT, its columns for NN."""
+    return b.shape[0] if layout == "nt" else b.shape[1]
+
+
+def _new_out(layout: str, a: torch.Tensor, b: torch.Tensor, out_dtype) -> torch.Tensor:
+    """The (M, N) output a call without ``out`` returns."""
+    return torch.empty((a.shape[0], _out_cols(layout, b)), dtype=out_dtype or a.dtype, device=a.device)
 
 
 def _run(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, tile: str | None = None, layout: str = "nt",
@@ -1135,7 +1132,7 @@ def _run(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, tile: str | None =
 
     # What picks the kernel: the tile (choose_tile of M, N, K unless pinned) and the variant; the device for the
     # arch check. One dict lookup per call after the first (runtime.FunctionCache).
-    fn = _functions().get((layout, a.dtype, out.dtype, bias_dtype, epilogue, M, N, K, tile, a.get_device()),
+    fn = _FUNCTIONS.get((layout, a.dtype, out.dtype, bias_dtype, epilogue, M, N, K, tile, a.get_device()),
                           params_of)
     args = [a, b, out]
     if bias is not None:
@@ -1149,20 +1146,17 @@ def _register(layout: str):
     """``tirx::gemm_{layout}`` (returns a new tensor) and ``tirx::gemm_{layout}_out`` (writes ``out``)."""
     name = "gemm_" + layout
 
-    def n_of(b):
-        return b.shape[0] if layout == "nt" else b.shape[1]
-
     @torch.library.custom_op(f"tirx::{name}", mutates_args=(),
                              schema="(Tensor a, Tensor b, str? tile=None, Tensor? bias=None, float alpha=1.0, "
                                     "ScalarType? out_dtype=None) -> Tensor")
     def functional(a, b, tile=None, bias=None, alpha=1.0, out_dtype=None):
-        out = torch.empty((a.shape[0], n_of(b)), dtype=out_dtype or a.dtype, device=a.device)
+        out = _new_out(layout, a, b, out_dtype)
         _run(a, b, out, tile, layout, bias, alpha, 0.0)
         return out
 
     @functional.register_fake
     def _(a, b, tile=None, bias=None, alpha=1.0, out_dtype=None):
-        return a.new_empty((a.shape[0], n_of(b)), dtype=out_dtype or a.dtype)
+        return a.new_empty((a.shape[0], _out_cols(layout, b)), dtype=out_dtype or a.dtype)
 
     @torch.library.custom_op(f"tirx::{name}_out", mutates_args=("out",),
                              schema="(Tensor a, Tensor b, Tensor(a!) out, str? tile=None, Tensor? bias=None, "

@@ -40,12 +40,11 @@ reduction): 32768x8192 bf16 at 4.04 TB/s (98 % of copy) on the H200, 8192x4096 a
 
 from __future__ import annotations
 
-import functools
 import os
 
 import torch
 
-from tirx_kernels.core import checks
+from tirx_kernels.core import checks, runtime
 
 KERNEL_META = {
     "name": "rmsnorm",
@@ -806,16 +805,10 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, out: torch
     weight (H,) of the same dtype; ``out`` (same shape and dtype, any 16-byte row stride) when given.
     """
     _check_inputs(x, weight, eps, out)
-    from tirx_kernels.core import runtime
-
     if runtime.direct_call(x, weight, out):
         # Eager: the kernel straight away, not through the custom op (its dispatch costs more host time than a
         # small norm runs: runtime.direct_call).
-        res = torch.empty(x.shape, dtype=x.dtype, device=x.device) if out is None else out
-        _run(x, weight, float(eps), res)
-        if out is not None:
-            runtime.mark_written(out)
-        return res
+        return runtime.run_direct(lambda dst: _run(x, weight, float(eps), dst), out, lambda: _new_out(x))
     if out is None:
         return torch.ops.tirx.rmsnorm(x, weight, float(eps))
     torch.ops.tirx.rmsnorm_out(x, weight, float(eps), out)
@@ -831,20 +824,20 @@ def _run(x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor) -
     checks.aligned(_OP, "x", x2d)
     checks.aligned(_OP, "weight", weight)
     checks.aligned(_OP, "out", out2d)
-    fn = _functions().get((x.dtype, H, x.get_device()), lambda: compile_params(dtype=str(x.dtype)[6:], H=H))
+    fn = _FUNCTIONS.get((x.dtype, H, x.get_device()), lambda: compile_params(dtype=str(x.dtype)[6:], H=H))
     fn(x2d, weight, out2d, eps, 0)  # zero: see vector.after_all
 
 
-@functools.cache
-def _functions():
-    from tirx_kernels.core import runtime
+_FUNCTIONS = runtime.FunctionCache(__name__)
 
-    return runtime.FunctionCache(__name__)
+
+def _new_out(x: torch.Tensor) -> torch.Tensor:
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device)
 
 
 @torch.library.custom_op("tirx::rmsnorm", mutates_args=())
 def _rmsnorm_op(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    out = _new_out(x)
     _run(x, weight, eps, out)
     return out
 

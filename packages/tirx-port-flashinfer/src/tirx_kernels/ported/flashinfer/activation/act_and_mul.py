@@ -35,12 +35,11 @@ any 16-byte row strides of x and out:
 
 from __future__ import annotations
 
-import functools
 import os
 
 import torch
 
-from tirx_kernels.core import checks
+from tirx_kernels.core import checks, runtime
 
 KERNEL_META = {
     "name": "act_and_mul",
@@ -718,17 +717,10 @@ def _check_inputs(op: str, x, out) -> None:
 
 def _act_and_mul(op: str, act: str, x: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
     _check_inputs(op, x, out)
-    from tirx_kernels.core import runtime
-
     if runtime.direct_call(x, out):
         # Eager: the kernel straight away, not through the custom op (its dispatch costs more host time than a
         # small activation runs: runtime.direct_call).
-        res = (torch.empty((*x.shape[:-1], x.shape[-1] // 2), dtype=x.dtype, device=x.device) if out is None
-               else out)
-        _run(x, act, res)
-        if out is not None:
-            runtime.mark_written(out)
-        return res
+        return runtime.run_direct(lambda dst: _run(x, act, dst), out, lambda: _new_out(x))
     if out is None:
         return torch.ops.tirx.act_and_mul(x, act)
     torch.ops.tirx.act_and_mul_out(x, act, out)
@@ -764,21 +756,20 @@ def _run(x: torch.Tensor, act: str, out: torch.Tensor) -> None:
     op = f"{act}_and_mul"
     checks.aligned(op, "x", x2d)
     checks.aligned(op, "out", out2d)
-    fn = _functions().get((act, x.dtype, d, x.get_device()), lambda: compile_params(act=act, dtype=str(x.dtype)[6:],
-                                                                                   d=d))
+    fn = _FUNCTIONS.get((act, x.dtype, d, x.get_device()), lambda: compile_params(act=act, dtype=str(x.dtype)[6:], d=d))
     fn(x2d, out2d, 0)
 
 
-@functools.cache
-def _functions():
-    from tirx_kernels.core import runtime
+_FUNCTIONS = runtime.FunctionCache(__name__)
 
-    return runtime.FunctionCache(__name__)
+
+def _new_out(x: torch.Tensor) -> torch.Tensor:
+    return torch.empty((*x.shape[:-1], x.shape[-1] // 2), dtype=x.dtype, device=x.device)
 
 
 @torch.library.custom_op("tirx::act_and_mul", mutates_args=())
 def _act_and_mul_op(x: torch.Tensor, act: str) -> torch.Tensor:
-    out = torch.empty((*x.shape[:-1], x.shape[-1] // 2), dtype=x.dtype, device=x.device)
+    out = _new_out(x)
     _run(x, act, out)
     return out
 
