@@ -66,6 +66,8 @@ Variants (compile parameters; the defaults build exactly the plain kernel above)
 
 from __future__ import annotations
 
+from tirx_kernels.core.lang import scheduler
+
 SMEM_LIMIT = 232448  # 227 KB: the H200's opt-in maximum dynamic shared memory per block
 NUM_CONSUMERS = 2
 
@@ -122,6 +124,31 @@ def store_tail_from_registers(Cw, packed, acc, acc_base, col_block0, ncols, row0
                     T.buffer_store(Cw, packed[0], [(T.Cast("int64", grow) * T.Cast("int64", ldc) + gcol) // 2])
 
 
+class ClusterGrid:
+    """The persistent grid both GEMM kernels (this one and ``gemm/_pingpong.py``) launch and walk: block_m x block_n
+    tiles in ``cluster_m x cluster_n`` clusters, rastered by ``core.lang.scheduler`` with ``group_m`` M-tiles per
+    group, on at most ``num_sms`` CTAs. Traced: ``M`` and ``N`` are the kernel's dims."""
+
+    def __init__(self, block_m: int, block_n: int, group_m: int, cluster_m: int, cluster_n: int, num_sms: int):
+        self.block_m, self.block_n, self.group_m = block_m, block_n, group_m
+        self.cluster_m, self.cluster_n = cluster_m, cluster_n
+        self.cluster_size = cluster_m * cluster_n
+        self.clusters_max = num_sms // self.cluster_size
+
+    def cluster_tiles(self, M, N):  # noqa: N803
+        num_m, num_n = scheduler.num_tiles(M, N, self.block_m, self.block_n)
+        return scheduler.num_cluster_tiles(num_m, num_n, self.cluster_m, self.cluster_n)
+
+    def ctas(self, M, N):  # noqa: N803
+        """The grid: every CTA of one cluster per cluster tile, at most ``num_sms // cluster_size`` clusters."""
+        return scheduler.grid_size(self.cluster_tiles(M, N), self.clusters_max) * self.cluster_size
+
+    def tile_mn(self, tile, M, N, rank):  # noqa: N803
+        """``(m_tile, n_tile)`` of CTA ``rank`` of the cluster working on cluster tile ``tile``."""
+        num_m, num_n = scheduler.num_tiles(M, N, self.block_m, self.block_n)
+        return scheduler.cluster_tile_coords(tile, num_m, num_n, self.group_m, self.cluster_m, rank, self.cluster_n)
+
+
 def _drop_params(func, names):
     """``func`` without the parameters called ``names`` (ones its body never reads): one kernel source
     serves every argument list."""
@@ -140,7 +167,7 @@ def build_persistent_kernel(dtype: str, block_m: int, block_n: int, block_k: int
                             release: str = "warp"):
     from tvm.script import tirx as T
 
-    from tirx_kernels.core.lang import mbarrier, roles, scheduler, tma, vector, wgmma
+    from tirx_kernels.core.lang import mbarrier, roles, tma, vector, wgmma
     from tirx_kernels.core.lang import pdl as pdl_launch
 
     elem = tma.elem_bytes(dtype)
@@ -191,7 +218,7 @@ def build_persistent_kernel(dtype: str, block_m: int, block_n: int, block_k: int
     store_rows = wgmma.M
     # Each stage is read by both consumer warpgroups of every CTA of the cluster (multicast).
     ring = mbarrier.Ring.for_warpgroups(num_stages, NUM_CONSUMERS, release, cluster_size)
-    clusters_max = num_sms // cluster_size
+    tiles = ClusterGrid(block_m, block_n, group_m, cluster_m, cluster_n, num_sms)
     cvt_pack = {"bfloat16": T.ptx.cvt.rn.bf16x2.f32, "float16": T.ptx.cvt.rn.f16x2.f32}[dtype]
 
     # NN: B's smem tile per stage is (block_n / mn_chunk) boxes of block_k K-rows x mn_chunk N-cols.
@@ -246,21 +273,6 @@ def build_persistent_kernel(dtype: str, block_m: int, block_n: int, block_k: int
         if out_elem == 4:
             return Cs[idx], Cs[idx + 1]
         return vector.unpack2(Cs[idx // 2], out_dtype)
-
-    def cluster_tiles(M, N):  # noqa: N803 (M, N are the kernel's dims)
-        num_m, num_n = scheduler.num_tiles(M, N, block_m, block_n)
-        return scheduler.num_cluster_tiles(num_m, num_n, cluster_m, cluster_n)
-
-    def grid_ctas(M, N):  # noqa: N803
-        return scheduler.grid_size(cluster_tiles(M, N), clusters_max) * cluster_size
-
-    def tile_m(tile, M, N, rank):  # noqa: N803
-        num_m, num_n = scheduler.num_tiles(M, N, block_m, block_n)
-        return scheduler.cluster_tile_coords(tile, num_m, num_n, group_m, cluster_m, rank, cluster_n)[0]
-
-    def tile_n(tile, M, N, rank):  # noqa: N803
-        num_m, num_n = scheduler.num_tiles(M, N, block_m, block_n)
-        return scheduler.cluster_tile_coords(tile, num_m, num_n, group_m, cluster_m, rank, cluster_n)[1]
 
 
     def epilogue_pair(Cs, packed, acc, Bias, alpha, beta, N, n0, ebase, p, jj, r, warp, lane):  # noqa: N803
@@ -317,15 +329,15 @@ def build_persistent_kernel(dtype: str, block_m: int, block_n: int, block_k: int
         tma.encode_2d(c_map, C.data, M, N, ldc, store_rows, out_cols, out_dtype)
         T.device_entry()
         T.attr({"tirx.launch_bounds_min_blocks_per_sm": 1})
-        cta = T.cta_id([grid_ctas(M, N)])
+        cta = T.cta_id([tiles.ctas(M, N)])
         rank = T.int32(0)
         if cluster_size == 2:
             rank = T.cta_id_in_cluster([2])
         wg = T.warpgroup_id([3])
         tid = T.thread_id([384])
         k_tiles = (K + block_k - 1) // block_k
-        total = cluster_tiles(M, N)
-        grid = grid_ctas(M, N) // cluster_size
+        total = tiles.cluster_tiles(M, N)
+        grid = tiles.ctas(M, N) // cluster_size
         cluster = cta // cluster_size
         my_tiles = scheduler.tiles_of_cta(cluster, grid, total)
 
@@ -367,8 +379,8 @@ def build_persistent_kernel(dtype: str, block_m: int, block_n: int, block_k: int
                 tma.prefetch_descriptor(c_map)
                 for t in range(my_tiles):
                     tile = cluster + t * grid
-                    m0 = tile_m(tile, M, N, rank) * block_m
-                    n0 = tile_n(tile, M, N, rank) * block_n
+                    m0 = tiles.tile_mn(tile, M, N, rank)[0] * block_m
+                    n0 = tiles.tile_mn(tile, M, N, rank)[1] * block_n
                     for k in range(k_tiles):
                         it = t * k_tiles + k  # the ring's use count: continues across tiles
                         s = ring.stage(it)
@@ -408,8 +420,8 @@ def build_persistent_kernel(dtype: str, block_m: int, block_n: int, block_k: int
             ring.cursor_init(cursor)  # the ring position continues across tiles, like the producer's use count
             for t in range(my_tiles):
                 tile = cluster + t * grid
-                m0 = tile_m(tile, M, N, rank) * block_m
-                n0 = tile_n(tile, M, N, rank) * block_n
+                m0 = tiles.tile_mn(tile, M, N, rank)[0] * block_m
+                n0 = tiles.tile_mn(tile, M, N, rank)[1] * block_n
                 for k in range(k_tiles):
                     s = cursor[0]
                     ring.consumer_wait_at(full, cursor)

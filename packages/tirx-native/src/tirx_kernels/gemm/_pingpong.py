@@ -64,7 +64,7 @@ Measured on the H200: ``docs/gemm.md`` (section 5' and the step table).
 
 from __future__ import annotations
 
-from tirx_kernels.gemm._persistent import SMEM_LIMIT, staged_cols, store_tail_from_registers
+from tirx_kernels.gemm._persistent import SMEM_LIMIT, ClusterGrid, staged_cols, store_tail_from_registers
 
 NUM_CONSUMERS = 2
 EPI_BAR = 1  # named barriers 1, 2: consumer w's epilogue (its 128 threads)
@@ -158,19 +158,8 @@ def build_pingpong_kernel(dtype: str, block_m: int, block_n: int, block_k: int, 
     stage_elems = block_m * epi_cols  # one consumer's staging buffer, 16-bit elements
     # Each use is read by one consumer warpgroup (whole tiles), in every CTA of the cluster (multicast).
     ring = mbarrier.Ring.for_warpgroups(num_stages, 1, release, cluster_size)
-    clusters_max = num_sms // cluster_size
+    tiles = ClusterGrid(block_m, block_n, group_m, cluster_m, cluster_n, num_sms)
     cvt_pack = {"bfloat16": T.ptx.cvt.rn.bf16x2.f32, "float16": T.ptx.cvt.rn.f16x2.f32}[dtype]
-
-    def tile_mn(tile, M, N, rank):  # noqa: N803 (M, N are the kernel's dims)
-        num_m, num_n = scheduler.num_tiles(M, N, block_m, block_n)
-        return scheduler.cluster_tile_coords(tile, num_m, num_n, group_m, cluster_m, rank, cluster_n)
-
-    def cluster_tiles(M, N):  # noqa: N803
-        num_m, num_n = scheduler.num_tiles(M, N, block_m, block_n)
-        return scheduler.num_cluster_tiles(num_m, num_n, cluster_m, cluster_n)
-
-    def grid_ctas(M, N):  # noqa: N803
-        return scheduler.grid_size(cluster_tiles(M, N), clusters_max) * cluster_size
 
     def stage_pair(Cs, packed, acc, cs_base, h, rnd, jj, r, warp, lane):  # noqa: N803
         """Two adjacent columns of one accumulator row, packed to 16-bit, into the staging buffer."""
@@ -208,15 +197,15 @@ def build_pingpong_kernel(dtype: str, block_m: int, block_n: int, block_k: int, 
         tma.encode_2d(c_map, C.data, M, N, ldc, store_rows, store_cols, dtype)
         T.device_entry()
         T.attr({"tirx.launch_bounds_min_blocks_per_sm": 1})
-        cta = T.cta_id([grid_ctas(M, N)])
+        cta = T.cta_id([tiles.ctas(M, N)])
         rank = T.int32(0)
         if cluster_size == 2:
             rank = T.cta_id_in_cluster([2])
         wg = T.warpgroup_id([3])
         tid = T.thread_id([384])
         k_tiles = (K + block_k - 1) // block_k
-        total = cluster_tiles(M, N)
-        grid = grid_ctas(M, N) // cluster_size
+        total = tiles.cluster_tiles(M, N)
+        grid = tiles.ctas(M, N) // cluster_size
         cluster = cta // cluster_size
         my_tiles = scheduler.tiles_of_cta(cluster, grid, total)
 
@@ -254,7 +243,7 @@ def build_pingpong_kernel(dtype: str, block_m: int, block_n: int, block_k: int, 
                 tma.prefetch_descriptor(b_map)
                 tma.prefetch_descriptor(c_map)
                 for t in range(my_tiles):
-                    m_tile, n_tile = tile_mn(cluster + t * grid, M, N, rank)
+                    m_tile, n_tile = tiles.tile_mn(cluster + t * grid, M, N, rank)
                     for k in range(k_tiles):
                         it = t * k_tiles + k  # the ring's use count: continues across tiles
                         s = ring.stage(it)
@@ -281,7 +270,7 @@ def build_pingpong_kernel(dtype: str, block_m: int, block_n: int, block_k: int, 
             wgmma.encode_desc_kmajor_sw128(desc_b.ptr_to([0]), Bs.ptr_to([0]))
             for i in range((my_tiles - cw + 1) // 2):
                 t = 2 * i + cw
-                m_tile, n_tile = tile_mn(cluster + t * grid, M, N, rank)
+                m_tile, n_tile = tiles.tile_mn(cluster + t * grid, M, N, rank)
                 m0 = m_tile * block_m
                 n0 = n_tile * block_n
                 # NOTES: the turn makes the ring's parity waits sound (module docstring); consumer 0's first

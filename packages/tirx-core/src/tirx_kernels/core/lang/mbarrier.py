@@ -171,10 +171,10 @@ class Ring:
                 with T.Then():
                     self.consumer_release(empty, None, self.cluster_size, scratch, stage=stage)
         else:
-            self.consumer_release_warpgroup(empty, None, warp, lane, self.cluster_size, scratch, stage=stage)
+            self.consumer_release_warpgroup(empty, stage, warp, lane, self.cluster_size, scratch)
 
-    def consumer_release_warpgroup(self, empty, it, warp, lane, cluster_size: int = 1, scratch=None, stage=None):
-        """Give use ``it``'s slot back with *one* arrival per consumer warpgroup and CTA of the cluster
+    def consumer_release_warpgroup(self, empty, stage, warp, lane, cluster_size: int = 1, scratch=None):
+        """Give slot ``stage`` back with *one* arrival per consumer warpgroup and CTA of the cluster
         (``consumer_arrivals`` = consumer warpgroups x cluster size), called by every thread of a warpgroup
         after its ``wgmma.wait``: lane 0 of warp ``r`` arrives in CTA ``r``, so the remote arrivals of a
         2-CTA cluster leave from two warps at once instead of one after the other.
@@ -186,7 +186,7 @@ class Ring:
         """
         if cluster_size > 4:
             raise ValueError(f"mbarrier.Ring: a warpgroup has 4 warps to release into {cluster_size} CTAs")
-        bar = empty.ptr_to([self.stage(it) if stage is None else stage])
+        bar = empty.ptr_to([stage])
         # A traced helper's Python `if` on a TIR value would be dropped silently: T.If.
         with T.If(T.And(lane == 0, warp < cluster_size)):
             with T.Then():
