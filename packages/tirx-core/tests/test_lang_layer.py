@@ -91,6 +91,67 @@ def test_cluster_raster_1x2_pairs_share_a_and_pad_n(num_m, num_n):
         scheduler.cluster_tile_coords(0, 4, 4, 8, 2, 0, cluster_n=2)
 
 
+def _stream_k_schedule(total, k_tiles, num_sms):
+    """Every CTA's work units (tile, k_begin, k_end) of a stream-K launch, and the values the kernel binds."""
+    grid = scheduler.stream_k_grid(total, k_tiles, num_sms)
+    dp_waves = scheduler.stream_k_dp_waves(total, grid)
+    sk_steps = (total - dp_waves * grid) * k_tiles
+    units = {}
+    for cta in range(grid):
+        start = scheduler.stream_k_start(cta, sk_steps, grid)
+        end = scheduler.stream_k_start(cta + 1, sk_steps, grid)
+        n = scheduler.stream_k_units(dp_waves, start, end, k_tiles)
+        units[cta] = [scheduler.stream_k_unit(u, cta, grid, dp_waves, start, end, k_tiles) for u in range(n)]
+    return grid, dp_waves, sk_steps, units
+
+
+@pytest.mark.parametrize("total, k_tiles, num_sms", [
+    (128, 17, 132), (128, 224, 132), (448, 32, 132), (400, 4, 132), (4, 2, 132), (9, 3, 132), (264, 5, 132),
+    (1, 1, 132), (133, 1, 132), (700, 13, 7), (5, 40, 3), (128, 64, 132),
+])
+def test_stream_k_covers_every_step_once_and_finishers_know_their_partials(total, k_tiles, num_sms):
+    grid, dp_waves, sk_steps, units = _stream_k_schedule(total, k_tiles, num_sms)
+    assert grid == min(num_sms, total * k_tiles)
+    # Whole waves stay data-parallel: all of them when the tiles fill the waves, otherwise all but the last full one.
+    assert dp_waves == (total // grid if total % grid == 0 else max(total // grid - 1, 0))
+    owner = {}
+    for cta, us in units.items():
+        for i, (tile, kb, ke) in enumerate(us):
+            assert 0 <= kb < ke <= k_tiles and 0 <= tile < total
+            if i < dp_waves:
+                assert (tile, kb, ke) == (cta + i * grid, 0, k_tiles)
+            if kb > 0:
+                assert i == dp_waves, "only a CTA's first stream-K unit may start inside a tile (one partial per CTA)"
+            if kb == 0 and ke < k_tiles:
+                assert i == len(us) - 1, "a CTA finishes a split tile last"
+            for k in range(kb, ke):
+                assert (tile, k) not in owner
+                owner[tile, k] = cta
+    assert len(owner) == total * k_tiles
+    # A split tile's finisher (the CTA with its step 0) adds exactly the partials of the other CTAs that hold
+    # steps of it: the non-empty ranges from the next CTA up to the owner of the tile's last step.
+    for tile in range(total):
+        holders = {owner[tile, k] for k in range(k_tiles)}
+        if len(holders) == 1:
+            continue
+        head = owner[tile, 0]
+        last = scheduler.stream_k_owner((tile - dp_waves * grid + 1) * k_tiles - 1, sk_steps, grid)
+        partials = {c for c in range(head + 1, last + 1)
+                    if scheduler.stream_k_start(c + 1, sk_steps, grid) > scheduler.stream_k_start(c, sk_steps, grid)}
+        assert partials == holders - {head}
+        assert all(c > head for c in partials), "a finisher only waits for CTAs after it"
+
+
+def test_stream_k_balances_the_work():
+    # 2048 x 7168 x 2048 on 128x256 tiles: 448 tiles = 3.39 waves of 132; stream-K gives every CTA the same
+    # K-steps to within one: 2 data-parallel tiles (64 steps) and 44-45 stream-K steps.
+    grid, dp_waves, sk_steps, units = _stream_k_schedule(448, 32, 132)
+    assert (grid, dp_waves, sk_steps) == (132, 2, (448 - 264) * 32)
+    steps = [sum(ke - kb for _, kb, ke in us) for us in units.values()]
+    assert max(steps) - min(steps) <= 1 and min(steps) == 64 + 44
+
+
+
 # ---------------------------------------------------------------------------------------------------------
 # The ring protocol of the persistent GEMM, simulated with mbarrier parity semantics
 # ---------------------------------------------------------------------------------------------------------

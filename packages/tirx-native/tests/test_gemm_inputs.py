@@ -256,3 +256,28 @@ def test_variant_avoids_register_tail_tiles(monkeypatch):
     base = {"dtype": "bfloat16", "M": 512, "N": 7168, "K": 2048}
     assert mod.compile_params(**base)["tile"] == "persistent_128x224x64_s4_g8"
     assert mod.compile_params(**base, epilogue="bias")["tile"] == mod.VARIANT_TILE
+
+
+def test_stream_k_tiles_take_only_the_plain_call(monkeypatch):
+    # Stream-K tiles build only the plain NT kernel: pinned with nn / bias / fp32 out they are a named input error,
+    # and a variant on a shape the table gives such a tile falls back to VARIANT_TILE.
+    a, b = _t(64, 64), _t(32, 64)
+    tile = "persistent_128x128x64_s6_g8_sk"
+    with pytest.raises(TirxInputError, match="argument 'a': expected a CUDA tensor"):  # past the tile check
+        mod.gemm_nt(a, b, tile=tile)
+    with pytest.raises(TirxInputError, match="gemm_nt: argument 'tile': expected a persistent tile without stream-K"):
+        mod.gemm_nt(a, b, bias=_t(32), tile=tile)
+    with pytest.raises(TirxInputError, match="gemm_nn: argument 'tile': expected a persistent tile without stream-K"):
+        mod.gemm_nn(a, b.t().contiguous(), tile=tile)
+    monkeypatch.setattr(mod, "TILE_TABLE", [(None, None, None, tile)])
+    base = {"dtype": "bfloat16", "M": 512, "N": 4096, "K": 14336}
+    assert mod.compile_params(**base)["tile"] == tile
+    assert mod.compile_params(**base, out_dtype="float32")["tile"] == mod.VARIANT_TILE
+
+
+def test_stream_k_workspace_sizes():
+    # One fp32 partial tile per CTA for stream-K tiles, nothing for the others.
+    assert mod.workspace_floats("persistent_128x256x64_s4_e128_g8_sk") == 132 * 128 * 256
+    assert mod.workspace_floats("persistent_128x224x64_s4_g8_sk") == 132 * 128 * 224
+    assert mod.workspace_floats("persistent_128x256x64_s4_e128_g8") == 0
+    assert mod.workspace_floats("smallm_64x128x64_s8_k2") == 0

@@ -33,6 +33,10 @@ def test_persistent_tiles_fit_smem():
     {"block_n": 224, "epi_cols": 128},
     # 1 x 2 clusters and the per-warpgroup release
     {"cluster_n": 3}, {"cluster_n": 2, "cluster_m": 2}, {"release": "thread"},
+    # stream-K: the plain unclustered NT kernel only
+    {"stream_k": True, "cluster_m": 2}, {"stream_k": True, "cluster_n": 2, "cluster_m": 1},
+    {"stream_k": True, "layout": "nn"}, {"stream_k": True, "out_dtype": "float32"},
+    {"stream_k": True, "epilogue": "bias", "bias_dtype": "bfloat16"},
 ])
 def test_persistent_rejects_bad_params(bad):
     params = {**{k: v for k, v in mod.TILE_CONFIGS["persistent_128x256x64_s3_g8"].items() if k != "kind"}, **bad}
@@ -177,3 +181,15 @@ def test_default_kernels_are_programmatic_dependent_launches():
                                                                   or mod.TILE_CONFIGS[tile].get("split_k", 1) > 1)
     plain = build.codegen(mod.get_kernel("bfloat16", "persistent_128x256x64_s3_c2_g8", pdl=None))
     assert "programmaticStreamSerialization" not in plain and "griddepcontrol" not in plain
+
+
+def test_stream_k_kernel_takes_workspace_and_flags():
+    """The stream-K kernel's arguments add the workspace and the flags, and its consumers publish / acquire them;
+    the plain kernel has none of it (its generated code is unchanged by the stream-K parameter)."""
+    sk = _device_code("persistent_128x128x64_s6_g8_sk")
+    plain = _device_code("persistent_128x128x64_s6_g8")
+    for s in ("Flags_ptr", "WS_ptr", "tvm_builtin_ptx_fence_acq_rel_gpu()", "tvm_builtin_ptx_ld_acquire_gpu_global",
+              "tvm_builtin_ptx_st_relaxed_gpu_global_b32_s32", "tvm_builtin_ptx_ld_vec_global_cg_v4_f32"):
+        assert s in sk and s not in plain, s
+    # One flag per consumer warpgroup and CTA: published at cta * 2 + cw, waited on at c2 * 2 + cw.
+    assert "Flags_ptr[((((int)blockIdx.x) * 2) + cw_ptr[0])]" in sk and "Flags_ptr[((c2 * 2) + cw_ptr[0])]" in sk

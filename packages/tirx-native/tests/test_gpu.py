@@ -159,3 +159,41 @@ def test_eager_direct_path_matches_the_custom_op():
     x = torch.randn(37, 2880, dtype=torch.bfloat16, device="cuda")
     w = torch.nn.Parameter(torch.randn(2880, dtype=torch.bfloat16, device="cuda"), requires_grad=False)
     assert torch.equal(rmsnorm(x, w, 1e-6), torch.ops.tirx.rmsnorm(x, w, 1e-6))
+
+
+@pytest.mark.parametrize("tile, shape", [
+    ("persistent_128x128x64_s6_g8_sk", (512, 4096, 1048)),  # 1 wave of 128 tiles split 2-3 ways on 132 CTAs
+    ("persistent_128x256x64_s4_e128_g8_sk", (129, 264, 72)),  # 8 CTAs of one K-step: every tile split in two
+    ("persistent_128x224x64_s4_g8_sk", (300, 520, 136)),  # 27 CTAs of one step: every tile split in three
+])
+def test_gemm_stream_k_flags_come_back_to_zero(tile, shape):
+    """Stream-K partials are handed over through flags that their one reader puts back to 0, so no call needs a
+    memset: eight back-to-back calls on fresh inputs (queued behind a busy GPU, so they run back to back), then
+    four on each of two streams at once (each stream has its own workspace), must each match the oracle, and every
+    flag must read 0 afterwards."""
+    testing.load_or_skip("fp16_bf16_gemm")
+    from tirx_kernels.gemm import fp16_bf16_gemm as mod
+
+    M, N, K = shape
+    calls = [(torch.randn(M, K, device="cuda").to(torch.bfloat16), torch.randn(N, K, device="cuda").to(torch.bfloat16),
+              torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda")) for _ in range(16)]
+    mod.gemm_nt(*calls[0][:2], tile=tile)  # load the artifact, allocate the default stream's workspace
+    torch.cuda.synchronize()
+    torch.cuda._sleep(2_000_000)
+    for a, b, c in calls[:8]:
+        mod.gemm_nt(a, b, out=c, tile=tile)
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    for s in streams:
+        s.wait_stream(torch.cuda.current_stream())
+    for i, (a, b, c) in enumerate(calls[8:]):
+        with torch.cuda.stream(streams[i % 2]):
+            mod.gemm_nt(a, b, out=c, tile=tile)
+    torch.cuda.synchronize()
+    for i, (a, b, c) in enumerate(calls):
+        assert not c.isnan().any(), f"call {i}: NaN in the output"
+        torch.testing.assert_close(c.float(), a.float() @ b.float().T, atol=0.1, rtol=2e-2,
+                                   msg=lambda m, i=i: f"call {i}: {m}")
+    sets = list(mod._WORKSPACE._sets.values())
+    assert len(sets) >= 3  # the default stream's and one per side stream
+    for _, flags in sets:
+        assert int(flags.count_nonzero()) == 0

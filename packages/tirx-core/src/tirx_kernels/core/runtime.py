@@ -128,3 +128,32 @@ def mark_written(out) -> None:
 
     if not out.is_inference():
         torch.autograd.graph.increment_version(out)
+
+
+class StreamWorkspace:
+    """Scratch memory an op's kernels reuse across calls (stream-K partials and flags): one set per (device,
+    stream), so kernels running concurrently on two streams never share it. ``get`` returns a float32 buffer of at
+    least ``floats`` elements (contents undefined between calls) and ``n_flags`` int32 flags, zeroed once at
+    allocation, that every kernel using them leaves zeroed (``core.lang.grid_flags``: the one reader of a flag puts
+    it back to 0), so a call costs no memset."""
+
+    def __init__(self, n_flags: int, max_sets: int = 16):
+        self._n_flags = n_flags
+        self._max = max_sets
+        self._sets: dict = {}
+
+    def get(self, device, floats: int):
+        import torch
+
+        key = (device.index, torch.cuda.current_stream(device).cuda_stream)
+        ws, flags = self._sets.get(key, (None, None))
+        if ws is None and len(self._sets) >= self._max:
+            # Bounded (streams come and go). Dropping another stream's set is safe: the caching allocator hands its
+            # blocks out again only to allocations on that stream, after the work queued there.
+            self._sets.clear()
+        if ws is None or ws.numel() < floats:
+            ws = torch.empty(floats, dtype=torch.float32, device=device)
+            if flags is None:
+                flags = torch.zeros(self._n_flags, dtype=torch.int32, device=device)
+            self._sets[key] = (ws, flags)
+        return ws, flags

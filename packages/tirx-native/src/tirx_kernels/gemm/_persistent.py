@@ -44,6 +44,15 @@ Design:
   the accumulator registers (``store_tail_from_registers``: one ``st.global`` of a 16-bit pair per fragment
   element, clipped at M and N). The plain kernel only (NT, 16-bit out, no epilogue); clusters too (a CTA past
   M or N stores nothing there either).
+- ``stream_k`` (the plain unclustered NT kernel only): the grid is ``min(num_sms, tiles x K-steps)`` CTAs; whole
+  waves of tiles stay data-parallel and the rest (the last full wave and the partial one) is split evenly along K
+  (``core.lang.scheduler``'s stream-K functions: CTA ``c`` gets K-steps [c * S / grid, (c + 1) * S / grid) of the
+  S stream-K steps). A unit that does not start at a tile's K-step 0 is a *partial*: its accumulator goes to the
+  CTA's slot of the fp32 workspace (``num_sms x block_m x block_n``, fragment order: each thread its own 16-byte
+  vectors) and its warpgroup publishes a flag; the CTA holding the tile's step 0 finishes the tile last, waiting for
+  and adding the partials of the CTAs after it before the usual epilogue (``core.lang.grid_flags``; the reader
+  resets each flag, so they stay zero between launches). The ring, the cursor and the epilogue are the plain
+  kernel's: a unit is a tile with a K-range, its first wgmma overwriting the accumulator.
 - Every shared buffer, barriers included, in one ``T.SMEMPool`` (1024-aligned only then).
 
 Variants (compile parameters; the defaults build exactly the plain kernel above):
@@ -164,10 +173,10 @@ def build_persistent_kernel(dtype: str, block_m: int, block_n: int, block_k: int
                             cluster_m: int, group_m: int, num_sms: int, layout: str = "nt",
                             out_dtype: str | None = None, epilogue: str = "none", bias_dtype: str | None = None,
                             epi_cols: int | None = None, pdl: str | None = None, cluster_n: int = 1,
-                            release: str = "warp"):
+                            release: str = "warp", stream_k: bool = False):
     from tvm.script import tirx as T
 
-    from tirx_kernels.core.lang import mbarrier, roles, tma, vector, wgmma
+    from tirx_kernels.core.lang import grid_flags, mbarrier, roles, tma, vector, wgmma
     from tirx_kernels.core.lang import pdl as pdl_launch
 
     elem = tma.elem_bytes(dtype)
@@ -197,6 +206,10 @@ def build_persistent_kernel(dtype: str, block_m: int, block_n: int, block_k: int
     if cluster_n not in (1, 2) or cluster_m * cluster_n > 2:
         raise ValueError(f"persistent gemm: cluster_n={cluster_n} must be 1, or 2 with cluster_m=1 "
                          f"(got cluster_m={cluster_m})")
+    if stream_k and (cluster_m * cluster_n != 1 or layout != "nt" or out_dtype != dtype or epilogue != "none"):
+        raise ValueError("persistent gemm: stream_k builds only the plain unclustered NT kernel (16-bit out, no "
+                         f"epilogue; got cluster {cluster_m}x{cluster_n}, layout {layout!r}, out_dtype "
+                         f"{out_dtype!r}, epilogue {epilogue!r})")
     if epi_cols is not None and (isinstance(epi_cols, bool) or not isinstance(epi_cols, int) or epi_cols <= 0
                                  or epi_cols % 64 or staged % epi_cols):
         raise ValueError(f"persistent gemm: epi_cols={epi_cols!r} must be a multiple of 64 (one SW128 box of "
@@ -296,6 +309,72 @@ def build_persistent_kernel(dtype: str, block_m: int, block_n: int, block_k: int
             T.evaluate(out_pack(packed[0], v1, v0))
             T.buffer_store(Cs, packed[0], [idx // 2])
 
+    # Stream-K (``stream_k``): the schedule's values, bound to locals while the kernel is parsed (``bind_stream_k``,
+    # ``bind_unit``), and the work unit's (tile, K-range) in place of the plain loop's (tile, all K). Without
+    # stream_k these return exactly the plain kernel's expressions (Python 0 / True where it has nothing), so
+    # its generated code is unchanged.
+    sk = {}
+    ws_per_cta = block_m * block_n  # fp32 partial of one tile
+    vec_per_thread = nacc // 4  # 16-byte vectors of one consumer thread's accumulator
+
+    def launch_ctas(M, N, K):  # noqa: N803
+        if not stream_k:
+            return tiles.ctas(M, N)
+        return scheduler.stream_k_grid(tiles.cluster_tiles(M, N), (K + block_k - 1) // block_k, num_sms)
+
+    def bind_stream_k(cta, grid, total, k_tiles):
+        """sk["v"] <- (data-parallel waves, stream-K steps, this CTA's first and end step)."""
+        v = T.alloc_local((4,), "int32")
+        T.buffer_store(v, scheduler.stream_k_dp_waves(total, grid), [0])
+        T.buffer_store(v, (total - v[0] * grid) * k_tiles, [1])
+        T.buffer_store(v, scheduler.stream_k_start(cta, v[1], grid), [2])
+        T.buffer_store(v, scheduler.stream_k_start(cta + 1, v[1], grid), [3])
+        sk["v"] = v
+
+    def bind_unit(t, cta, grid, k_tiles):
+        """sk["u"] <- (tile, first K-step, end K-step) of work unit t."""
+        v = sk["v"]
+        u = T.alloc_local((3,), "int32")
+        tile, kb, ke = scheduler.stream_k_unit(t, cta, grid, v[0], v[2], v[3], k_tiles)
+        T.buffer_store(u, tile, [0])
+        T.buffer_store(u, kb, [1])
+        T.buffer_store(u, ke, [2])
+        sk["u"] = u
+
+    def units(my_tiles, k_tiles):
+        if not stream_k:
+            return my_tiles
+        v = sk["v"]
+        return scheduler.stream_k_units(v[0], v[2], v[3], k_tiles)
+
+    def unit_tile(t, cluster, grid):
+        return cluster + t * grid if not stream_k else sk["u"][0]
+
+    def k_begin():
+        return 0 if not stream_k else sk["u"][1]
+
+    def k_end(k_tiles):
+        return k_tiles if not stream_k else sk["u"][2]
+
+    def k_in_unit(k):
+        """k counted from the unit's first K-step (the first wgmma of a unit overwrites the accumulator)."""
+        return k if not stream_k else k - sk["u"][1]
+
+    def use_count(t, k, k_tiles):
+        """The ring's use count of K-step k of unit t: the CTA's K-steps before it."""
+        if not stream_k:
+            return t * k_tiles + k
+        v = sk["v"]
+        return T.Select(t < v[0], t * k_tiles + k, v[0] * k_tiles + (v[2] // k_tiles + t - v[0]) * k_tiles + k - v[2])
+
+    def stores_tile():
+        """Whether the unit ends with the tile's epilogue: all but a partial (a unit not starting at K-step 0)."""
+        return True if not stream_k else sk["u"][1] == 0
+
+    def ws_vector(c, cw, i, ct):
+        """Element offset of consumer thread (cw, ct)'s i-th 16-byte vector in CTA c's partial."""
+        return c * ws_per_cta + ((cw * vec_per_thread + i) * 128 + ct) * 4
+
     def b_desc0(Bs, desc_b):  # noqa: N803
         """Encode B's descriptor of stage 0, k16 step 0 into desc_b."""
         if layout == "nt":
@@ -306,7 +385,7 @@ def build_persistent_kernel(dtype: str, block_m: int, block_n: int, block_k: int
 
     @T.prim_func
     def fp16_bf16_gemm_persistent(a_ptr: T.handle, b_ptr: T.handle, c_ptr: T.handle, bias_ptr: T.handle,
-                                  alpha: T.float32, beta: T.float32):
+                                  alpha: T.float32, beta: T.float32, ws_ptr: T.handle, flags_ptr: T.handle):
         M = T.int32()
         N = T.int32()
         K = T.int32()
@@ -316,6 +395,12 @@ def build_persistent_kernel(dtype: str, block_m: int, block_n: int, block_k: int
         C = T.match_buffer(c_ptr, (M, N), out_dtype, strides=(ldc, 1), align=16)
         # Read element by element: any element-aligned bias works (a slice too).
         Bias = T.match_buffer(bias_ptr, (N,), bias_dtype or "float32", align=tma.elem_bytes(bias_dtype or "float32"))
+        # Stream-K: the partials (num_sms x block_m x block_n fp32, one per CTA at most) and one flag per consumer
+        # warpgroup and CTA (zero between launches). The host allocates both (fp16_bf16_gemm._run).
+        ws_len = T.int32()
+        n_flags = T.int32()
+        WS = T.match_buffer(ws_ptr, (ws_len,), "float32", align=16)
+        Flags = T.match_buffer(flags_ptr, (n_flags,), "int32", align=4)
         # Host: tensor maps with this call's dims (rows/cols past the edge: zero-fill on load, clip on store).
         a_map = T.Bind(T.tvm_stack_alloca("tensormap", 1))
         b_map = T.Bind(T.tvm_stack_alloca("tensormap", 1))
@@ -329,7 +414,7 @@ def build_persistent_kernel(dtype: str, block_m: int, block_n: int, block_k: int
         tma.encode_2d(c_map, C.data, M, N, ldc, store_rows, out_cols, out_dtype)
         T.device_entry()
         T.attr({"tirx.launch_bounds_min_blocks_per_sm": 1})
-        cta = T.cta_id([tiles.ctas(M, N)])
+        cta = T.cta_id([launch_ctas(M, N, K)])
         rank = T.int32(0)
         if cluster_size == 2:
             rank = T.cta_id_in_cluster([2])
@@ -337,9 +422,11 @@ def build_persistent_kernel(dtype: str, block_m: int, block_n: int, block_k: int
         tid = T.thread_id([384])
         k_tiles = (K + block_k - 1) // block_k
         total = tiles.cluster_tiles(M, N)
-        grid = tiles.ctas(M, N) // cluster_size
+        grid = launch_ctas(M, N, K) // cluster_size
         cluster = cta // cluster_size
         my_tiles = scheduler.tiles_of_cta(cluster, grid, total)
+        if stream_k:
+            bind_stream_k(cta, grid, total, k_tiles)
 
         # Shared memory: one pool, 1024-aligned tiles first, barriers last.
         pool = T.SMEMPool()
@@ -357,6 +444,9 @@ def build_persistent_kernel(dtype: str, block_m: int, block_n: int, block_k: int
         remote = T.alloc_local((1,), "uint32")
         cursor = T.alloc_local((2,), "int32")  # the consumer's ring position (stage, phase)
         prev = T.alloc_local((1,), "int32")  # the stage of the previous use, released after the next one
+        if stream_k:
+            flag = T.alloc_local((1,), "int32")  # a flag read
+            part = T.alloc_local((4,), "float32")  # one 16-byte vector of a partial
 
         if tid == 0:
             ring.init(full, empty)
@@ -377,12 +467,14 @@ def build_persistent_kernel(dtype: str, block_m: int, block_n: int, block_k: int
                 tma.prefetch_descriptor(a_map)
                 tma.prefetch_descriptor(b_map)
                 tma.prefetch_descriptor(c_map)
-                for t in range(my_tiles):
-                    tile = cluster + t * grid
+                for t in range(units(my_tiles, k_tiles)):
+                    if stream_k:
+                        bind_unit(t, cta, grid, k_tiles)
+                    tile = unit_tile(t, cluster, grid)
                     m0 = tiles.tile_mn(tile, M, N, rank)[0] * block_m
                     n0 = tiles.tile_mn(tile, M, N, rank)[1] * block_n
-                    for k in range(k_tiles):
-                        it = t * k_tiles + k  # the ring's use count: continues across tiles
+                    for k in range(k_begin(), k_end(k_tiles)):
+                        it = use_count(t, k, k_tiles)  # the ring's use count: continues across tiles
                         s = ring.stage(it)
                         ring.producer_acquire(empty, it)
                         ring.producer_expect(full, it, stage_bytes)
@@ -418,11 +510,13 @@ def build_persistent_kernel(dtype: str, block_m: int, block_n: int, block_k: int
             wgmma.encode_desc_kmajor_sw128(desc_a.ptr_to([0]), As.ptr_to([cw * wgmma.M * block_k]))
             b_desc0(Bs, desc_b)
             ring.cursor_init(cursor)  # the ring position continues across tiles, like the producer's use count
-            for t in range(my_tiles):
-                tile = cluster + t * grid
+            for t in range(units(my_tiles, k_tiles)):
+                if stream_k:
+                    bind_unit(t, cta, grid, k_tiles)
+                tile = unit_tile(t, cluster, grid)
                 m0 = tiles.tile_mn(tile, M, N, rank)[0] * block_m
                 n0 = tiles.tile_mn(tile, M, N, rank)[1] * block_n
-                for k in range(k_tiles):
+                for k in range(k_begin(), k_end(k_tiles)):
                     s = cursor[0]
                     ring.consumer_wait_at(full, cursor)
                     wgmma.fence()
@@ -431,85 +525,114 @@ def build_persistent_kernel(dtype: str, block_m: int, block_n: int, block_k: int
                         # between tiles.
                         wgmma.mma(block_n, acc, wgmma.desc_advance(desc_a[0], (s * a_tile + kk * 16) * elem),
                                   wgmma.desc_advance(desc_b[0], (s * b_tile + kk * b_kstep) * elem), dtype,
-                                  scale_d=k + kk > 0, b_major=b_major)
+                                  scale_d=k_in_unit(k) + kk > 0, b_major=b_major)
                     wgmma.commit()
                     # NOTES: one group in flight; once down to one, the previous use's wgmmas have read their smem.
                     wgmma.wait(1)
-                    if k > 0:
+                    if k_in_unit(k) > 0:
                         ring.release_slot(empty, prev[0], warp, lane, remote[0])
                     prev[0] = s
                     ring.cursor_advance(cursor)
                 wgmma.wait(0)
                 # Release the tile's last stage too: the producer is already filling the next tile.
                 ring.release_slot(empty, prev[0], warp, lane, remote[0])
-
-                if plain:
-                    # Epilogue: this warpgroup's 64 x block_n slab as block_n/64 SW128 boxes of 64 x 64, in
-                    # `rounds` of epi columns (epi/64 boxes) through the staging tile. The staging tile is
-                    # free once the previous stores (previous tile or round) have read it.
-                    for q in T.unroll(rounds):
+                if stream_k:
+                    if k_begin() > 0:
+                        # A partial (the tile's end, the first unit of this CTA's range): the accumulator to this
+                        # CTA's workspace slot, in fragment order (each thread its own 16-byte vectors), then the
+                        # warpgroup's flag.
+                        for i in T.unroll(vec_per_thread):
+                            grid_flags.store_v4_f32(WS.ptr_to([ws_vector(cta, cw, i, ct)]), acc, 4 * i)
+                        T.cuda.warpgroup_sync(1 + cw)
                         if ct == 0:
-                            tma.store_wait_read(0)
-                        T.cuda.warpgroup_sync(1 + cw)
-                        for j in T.unroll(epi // 8):
-                            for r in T.unroll(2):
-                                # Accumulator column block q * epi / 8 + j (inlined: a script assignment
-                                # would make it a local variable, and the register index dynamic).
-                                T.evaluate(cvt_pack(packed[0], acc[wgmma.acc_index(q * (epi // 8) + j, r, 1)],
-                                                    acc[wgmma.acc_index(q * (epi // 8) + j, r, 0)]))
-                                row = wgmma.acc_row(warp, lane, r)
-                                col = wgmma.acc_col(lane, j)  # column inside this round
-                                box = j * 8 // store_cols
-                                Cs[(cs_base + box * store_rows * store_cols
-                                    + tma.sw128_offset(row, col % store_cols, dtype)) // 2] = packed[0]
-                        tma.fence_proxy_async()
-                        T.cuda.warpgroup_sync(1 + cw)
-                        row0 = m0 + cw * wgmma.M
-                        if ct == 0 and row0 < M:
-                            for box in range(epi // store_cols):
-                                # Boxes wholly past N are skipped rather than relying on a fully clipped store.
-                                if n0 + q * epi + box * store_cols < N:
-                                    tma.store_2d(c_map, n0 + q * epi + box * store_cols, row0,
-                                                 Cs.ptr_to([(cs_base + box * store_rows * store_cols) // 2]))
-                            tma.store_commit()
-                    if tail_cols > 0:
-                        # The last tail_cols columns (block_n % 64 = 16, 32 or 48): pairs straight from the
-                        # registers. Only built for such tiles: no C word view otherwise.
-                        Cw = T.decl_buffer((M * ldc // 2,), "uint32", data=C.data)
-                        store_tail_from_registers(Cw, packed, acc, 0, staged // 8, tail_cols, m0 + cw * wgmma.M,
-                                                  n0 + staged, M, N, ldc, warp, lane, cvt_pack)
-                else:
-                    # General epilogue: `passes` rounds of pass_cols columns (block_n / epi, twice that for
-                    # fp32 out), each
-                    # [load C_in into the staging tile] -> alpha/beta/bias in fp32 -> staging -> TMA store.
-                    grow0 = m0 + cw * wgmma.M
-                    ebase = cw * wgmma.M * pass_cols  # this warpgroup's staging slab, in out elements
-                    for p in T.unroll(passes):
-                        # The staging tile is free once the previous stores (previous tile or pass) read it.
-                        if ct == 0:
-                            tma.store_wait_read(0)
-                        T.cuda.warpgroup_sync(1 + cw)
-                        if reads_c:
-                            if beta != T.float32(0):
-                                # C_in: the same boxes the store writes, TMA-loaded into the staging tile.
+                            grid_flags.publish(Flags.ptr_to([cta * NUM_CONSUMERS + cw]))
+                    elif k_end(k_tiles) < k_tiles:
+                        # The tile's first K-steps and its finisher (this CTA's last unit): add the partials of
+                        # the CTAs after this one that cover the rest of the tile (every one with a non-empty
+                        # range up to the owner of the tile's last step).
+                        sk_tile = tile - sk["v"][0] * grid
+                        for c2 in range(cta + 1, scheduler.stream_k_owner((sk_tile + 1) * k_tiles - 1,
+                                                                           sk["v"][1], grid) + 1):
+                            if scheduler.stream_k_start(c2 + 1, sk["v"][1], grid) > scheduler.stream_k_start(
+                                    c2, sk["v"][1], grid):
                                 if ct == 0:
-                                    mbarrier.arrive_expect_tx(cbar.ptr_to([cw]), boxes_per_pass * out_box * out_elem)
-                                    for box in T.unroll(boxes_per_pass):
-                                        tma.load_2d(Cs.ptr_to([word(ebase + box * out_box)]), c_map,
-                                                    n0 + p * pass_cols + box * out_cols, grow0, cbar.ptr_to([cw]))
-                                mbarrier.wait(cbar.ptr_to([cw]), (t * passes + p) % 2)
-                        for jj in T.unroll(pass_cols // 8):
-                            for r in T.unroll(2):
-                                epilogue_pair(Cs, packed, acc, Bias, alpha, beta, N, n0, ebase, p, jj, r,
-                                              warp, lane)
-                        tma.fence_proxy_async()
-                        T.cuda.warpgroup_sync(1 + cw)
-                        if ct == 0 and grow0 < M:
-                            for box in range(boxes_per_pass):
-                                if n0 + p * pass_cols + box * out_cols < N:
-                                    tma.store_2d(c_map, n0 + p * pass_cols + box * out_cols, grow0,
-                                                 Cs.ptr_to([word(ebase + box * out_box)]))
-                            tma.store_commit()
+                                    grid_flags.wait_for(Flags.ptr_to([c2 * NUM_CONSUMERS + cw]), 1, flag)
+                                    grid_flags.reset(Flags.ptr_to([c2 * NUM_CONSUMERS + cw]))
+                                T.cuda.warpgroup_sync(1 + cw)
+                                for i in T.unroll(vec_per_thread):
+                                    grid_flags.load_v4_f32_l2(part, 0, WS.ptr_to([ws_vector(c2, cw, i, ct)]))
+                                    for e in T.unroll(4):
+                                        acc[4 * i + e] = acc[4 * i + e] + part[e]
+                if stores_tile():
+                    if plain:
+                        # Epilogue: this warpgroup's 64 x block_n slab as block_n/64 SW128 boxes of 64 x 64, in
+                        # `rounds` of epi columns (epi/64 boxes) through the staging tile. The staging tile is
+                        # free once the previous stores (previous tile or round) have read it.
+                        for q in T.unroll(rounds):
+                            if ct == 0:
+                                tma.store_wait_read(0)
+                            T.cuda.warpgroup_sync(1 + cw)
+                            for j in T.unroll(epi // 8):
+                                for r in T.unroll(2):
+                                    # Accumulator column block q * epi / 8 + j (inlined: a script assignment
+                                    # would make it a local variable, and the register index dynamic).
+                                    T.evaluate(cvt_pack(packed[0], acc[wgmma.acc_index(q * (epi // 8) + j, r, 1)],
+                                                        acc[wgmma.acc_index(q * (epi // 8) + j, r, 0)]))
+                                    row = wgmma.acc_row(warp, lane, r)
+                                    col = wgmma.acc_col(lane, j)  # column inside this round
+                                    box = j * 8 // store_cols
+                                    Cs[(cs_base + box * store_rows * store_cols
+                                        + tma.sw128_offset(row, col % store_cols, dtype)) // 2] = packed[0]
+                            tma.fence_proxy_async()
+                            T.cuda.warpgroup_sync(1 + cw)
+                            row0 = m0 + cw * wgmma.M
+                            if ct == 0 and row0 < M:
+                                for box in range(epi // store_cols):
+                                    # Boxes wholly past N are skipped rather than relying on a fully clipped store.
+                                    if n0 + q * epi + box * store_cols < N:
+                                        tma.store_2d(c_map, n0 + q * epi + box * store_cols, row0,
+                                                     Cs.ptr_to([(cs_base + box * store_rows * store_cols) // 2]))
+                                tma.store_commit()
+                        if tail_cols > 0:
+                            # The last tail_cols columns (block_n % 64 = 16, 32 or 48): pairs straight from the
+                            # registers. Only built for such tiles: no C word view otherwise.
+                            Cw = T.decl_buffer((M * ldc // 2,), "uint32", data=C.data)
+                            store_tail_from_registers(Cw, packed, acc, 0, staged // 8, tail_cols, m0 + cw * wgmma.M,
+                                                      n0 + staged, M, N, ldc, warp, lane, cvt_pack)
+                    else:
+                        # General epilogue: `passes` rounds of pass_cols columns (block_n / epi, twice that for
+                        # fp32 out), each
+                        # [load C_in into the staging tile] -> alpha/beta/bias in fp32 -> staging -> TMA store.
+                        grow0 = m0 + cw * wgmma.M
+                        ebase = cw * wgmma.M * pass_cols  # this warpgroup's staging slab, in out elements
+                        for p in T.unroll(passes):
+                            # The staging tile is free once the previous stores (previous tile or pass) read it.
+                            if ct == 0:
+                                tma.store_wait_read(0)
+                            T.cuda.warpgroup_sync(1 + cw)
+                            if reads_c:
+                                if beta != T.float32(0):
+                                    # C_in: the same boxes the store writes, TMA-loaded into the staging tile.
+                                    if ct == 0:
+                                        mbarrier.arrive_expect_tx(cbar.ptr_to([cw]),
+                                                              boxes_per_pass * out_box * out_elem)
+                                        for box in T.unroll(boxes_per_pass):
+                                            tma.load_2d(Cs.ptr_to([word(ebase + box * out_box)]), c_map,
+                                                        n0 + p * pass_cols + box * out_cols, grow0, cbar.ptr_to([cw]))
+                                    mbarrier.wait(cbar.ptr_to([cw]), (t * passes + p) % 2)
+                            for jj in T.unroll(pass_cols // 8):
+                                for r in T.unroll(2):
+                                    epilogue_pair(Cs, packed, acc, Bias, alpha, beta, N, n0, ebase, p, jj, r,
+                                                  warp, lane)
+                            tma.fence_proxy_async()
+                            T.cuda.warpgroup_sync(1 + cw)
+                            if ct == 0 and grow0 < M:
+                                for box in range(boxes_per_pass):
+                                    if n0 + p * pass_cols + box * out_cols < N:
+                                        tma.store_2d(c_map, n0 + p * pass_cols + box * out_cols, grow0,
+                                                     Cs.ptr_to([word(ebase + box * out_box)]))
+                                tma.store_commit()
+
             if ct == 0:
                 tma.store_wait(0)
         if cluster_size == 2:
@@ -517,5 +640,6 @@ def build_persistent_kernel(dtype: str, block_m: int, block_n: int, block_k: int
             T.cuda.cluster_sync()
         pdl_launch.end(pdl)
 
-    unused = (() if add_bias else ("bias_ptr", "Bias")) + (() if reads_c else ("alpha", "beta"))
+    unused = ((() if add_bias else ("bias_ptr", "Bias")) + (() if reads_c else ("alpha", "beta"))
+              + (() if stream_k else ("ws_ptr", "WS", "flags_ptr", "Flags")))
     return pdl_launch.launch(_drop_params(fp16_bf16_gemm_persistent, unused), pdl, cluster=cluster_size == 2)

@@ -163,6 +163,30 @@ CONFIGS = [
      "tile": "pingpong_128x176x64_s5_e64_g8"},
     {"label": "bf16_2048x7168x2048_pingpong_128x176", "dtype": "bfloat16", "M": 2048, "N": 7168, "K": 2048,
      "tile": "pingpong_128x176x64_s5_e64_g8"},
+    # Stream-K (``_sk``): every split a schedule makes. 512x4096x1048 on 128x128: 128 tiles of 17 K-steps on 132 CTAs
+    # (16-17 steps each: tiles split 2- and 3-way, middle ranges inside one tile); 2000x3136x200: 400 tiles of 4
+    # steps = 2 data-parallel waves + 136 stream-K tiles, ragged M and N; 129x264x72 on 128x256: 4 tiles x 2 steps
+    # = 8 CTAs of one step (every tile split in two, N ends 8 columns into the second N-tile); 300x520x136 on
+    # 128x224 (register-stored tail) and 128x192; the shapes the tiles are for (512x4096x14336, 2048x7168x2048,
+    # 512x7168x2048, 512x6144x4096), the last two in fp16.
+    {"label": "bf16_512x4096x1048_sk_128x128", "dtype": "bfloat16", "M": 512, "N": 4096, "K": 1048,
+     "tile": "persistent_128x128x64_s6_g8_sk"},
+    {"label": "fp16_2000x3136x200_sk_128x128", "dtype": "float16", "M": 2000, "N": 3136, "K": 200,
+     "tile": "persistent_128x128x64_s6_g8_sk"},
+    {"label": "bf16_129x264x72_sk_128x256", "dtype": "bfloat16", "M": 129, "N": 264, "K": 72,
+     "tile": "persistent_128x256x64_s4_e128_g8_sk"},
+    {"label": "bf16_300x520x136_sk_128x224", "dtype": "bfloat16", "M": 300, "N": 520, "K": 136,
+     "tile": "persistent_128x224x64_s4_g8_sk"},
+    {"label": "fp16_300x520x136_sk_128x192", "dtype": "float16", "M": 300, "N": 520, "K": 136,
+     "tile": "persistent_128x192x64_s4_g8_sk"},
+    {"label": "bf16_512x4096x14336_sk_128x128", "dtype": "bfloat16", "M": 512, "N": 4096, "K": 14336,
+     "tile": "persistent_128x128x64_s6_g8_sk"},
+    {"label": "bf16_2048x7168x2048_sk_128x256", "dtype": "bfloat16", "M": 2048, "N": 7168, "K": 2048,
+     "tile": "persistent_128x256x64_s4_e128_g8_sk"},
+    {"label": "fp16_512x7168x2048_sk_128x224", "dtype": "float16", "M": 512, "N": 7168, "K": 2048,
+     "tile": "persistent_128x224x64_s4_g8_sk"},
+    {"label": "fp16_512x6144x4096_sk_128x192", "dtype": "float16", "M": 512, "N": 6144, "K": 4096,
+     "tile": "persistent_128x192x64_s4_g8_sk"},
     {"label": "bf16_37x520x1048_smallm_224_k2", "dtype": "bfloat16", "M": 37, "N": 520, "K": 1048,
      "tile": "smallm_64x224x64_s6_k2"},
     {"label": "fp16_100x1112x200_smallm_128x224_k4", "dtype": "float16", "M": 100, "N": 1112, "K": 200,
@@ -450,6 +474,21 @@ TILE_CONFIGS = {
     "pingpong_128x192x64_s4_e64_c2_g8": {"kind": "pingpong", "block_m": 128, "block_n": 192, "block_k": 64,
                                          "num_stages": 4, "epi_cols": 64, "cluster_m": 2, "group_m": 8,
                                          "num_sms": 132},
+    # Stream-K ("_sk", gemm/_persistent.py stream_k; sweep candidates): the last full wave and the partial one split
+    # evenly over the 132 CTAs along K, each tile's partials added by the CTA that holds its first K-step (fp32
+    # workspace and flags from fp16_bf16_gemm._run). For the rows where waves, not the mainloop, cost: one wave of
+    # 128 tiles on 132 SMs (512 x 4096 x 14336 on 128x128, 512 x 6144 x 4096 on 128x192, 512 x 7168 x 2048 on
+    # 128x224: 3 % idle) and 2048 x 7168 x 2048 (448 tiles of 128x256 = 3.39 waves).
+    **{f"{t}_sk": {**cfg, "stream_k": True} for t, cfg in (
+        ("persistent_128x256x64_s4_e128_g8", {"kind": "persistent", "block_m": 128, "block_n": 256, "block_k": 64,
+                                              "num_stages": 4, "cluster_m": 1, "group_m": 8, "num_sms": 132,
+                                              "epi_cols": 128}),
+        ("persistent_128x128x64_s6_g8", {"kind": "persistent", "block_m": 128, "block_n": 128, "block_k": 64,
+                                         "num_stages": 6, "cluster_m": 1, "group_m": 8, "num_sms": 132}),
+        ("persistent_128x192x64_s4_g8", {"kind": "persistent", "block_m": 128, "block_n": 192, "block_k": 64,
+                                         "num_stages": 4, "cluster_m": 1, "group_m": 8, "num_sms": 132}),
+        ("persistent_128x224x64_s4_g8", {"kind": "persistent", "block_m": 128, "block_n": 224, "block_k": 64,
+                                         "num_stages": 4, "cluster_m": 1, "group_m": 8, "num_sms": 132}))},
     # Small M (gemm/_small_m.py, memory-bound: stream B once): one CTA per (M-tile, N-tile, K-slice), the
     # split_k K-slices of a tile one cluster, reduced through DSMEM. block_m 64 = 1 consumer warpgroup
     # (M <= 64), 128 = 2 (M <= 128). Rings of 192-200 KB = the bytes in flight per SM.
@@ -677,6 +716,9 @@ def sass_expect(dtype: str, tile: str, layout: str = "nt", **_) -> list[str]:
         out.append(r"BAR\.ARV")  # the consumers' turn-taking (named-barrier arrive)
     if n % 64:
         out.append(r"STG\.E\b")  # the last 32 columns, stored from registers
+    if cfg.get("stream_k"):
+        # Partials out and in (16-byte vectors; in from L2: .cg), the release fence and the flag's acquire load.
+        out += [r"STG\.E\.128", r"LDG\.E\.128\.STRONG\.GPU", r"MEMBAR\.ALL\.GPU", r"LDG\.E\.STRONG\.GPU"]
     return out + ([r"tnspB"] if layout == "nn" else [])
 
 
@@ -707,8 +749,8 @@ def compile_params(**cfg) -> dict:
     if not is_variant(dtype, cfg.get("layout"), cfg.get("out_dtype"), cfg.get("epilogue")):
         return {"dtype": dtype, "tile": tile, **launch}  # the plain kernel: the same key as before variants
     picked = TILE_CONFIGS[tile]
-    if not cfg.get("tile") and (picked.get("kind") != "persistent" or picked["block_n"] % 64):
-        tile = VARIANT_TILE  # the variants need a persistent tile of whole 64-column store boxes
+    if not cfg.get("tile") and (picked.get("kind") != "persistent" or picked["block_n"] % 64 or picked.get("stream_k")):
+        tile = VARIANT_TILE  # the variants need a persistent tile of whole 64-column store boxes, without stream-K
     epilogue = cfg.get("epilogue") or "none"
     p = {"dtype": dtype, "tile": tile, "layout": cfg.get("layout") or "nt", "out_dtype": cfg.get("out_dtype") or dtype,
          "epilogue": epilogue}
@@ -1025,11 +1067,11 @@ def _check_inputs(a, b, out, op: str = _OP, layout: str = "nt", bias=None, alpha
     if tile is not None and TILE_CONFIGS[tile].get("kind") == "gemv" and a.shape[0] > TILE_CONFIGS[tile]["tokens"]:
         _fail(op, "tile", f"a tile serving M = {a.shape[0]} rows of 'a' (a gemv tile serves M <= its "
               f"{TILE_CONFIGS[tile]['tokens']} tokens)", repr(tile))
-    if tile is not None and TILE_CONFIGS[tile].get("kind") != "persistent":
+    if tile is not None and (TILE_CONFIGS[tile].get("kind") != "persistent" or TILE_CONFIGS[tile].get("stream_k")):
         od = out.dtype if out is not None else (out_dtype or a.dtype)
         if layout != "nt" or od != a.dtype or _epilogue(bias, alpha, beta) != "none":
-            _fail(op, "tile", "a persistent tile (layout nn, out_dtype float32, bias, alpha and beta need the "
-                  "persistent kernel)", repr(tile))
+            _fail(op, "tile", "a persistent tile without stream-K (layout nn, out_dtype float32, bias, alpha and "
+                  "beta need the persistent kernel's epilogue)", repr(tile))
     checks.tensor(op, "a", a, cuda=True)
     others = {k: v for k, v in (("b", b), ("out", out), ("bias", bias)) if v is not None}
     checks.same_device(op, "a", a, **others)
@@ -1092,6 +1134,21 @@ def _epilogue(bias, alpha: float, beta: float) -> str:
 
 
 _FUNCTIONS = runtime.FunctionCache(__name__)
+# Stream-K tiles: fp32 floats of workspace a call needs (0: none), per function-cache key; the workspace itself, one
+# partial tile per CTA and one flag per consumer warpgroup and CTA (gemm/_persistent.py, stream_k).
+_WORKSPACE_FLOATS: dict = {}
+_STREAM_K_MAX_CTAS = 132
+_WORKSPACE = runtime.StreamWorkspace(n_flags=2 * _STREAM_K_MAX_CTAS)
+
+
+def workspace_floats(tile: str) -> int:
+    """fp32 workspace a stream-K tile's launch needs: one block_m x block_n partial per CTA (0 for other tiles)."""
+    cfg = TILE_CONFIGS[tile]
+    if not cfg.get("stream_k"):
+        return 0
+    if cfg["num_sms"] > _STREAM_K_MAX_CTAS:
+        raise ValueError(f"fp16_bf16_gemm: tile {tile!r}: the stream-K flags are sized for {_STREAM_K_MAX_CTAS} CTAs")
+    return cfg["num_sms"] * cfg["block_m"] * cfg["block_n"]
 
 
 def _out_cols(layout: str, b) -> int:
@@ -1132,13 +1189,20 @@ def _run(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, tile: str | None =
 
     # What picks the kernel: the tile (choose_tile of M, N, K unless pinned) and the variant; the device for the
     # arch check. One dict lookup per call after the first (runtime.FunctionCache).
-    fn = _FUNCTIONS.get((layout, a.dtype, out.dtype, bias_dtype, epilogue, M, N, K, tile, a.get_device()),
-                          params_of)
+    key = (layout, a.dtype, out.dtype, bias_dtype, epilogue, M, N, K, tile, a.get_device())
+    fn = _FUNCTIONS.get(key, params_of)
+    floats = _WORKSPACE_FLOATS.get(key)
+    if floats is None:
+        if len(_WORKSPACE_FLOATS) >= 4096:  # bounded like _FUNCTIONS
+            _WORKSPACE_FLOATS.clear()
+        floats = _WORKSPACE_FLOATS[key] = workspace_floats(params_of()["tile"])
     args = [a, b, out]
     if bias is not None:
         args.append(bias)
     if epilogue in ("alpha_beta", "alpha_beta_bias"):
         args += [alpha, beta]
+    if floats:
+        args += _WORKSPACE.get(a.device, floats)
     fn(*args)
 
 

@@ -88,3 +88,89 @@ def cluster_tile_coords(tile, num_m, num_n, group_m: int, cluster_m: int, rank, 
 def num_cluster_tiles(num_m, num_n, cluster_m: int = 1, cluster_n: int = 1):
     """Cluster tiles covering ``num_m x num_n`` tiles with ``cluster_m x cluster_n`` clusters."""
     return ceil_div(num_m, cluster_m) * ceil_div(num_n, cluster_n)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Stream-K: a persistent grid that splits the last waves' tiles along K so that every CTA does the same work
+# ---------------------------------------------------------------------------------------------------------
+#
+# With ``total`` tiles of ``k_tiles`` K-steps on ``grid`` CTAs, the plain schedule runs ceil(total / grid) waves
+# and the last one is partly idle (448 tiles on 132 SMs: 3.39 waves take 4). Stream-K (Osama et al., PPoPP '23;
+# CUTLASS's "DP + SK" hybrid) keeps ``dp_waves`` whole waves of tiles ("data-parallel": tile ``cta + w * grid``)
+# and spreads the rest, the last full wave and the partial one, evenly over the CTAs as one range of K-steps: CTA
+# ``c`` gets the K-steps [start(c), start(c + 1)) of the stream-K tiles laid end to end (tile by tile, K fastest),
+# ``start(c) = c * sk_steps // grid``. A CTA's range covers the end of one tile (a *partial*: it does not start at
+# the tile's K-step 0), whole tiles, and the beginning of another; the CTA that holds a tile's K-step 0 *finishes*
+# it: it adds the partials of the CTAs after it that cover the rest of the tile (each CTA leaves at most one
+# partial: only its first range can start inside a tile) and stores the tile. A CTA does its partial first and its
+# finishing last, so a finisher never waits long and never for a CTA that waits (see ``core.lang.grid_flags``).
+# The functions below work on Python ints and TIR expressions alike; the kernel binds their results once.
+
+
+def _select(cond, a, b):
+    if isinstance(cond, bool):
+        return a if cond else b
+    from tvm.script import tirx as T
+
+    return T.Select(cond, a, b)
+
+
+def _max(a, b):
+    if isinstance(a, int) and isinstance(b, int):
+        return max(a, b)
+    from tvm.script import tirx as T
+
+    return T.max(a, b)
+
+
+def _mul_div(a, b, c):
+    """``a * b // c`` without 32-bit overflow of the product (int64 in TIR)."""
+    if isinstance(a, int) and isinstance(b, int) and isinstance(c, int):
+        return a * b // c
+    from tvm.script import tirx as T
+
+    return T.Cast("int32", T.Cast("int64", a) * T.Cast("int64", b) // T.Cast("int64", c))
+
+
+def stream_k_grid(total_tiles, k_tiles, num_sms: int):
+    """CTAs of a stream-K launch: one per SM, never more than there are K-steps."""
+    return _min(total_tiles * k_tiles, num_sms)
+
+
+def stream_k_dp_waves(total_tiles, grid):
+    """Whole waves of data-parallel tiles: all of them when the tiles fill the waves exactly, otherwise all but
+    the last full wave (which joins the partial one in the stream-K part)."""
+    full = total_tiles // grid
+    return _select(total_tiles % grid == 0, full, _max(full - 1, 0))
+
+
+def stream_k_start(cta, sk_steps, grid):
+    """CTA ``cta``'s first K-step in the stream-K part (``cta = grid``: the end of the last CTA's range)."""
+    return _mul_div(cta, sk_steps, grid)
+
+
+def stream_k_owner(step, sk_steps, grid):
+    """The CTA whose range holds stream-K step ``step``: the largest ``c`` with ``start(c) <= step``, i.e. with
+    ``c * sk_steps < (step + 1) * grid``."""
+    if isinstance(step, int) and isinstance(sk_steps, int) and isinstance(grid, int):
+        return ((step + 1) * grid - 1) // sk_steps
+    from tvm.script import tirx as T
+
+    return T.Cast("int32", ((T.Cast("int64", step) + 1) * T.Cast("int64", grid) - 1) // T.Cast("int64", sk_steps))
+
+
+def stream_k_units(dp_waves, start, end, k_tiles):
+    """How many work units a CTA runs: its ``dp_waves`` whole tiles, then one per stream-K tile its range
+    [start, end) touches."""
+    return dp_waves + _select(end > start, (end - 1) // k_tiles - start // k_tiles + 1, 0)
+
+
+def stream_k_unit(u, cta, grid, dp_waves, start, end, k_tiles):
+    """``(tile, k_begin, k_end)`` of CTA ``cta``'s work unit ``u``: a data-parallel tile ``cta + u * grid`` (all
+    K-steps) while ``u < dp_waves``, then the stream-K tiles its range touches, each clipped to the range."""
+    dp_tiles = dp_waves * grid
+    sk_tile = start // k_tiles + u - dp_waves  # among the stream-K tiles
+    dp = u < dp_waves
+    return (_select(dp, cta + u * grid, dp_tiles + sk_tile),
+            _select(dp, 0, _max(start - sk_tile * k_tiles, 0)),
+            _select(dp, k_tiles, _min(end - sk_tile * k_tiles, k_tiles)))
