@@ -75,6 +75,8 @@ def test_tile_heuristic_and_params():
     assert mod.choose_tile(2048, 7168, 2048) == "pingpong_128x176x64_s5_e64_g8"
     assert mod.choose_tile(512, 28672, 8192) == "pingpong_128x176x64_s5_e64_g8"
     assert mod.choose_tile(8192, 14336, 4096) == "persistent_128x256x64_s4_e128_c2_g8"
+    assert mod.choose_tile(8192, 28672, 8192) == "pingpong_128x192x64_s4_e64_g8"
+    assert mod.choose_tile(8192, 8192, 28672) == "persistent_128x256x64_s4_e128_g8"
     # n_div rows: the 224-column tile only where N is a whole number of them.
     assert all(len(row) == 4 or (len(row) == 5 and isinstance(row[4], int)) for row in mod.TILE_TABLE)
     assert mod.choose_tile(512, 7168, 2048) == "persistent_128x224x64_s4_g8"

@@ -167,8 +167,8 @@ CONFIGS = [
     # (16-17 steps each: tiles split 2- and 3-way, middle ranges inside one tile); 2000x3136x200: 400 tiles of 4
     # steps = 2 data-parallel waves + 136 stream-K tiles, ragged M and N; 129x264x72 on 128x256: 4 tiles x 2 steps
     # = 8 CTAs of one step (every tile split in two, N ends 8 columns into the second N-tile); 300x520x136 on
-    # 128x224 (register-stored tail) and 128x192; the shapes the tiles are for (512x4096x14336, 2048x7168x2048,
-    # 512x7168x2048, 512x6144x4096), the last two in fp16.
+    # 128x224 (register-stored tail); the shapes the tiles were built for (512x4096x14336, 2048x7168x2048,
+    # 512x7168x2048 in fp16).
     {"label": "bf16_512x4096x1048_sk_128x128", "dtype": "bfloat16", "M": 512, "N": 4096, "K": 1048,
      "tile": "persistent_128x128x64_s6_g8_sk"},
     {"label": "fp16_2000x3136x200_sk_128x128", "dtype": "float16", "M": 2000, "N": 3136, "K": 200,
@@ -177,16 +177,12 @@ CONFIGS = [
      "tile": "persistent_128x256x64_s4_e128_g8_sk"},
     {"label": "bf16_300x520x136_sk_128x224", "dtype": "bfloat16", "M": 300, "N": 520, "K": 136,
      "tile": "persistent_128x224x64_s4_g8_sk"},
-    {"label": "fp16_300x520x136_sk_128x192", "dtype": "float16", "M": 300, "N": 520, "K": 136,
-     "tile": "persistent_128x192x64_s4_g8_sk"},
     {"label": "bf16_512x4096x14336_sk_128x128", "dtype": "bfloat16", "M": 512, "N": 4096, "K": 14336,
      "tile": "persistent_128x128x64_s6_g8_sk"},
     {"label": "bf16_2048x7168x2048_sk_128x256", "dtype": "bfloat16", "M": 2048, "N": 7168, "K": 2048,
      "tile": "persistent_128x256x64_s4_e128_g8_sk"},
     {"label": "fp16_512x7168x2048_sk_128x224", "dtype": "float16", "M": 512, "N": 7168, "K": 2048,
      "tile": "persistent_128x224x64_s4_g8_sk"},
-    {"label": "fp16_512x6144x4096_sk_128x192", "dtype": "float16", "M": 512, "N": 6144, "K": 4096,
-     "tile": "persistent_128x192x64_s4_g8_sk"},
     {"label": "bf16_37x520x1048_smallm_224_k2", "dtype": "bfloat16", "M": 37, "N": 520, "K": 1048,
      "tile": "smallm_64x224x64_s6_k2"},
     {"label": "fp16_100x1112x200_smallm_128x224_k4", "dtype": "float16", "M": 100, "N": 1112, "K": 200,
@@ -474,19 +470,22 @@ TILE_CONFIGS = {
     "pingpong_128x192x64_s4_e64_c2_g8": {"kind": "pingpong", "block_m": 128, "block_n": 192, "block_k": 64,
                                          "num_stages": 4, "epi_cols": 64, "cluster_m": 2, "group_m": 8,
                                          "num_sms": 132},
-    # Stream-K ("_sk", gemm/_persistent.py stream_k; sweep candidates): the last full wave and the partial one split
-    # evenly over the 132 CTAs along K, each tile's partials added by the CTA that holds its first K-step (fp32
-    # workspace and flags from fp16_bf16_gemm._run). For the rows where waves, not the mainloop, cost: one wave of
-    # 128 tiles on 132 SMs (512 x 4096 x 14336 on 128x128, 512 x 6144 x 4096 on 128x192, 512 x 7168 x 2048 on
-    # 128x224: 3 % idle) and 2048 x 7168 x 2048 (448 tiles of 128x256 = 3.39 waves).
+    # Stream-K ("_sk", gemm/_persistent.py stream_k; sweep candidates, TILE_TABLE picks none): the last full wave
+    # and the partial one split evenly over the 132 CTAs along K, each tile's partials added by the CTA that holds
+    # its first K-step (fp32 workspace and flags from fp16_bf16_gemm._run). Built for the rows where waves cost: one
+    # wave of 128 tiles on 132 SMs (512 x 4096 x 14336 on 128x128, 512 x 7168 x 2048 on 128x224: 3 % idle) and
+    # 2048 x 7168 x 2048 (448 tiles of 128x256 = 3.39 waves). Measured (2026-12-03g run B, cold L2, against the same
+    # tile without stream-K): slower at 25 of 29 shapes with M >= 512, 0.48-0.98x where the tile already fills the
+    # SMs (512 x 8192 x 28672 0.53x, 1024^3 0.78x) and 0.72-1.02x at the rows it was for, never better than the
+    # table's pick: the finisher adds its partials serially at the end of the launch (1-3 us), and the CTAs sharing an
+    # A or B panel now run at different K offsets, so the panels are read from DRAM again instead of from L2
+    # (docs/gemm.md section 15). Kept as candidates with the GPU rows of the mechanism (128x192 removed).
     **{f"{t}_sk": {**cfg, "stream_k": True} for t, cfg in (
         ("persistent_128x256x64_s4_e128_g8", {"kind": "persistent", "block_m": 128, "block_n": 256, "block_k": 64,
                                               "num_stages": 4, "cluster_m": 1, "group_m": 8, "num_sms": 132,
                                               "epi_cols": 128}),
         ("persistent_128x128x64_s6_g8", {"kind": "persistent", "block_m": 128, "block_n": 128, "block_k": 64,
                                          "num_stages": 6, "cluster_m": 1, "group_m": 8, "num_sms": 132}),
-        ("persistent_128x192x64_s4_g8", {"kind": "persistent", "block_m": 128, "block_n": 192, "block_k": 64,
-                                         "num_stages": 4, "cluster_m": 1, "group_m": 8, "num_sms": 132}),
         ("persistent_128x224x64_s4_g8", {"kind": "persistent", "block_m": 128, "block_n": 224, "block_k": 64,
                                          "num_stages": 4, "cluster_m": 1, "group_m": 8, "num_sms": 132}))},
     # Small M (gemm/_small_m.py, memory-bound: stream B once): one CTA per (M-tile, N-tile, K-slice), the
@@ -683,8 +682,11 @@ TILE_TABLE = [
     # 8192x14336x4096: 128x256 s4 e128 in 2-CTA clusters, six-run mean 1.014 [ping-pong 128x192 c2 0.995]
     # (2026-12-03e runs 1-2, final, again; 2026-12-03f runs A-B).
     (None, 16384, 4096, "persistent_128x256x64_s4_e128_c2_g8"),
-    (None, None, None, "persistent_128x256x64_s4_e128_g8"),  # 8192 x 8192 x 28672 1.019 [s3 1.011], x14336x4096
-    # 0.989 [ping-pong 1.003], x28672x8192 1.004 [s3 1.007], 16384^3 1.000 [s3 1.008]
+    # 8192x28672x8192: ping-pong 128x192, mean of eight sweeps 1.007 [128x256 s4 e128 0.991] (2026-12-03e final /
+    # again / runs 1-2, 2026-12-03f run A / final, 2026-12-03g runs A-B).
+    (None, None, 8192, "pingpong_128x192x64_s4_e64_g8"),
+    (None, None, None, "persistent_128x256x64_s4_e128_g8"),  # 8192 x 8192 x 28672 1.019 [s3 1.011], 16384^3 1.000
+    # [s3 1.008] (the 8-run means of the row above: 8192x8192x28672 and 16384^3 stay here)
 ]
 
 
