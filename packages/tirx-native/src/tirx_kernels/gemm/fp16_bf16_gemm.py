@@ -474,10 +474,10 @@ TILE_CONFIGS = {
     # and the partial one split evenly over the 132 CTAs along K, each tile's partials added by the CTA that holds
     # its first K-step (fp32 workspace and flags from fp16_bf16_gemm._run). Built for the rows where waves cost: one
     # wave of 128 tiles on 132 SMs (512 x 4096 x 14336 on 128x128, 512 x 7168 x 2048 on 128x224: 3 % idle) and
-    # 2048 x 7168 x 2048 (448 tiles of 128x256 = 3.39 waves). Measured (2026-12-03g run B, cold L2, against the same
-    # tile without stream-K): slower at 25 of 29 shapes with M >= 512, 0.48-0.98x where the tile already fills the
-    # SMs (512 x 8192 x 28672 0.53x, 1024^3 0.78x) and 0.72-1.02x at the rows it was for, never better than the
-    # table's pick: the finisher adds its partials serially at the end of the launch (1-3 us), and the CTAs sharing an
+    # 2048 x 7168 x 2048 (448 tiles of 128x256 = 3.39 waves). Measured (2026-12-03g run B, cold L2, the 29 shapes
+    # with M >= 512, four _sk tiles against the same tiles without stream-K): slower in 89 of the 116 pairs (geomean
+    # 0.91x; 512 x 8192 x 28672 0.53x, 1024^3 0.78x), 0.72-1.02x at the rows it was for, and at no shape faster than
+    # the best tile without it: the finisher adds its partials serially at the end of the launch (1-3 us), and the CTAs sharing an
     # A or B panel now run at different K offsets, so the panels are read from DRAM again instead of from L2
     # (docs/gemm.md section 15). Kept as candidates with the GPU rows of the mechanism (128x192 removed).
     **{f"{t}_sk": {**cfg, "stream_k": True} for t, cfg in (
