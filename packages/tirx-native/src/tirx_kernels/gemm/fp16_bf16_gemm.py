@@ -477,9 +477,9 @@ TILE_CONFIGS = {
     # 2048 x 7168 x 2048 (448 tiles of 128x256 = 3.39 waves). Measured (2026-12-03g run B, cold L2, the 29 shapes
     # with M >= 512, four _sk tiles against the same tiles without stream-K): slower in 89 of the 116 pairs (geomean
     # 0.91x; 512 x 8192 x 28672 0.53x, 1024^3 0.78x), 0.72-1.02x at the rows it was for, and at no shape faster than
-    # the best tile without it: the finisher adds its partials serially at the end of the launch (1-3 us), and the CTAs sharing an
-    # A or B panel now run at different K offsets, so the panels are read from DRAM again instead of from L2
-    # (docs/gemm.md section 15). Kept as candidates with the GPU rows of the mechanism (128x192 removed).
+    # the best tile without it: the finisher adds its partials serially at the end of the launch (1-3 us), and the
+    # CTAs sharing an A or B panel now run at different K offsets, so the panels are read from DRAM again instead of
+    # from L2 (docs/gemm.md section 15). Kept as candidates with the GPU rows of the mechanism (128x192 removed).
     **{f"{t}_sk": {**cfg, "stream_k": True} for t, cfg in (
         ("persistent_128x256x64_s4_e128_g8", {"kind": "persistent", "block_m": 128, "block_n": 256, "block_k": 64,
                                               "num_stages": 4, "cluster_m": 1, "group_m": 8, "num_sms": 132,
