@@ -70,17 +70,23 @@ class FunctionCache:
     """A public op's hot path to its loaded kernels: ``key`` (a tuple of what picks the kernel — dtypes, the
     dims the params depend on, the device index) -> function. The first call per key runs ``params_of()`` and
     :func:`get_function` (arch check, params canonicalised, bundle lookup: ~15-25 us of host time); later calls
-    are one dict lookup. Bounded: cleared when it holds ``max_entries`` keys (a GEMM's shapes are keys)."""
+    are one dict lookup. Bounded: cleared when it holds ``max_entries`` keys (a GEMM's shapes are keys).
+    ``bind(fn, params)``, where given, wraps the loaded function once per key (e.g. appending the scratch
+    arguments the picked kernel takes: ``fp16_bf16_gemm``'s stream-K workspace)."""
 
-    def __init__(self, module_name: str, max_entries: int = 4096):
+    def __init__(self, module_name: str, max_entries: int = 4096, bind=None):
         self._module_name = module_name
         self._max = max_entries
+        self._bind = bind
         self._fns: dict = {}
 
     def get(self, key: tuple, params_of):
         fn = self._fns.get(key)
         if fn is None:
-            fn = get_function(sys.modules[self._module_name], params_of())
+            params = params_of()
+            fn = get_function(sys.modules[self._module_name], params)
+            if self._bind is not None:
+                fn = self._bind(fn, params)
             if len(self._fns) >= self._max:
                 self._fns.clear()
             self._fns[key] = fn

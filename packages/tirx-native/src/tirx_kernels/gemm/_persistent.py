@@ -332,7 +332,9 @@ def build_persistent_kernel(dtype: str, block_m: int, block_n: int, block_k: int
         sk["v"] = v
 
     def bind_unit(t, cta, grid, k_tiles):
-        """sk["u"] <- (tile, first K-step, end K-step) of work unit t."""
+        """sk["u"] <- (tile, first K-step, end K-step) of work unit t (nothing without stream_k)."""
+        if not stream_k:
+            return
         v = sk["v"]
         u = T.alloc_local((3,), "int32")
         tile, kb, ke = scheduler.stream_k_unit(t, cta, grid, v[0], v[2], v[3], k_tiles)
@@ -365,7 +367,7 @@ def build_persistent_kernel(dtype: str, block_m: int, block_n: int, block_k: int
         if not stream_k:
             return t * k_tiles + k
         v = sk["v"]
-        return T.Select(t < v[0], t * k_tiles + k, v[0] * k_tiles + (v[2] // k_tiles + t - v[0]) * k_tiles + k - v[2])
+        return scheduler.stream_k_use(t, k, v[0], v[2], k_tiles)
 
     def stores_tile():
         """Whether the unit ends with the tile's epilogue: all but a partial (a unit not starting at K-step 0)."""
@@ -468,8 +470,7 @@ def build_persistent_kernel(dtype: str, block_m: int, block_n: int, block_k: int
                 tma.prefetch_descriptor(b_map)
                 tma.prefetch_descriptor(c_map)
                 for t in range(units(my_tiles, k_tiles)):
-                    if stream_k:
-                        bind_unit(t, cta, grid, k_tiles)
+                    bind_unit(t, cta, grid, k_tiles)
                     tile = unit_tile(t, cluster, grid)
                     m0 = tiles.tile_mn(tile, M, N, rank)[0] * block_m
                     n0 = tiles.tile_mn(tile, M, N, rank)[1] * block_n
@@ -511,8 +512,7 @@ def build_persistent_kernel(dtype: str, block_m: int, block_n: int, block_k: int
             b_desc0(Bs, desc_b)
             ring.cursor_init(cursor)  # the ring position continues across tiles, like the producer's use count
             for t in range(units(my_tiles, k_tiles)):
-                if stream_k:
-                    bind_unit(t, cta, grid, k_tiles)
+                bind_unit(t, cta, grid, k_tiles)
                 tile = unit_tile(t, cluster, grid)
                 m0 = tiles.tile_mn(tile, M, N, rank)[0] * block_m
                 n0 = tiles.tile_mn(tile, M, N, rank)[1] * block_n
@@ -542,7 +542,7 @@ def build_persistent_kernel(dtype: str, block_m: int, block_n: int, block_k: int
                         # CTA's workspace slot, in fragment order (each thread its own 16-byte vectors), then the
                         # warpgroup's flag.
                         for i in T.unroll(vec_per_thread):
-                            grid_flags.store_v4_f32(WS.ptr_to([ws_vector(cta, cw, i, ct)]), acc, 4 * i)
+                            vector.store_v4(WS.ptr_to([ws_vector(cta, cw, i, ct)]), acc, 4 * i, dtype="float32")
                         T.cuda.warpgroup_sync(1 + cw)
                         if ct == 0:
                             grid_flags.publish(Flags.ptr_to([cta * NUM_CONSUMERS + cw]))
@@ -560,7 +560,8 @@ def build_persistent_kernel(dtype: str, block_m: int, block_n: int, block_k: int
                                     grid_flags.reset(Flags.ptr_to([c2 * NUM_CONSUMERS + cw]))
                                 T.cuda.warpgroup_sync(1 + cw)
                                 for i in T.unroll(vec_per_thread):
-                                    grid_flags.load_v4_f32_l2(part, 0, WS.ptr_to([ws_vector(c2, cw, i, ct)]))
+                                    vector.load_v4(part, 0, WS.ptr_to([ws_vector(c2, cw, i, ct)]), cache="cg",
+                                                   dtype="float32")
                                     for e in T.unroll(4):
                                         acc[4 * i + e] = acc[4 * i + e] + part[e]
                 if stores_tile():

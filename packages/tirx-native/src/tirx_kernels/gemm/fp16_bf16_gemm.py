@@ -1135,10 +1135,8 @@ def _epilogue(bias, alpha: float, beta: float) -> str:
     return "alpha_beta_bias" if ab else "bias"
 
 
-_FUNCTIONS = runtime.FunctionCache(__name__)
-# Stream-K tiles: fp32 floats of workspace a call needs (0: none), per function-cache key; the workspace itself, one
-# partial tile per CTA and one flag per consumer warpgroup and CTA (gemm/_persistent.py, stream_k).
-_WORKSPACE_FLOATS: dict = {}
+# Stream-K tiles take a workspace, one partial tile per CTA and one flag per consumer warpgroup and CTA
+# (gemm/_persistent.py, stream_k): the function cache appends it to their calls.
 _STREAM_K_MAX_CTAS = 132
 _WORKSPACE = runtime.StreamWorkspace(n_flags=2 * _STREAM_K_MAX_CTAS)
 
@@ -1151,6 +1149,17 @@ def workspace_floats(tile: str) -> int:
     if cfg["num_sms"] > _STREAM_K_MAX_CTAS:
         raise ValueError(f"fp16_bf16_gemm: tile {tile!r}: the stream-K flags are sized for {_STREAM_K_MAX_CTAS} CTAs")
     return cfg["num_sms"] * cfg["block_m"] * cfg["block_n"]
+
+
+def _with_workspace(fn, params: dict):
+    """``fn`` itself, or for a stream-K tile ``fn`` with this device and stream's workspace and flags appended."""
+    floats = workspace_floats(params["tile"])
+    if not floats:
+        return fn
+    return lambda a, *args: fn(a, *args, *_WORKSPACE.get(a.device, floats))
+
+
+_FUNCTIONS = runtime.FunctionCache(__name__, bind=_with_workspace)
 
 
 def _out_cols(layout: str, b) -> int:
@@ -1191,20 +1200,13 @@ def _run(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, tile: str | None =
 
     # What picks the kernel: the tile (choose_tile of M, N, K unless pinned) and the variant; the device for the
     # arch check. One dict lookup per call after the first (runtime.FunctionCache).
-    key = (layout, a.dtype, out.dtype, bias_dtype, epilogue, M, N, K, tile, a.get_device())
-    fn = _FUNCTIONS.get(key, params_of)
-    floats = _WORKSPACE_FLOATS.get(key)
-    if floats is None:
-        if len(_WORKSPACE_FLOATS) >= 4096:  # bounded like _FUNCTIONS
-            _WORKSPACE_FLOATS.clear()
-        floats = _WORKSPACE_FLOATS[key] = workspace_floats(params_of()["tile"])
+    fn = _FUNCTIONS.get((layout, a.dtype, out.dtype, bias_dtype, epilogue, M, N, K, tile, a.get_device()),
+                        params_of)
     args = [a, b, out]
     if bias is not None:
         args.append(bias)
     if epilogue in ("alpha_beta", "alpha_beta_bias"):
         args += [alpha, beta]
-    if floats:
-        args += _WORKSPACE.get(a.device, floats)
     fn(*args)
 
 

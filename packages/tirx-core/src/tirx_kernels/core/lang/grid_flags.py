@@ -1,13 +1,12 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Flags in global memory between the CTAs of one grid, and the fp32 vectors they guard, for ``@T.prim_func``
-bodies (stream-K: a CTA that computed part of a tile's K range hands its partial accumulator to the CTA that
-finishes the tile).
+"""Flags in global memory between the CTAs of one grid, for ``@T.prim_func`` bodies (stream-K: a CTA that
+computed part of a tile's K range hands its partial accumulator to the CTA that finishes the tile).
 
-The protocol (the one CUTLASS's generic barrier uses): every writer thread stores its data (``store_v4_f32``),
+The protocol (the one CUTLASS's generic barrier uses): every writer thread stores its data (``vector.store_v4``),
 the writing threads meet at a barrier, then one thread :func:`publish` es the flag (``fence.acq_rel.gpu`` and a
 relaxed store: a release at GPU scope, cumulative over the writes the barrier ordered before it). The reader: one
 thread :func:`wait_for` s the flag (``ld.acquire.gpu`` in a loop), the readers meet at a barrier, then load the
-data with :func:`load_v4_f32_l2` (``.cg``: from L2, never a stale L1 line). A flag is used once per launch and
+data from L2 (``vector.load_v4(..., cache="cg")``: never a stale L1 line). A flag is used once per launch and
 the reader puts it back to 0 (:func:`reset`), so flags stay zeroed between launches and need no memset.
 
 Waits only terminate if the CTA that publishes is running or will run: grids that use these flags are at most
@@ -19,17 +18,6 @@ Helpers are traced: statements go through ``T.evaluate``; loops in them are Pyth
 from __future__ import annotations
 
 from tvm.script import tirx as T
-
-
-def store_v4_f32(ptr, regs, base):
-    """16 bytes at ``ptr`` (global, 16-byte aligned) <- ``regs[base:base+4]`` (``float32`` locals)."""
-    T.evaluate(T.ptx["st.global.v4.f32"](ptr, regs[base], regs[base + 1], regs[base + 2], regs[base + 3]))
-
-
-def load_v4_f32_l2(regs, base, ptr):
-    """``regs[base:base+4]`` (``float32`` locals) <- 16 bytes at ``ptr`` (global, 16-byte aligned), cached in L2
-    only (``ld.global.cg``): data another SM wrote during this launch."""
-    T.evaluate(T.ptx["ld.global.cg.v4.f32"](regs[base], regs[base + 1], regs[base + 2], regs[base + 3], ptr))
 
 
 def publish(flag_ptr, value=1):

@@ -134,7 +134,7 @@ def _mul_div(a, b, c):
 
 def stream_k_grid(total_tiles, k_tiles, num_sms: int):
     """CTAs of a stream-K launch: one per SM, never more than there are K-steps."""
-    return _min(total_tiles * k_tiles, num_sms)
+    return grid_size(total_tiles * k_tiles, num_sms)
 
 
 def stream_k_dp_waves(total_tiles, grid):
@@ -165,12 +165,24 @@ def stream_k_units(dp_waves, start, end, k_tiles):
     return dp_waves + _select(end > start, (end - 1) // k_tiles - start // k_tiles + 1, 0)
 
 
+def _stream_k_tile(u, dp_waves, start, k_tiles):
+    """Work unit ``u``'s tile among the stream-K tiles (``u >= dp_waves``): the range's first tile, then the next."""
+    return start // k_tiles + u - dp_waves
+
+
 def stream_k_unit(u, cta, grid, dp_waves, start, end, k_tiles):
     """``(tile, k_begin, k_end)`` of CTA ``cta``'s work unit ``u``: a data-parallel tile ``cta + u * grid`` (all
     K-steps) while ``u < dp_waves``, then the stream-K tiles its range touches, each clipped to the range."""
     dp_tiles = dp_waves * grid
-    sk_tile = start // k_tiles + u - dp_waves  # among the stream-K tiles
+    sk_tile = _stream_k_tile(u, dp_waves, start, k_tiles)
     dp = u < dp_waves
     return (_select(dp, cta + u * grid, dp_tiles + sk_tile),
             _select(dp, 0, _max(start - sk_tile * k_tiles, 0)),
             _select(dp, k_tiles, _min(end - sk_tile * k_tiles, k_tiles)))
+
+
+def stream_k_use(u, k, dp_waves, start, k_tiles):
+    """How many K-steps the CTA ran before K-step ``k`` of its unit ``u`` (a ring's use count): whole tiles while
+    ``u < dp_waves``, then the data-parallel steps plus the stream-K steps from ``start``."""
+    return _select(u < dp_waves, u * k_tiles + k,
+                   dp_waves * k_tiles + _stream_k_tile(u, dp_waves, start, k_tiles) * k_tiles + k - start)

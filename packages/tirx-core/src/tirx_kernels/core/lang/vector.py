@@ -60,11 +60,17 @@ LOAD_CACHE = {
     "evict_first": ".L1::evict_first",
     "evict_last": ".L1::evict_last",
     "evict_unchanged": ".L1::evict_unchanged",
+    "cg": ".cg",  # L2 only, never a (stale) L1 line: data another SM wrote during this launch
 }
 
+# What a 16-byte vector's four 32-bit registers hold (``load_v4`` / ``store_v4``): packed words, or fp32 values.
+WORDS = {"uint32": "b32", "float32": "f32"}
 
-def load_v4(regs, base, ptr, pred=None, *, l1_no_allocate: bool = False, cache: str | None = None, policy=None):
-    """``regs[base:base+4] <- 16 bytes at ptr`` (``ld.global.v4.b32``), only where ``pred`` holds.
+
+def load_v4(regs, base, ptr, pred=None, *, l1_no_allocate: bool = False, cache: str | None = None, policy=None,
+            dtype: str = "uint32"):
+    """``regs[base:base+4] <- 16 bytes at ptr`` (``ld.global.v4.b32``; ``dtype="float32"``: ``.f32`` into fp32
+    locals), only where ``pred`` holds.
 
     ``ptr`` must be 16-byte aligned (``X.ptr_to([...])``). Where ``pred`` is false the words keep their
     previous value: zero them first (``fill``) when they feed a reduction. ``l1_no_allocate`` streams data
@@ -78,7 +84,7 @@ def load_v4(regs, base, ptr, pred=None, *, l1_no_allocate: bool = False, cache: 
         raise ValueError(f"vector.load_v4: cache {cache!r} is not one of {sorted(LOAD_CACHE)}")
     ops = [regs[base], regs[base + 1], regs[base + 2], regs[base + 3], ptr]
     hint = _cache_hint(ops, policy)
-    _guarded(T.ptx[f"ld.global{LOAD_CACHE[cache]}{hint}.v4.b32"](*ops), pred)
+    _guarded(T.ptx[f"ld.global{LOAD_CACHE[cache]}{hint}.v4.{WORDS[dtype]}"](*ops), pred)
 
 
 def _cache_hint(ops: list, policy) -> str:
@@ -135,8 +141,9 @@ STORE_CACHE = {
 }
 
 
-def store_v4(ptr, regs, base, pred=None, *, cache: str = "default", policy=None):
-    """``16 bytes at ptr <- regs[base:base+4]`` (``st.global.v4.b32``), only where ``pred`` holds.
+def store_v4(ptr, regs, base, pred=None, *, cache: str = "default", policy=None, dtype: str = "uint32"):
+    """``16 bytes at ptr <- regs[base:base+4]`` (``st.global.v4.b32``; ``dtype="float32"``: ``.f32`` from fp32
+    locals), only where ``pred`` holds.
 
     ``cache`` is a ``STORE_CACHE`` name (the qualifiers after ``st.global``); ``policy`` an L2 cache policy
     (:func:`l2_policy`) passed as the ``.L2::cache_hint`` operand.
@@ -145,7 +152,7 @@ def store_v4(ptr, regs, base, pred=None, *, cache: str = "default", policy=None)
         raise ValueError(f"vector.store_v4: cache {cache!r} is not one of {sorted(STORE_CACHE)}")
     ops = [ptr, regs[base], regs[base + 1], regs[base + 2], regs[base + 3]]
     hint = _cache_hint(ops, policy)
-    _guarded(T.ptx[f"st.global{STORE_CACHE[cache]}{hint}.v4.b32"](*ops), pred)
+    _guarded(T.ptx[f"st.global{STORE_CACHE[cache]}{hint}.v4.{WORDS[dtype]}"](*ops), pred)
 
 
 def load_shared_v4(regs, base, smem_ptr, pred=None):
