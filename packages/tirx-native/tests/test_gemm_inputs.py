@@ -68,7 +68,11 @@ def test_tile_heuristic_and_params():
         if kind[tile] == "gemv":
             assert max_m is not None and max_m <= mod.TILE_CONFIGS[tile]["tokens"], (max_m, tile)
     assert kind[mod.choose_tile(128, 14336, 4096)] == "small_m"
-    assert mod.choose_tile(512, 4096, 4096) == "persistent_128x128x64_s6_g8"
+    # M = 512, one wave of tiles: the L2 evict_first twins (M = 1024 keeps the plain tiles).
+    assert mod.choose_tile(512, 4096, 4096) == "persistent_128x128x64_s6_g8_ef"
+    assert mod.choose_tile(512, 6144, 4096) == "persistent_128x192x64_s4_g8_ef"
+    assert mod.choose_tile(1024, 6144, 4096) == "persistent_128x192x64_s4_g8"
+    assert mod.choose_tile(512, 2048, 7168) == "persistent_128x64x64_s8_g8_ef"
     assert mod.choose_tile(4096, 4096, 4096) == "persistent_128x256x64_s4_e128_g8"
     assert mod.choose_tile(8192, 4096, 4096) == "persistent_128x256x64_s4_e128_g8"
     assert mod.choose_tile(8192, 8192, 8192) == "persistent_128x256x64_s4_e128_c2_g8"
@@ -79,7 +83,7 @@ def test_tile_heuristic_and_params():
     assert mod.choose_tile(8192, 8192, 28672) == "persistent_128x256x64_s4_e128_g8"
     # n_div rows: the 224-column tile only where N is a whole number of them.
     assert all(len(row) == 4 or (len(row) == 5 and isinstance(row[4], int)) for row in mod.TILE_TABLE)
-    assert mod.choose_tile(512, 7168, 2048) == "persistent_128x224x64_s4_g8"
+    assert mod.choose_tile(512, 7168, 2048) == "persistent_128x224x64_s4_g8_ef"
     assert mod.choose_tile(512, 7000, 2048) == "persistent_128x128x64_s6_g8"
     assert mod.choose_tile(128, 28672, 8192) == "smallm_128x224x64_s5_k1"
     p = mod.compile_params(**{**mod.DEFAULTS, "M": 1000, "N": 1032, "K": 1048})

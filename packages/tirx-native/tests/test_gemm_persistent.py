@@ -37,6 +37,8 @@ def test_persistent_tiles_fit_smem():
     {"stream_k": True, "cluster_m": 2}, {"stream_k": True, "cluster_n": 2, "cluster_m": 1},
     {"stream_k": True, "layout": "nn"}, {"stream_k": True, "out_dtype": "float32"},
     {"stream_k": True, "epilogue": "bias", "bias_dtype": "bfloat16"},
+    # L2 priorities of the operand loads: createpolicy's, by name
+    {"load_priority": "evict_sometimes"}, {"load_priority": "L2::evict_first"},
 ])
 def test_persistent_rejects_bad_params(bad):
     params = {**{k: v for k, v in mod.TILE_CONFIGS["persistent_128x256x64_s3_g8"].items() if k != "kind"}, **bad}
@@ -193,3 +195,25 @@ def test_stream_k_kernel_takes_workspace_and_flags():
         assert s in sk and s not in plain, s
     # One flag per consumer warpgroup and CTA: published at cta * 2 + cw, waited on at c2 * 2 + cw.
     assert "Flags_ptr[((((int)blockIdx.x) * 2) + cw_ptr[0])]" in sk and "Flags_ptr[((c2 * 2) + cw_ptr[0])]" in sk
+
+
+_LOAD = "async_bulk_tensor_2d_shared__cluster_global_tile_mbarrier__complete_tx__bytes"
+
+
+@pytest.mark.parametrize("tile", ["persistent_128x128x64_s6_g8", "persistent_128x256x64_s4_e128_c2_g8",
+                                  "persistent_128x128x64_s6_c2n_g8_wg"])
+def test_load_priority_hints_every_operand_load(tile):
+    """load_priority: one createpolicy in the producer and the hint on every A/B load call (multicast ones too);
+    without it no load carries a hint (the plain kernels' generated code is unchanged: tools/codegen_hashes.py)."""
+    import re
+
+    plain = _codegen(tile)
+    hinted = _codegen(tile, load_priority="evict_first")
+    calls = re.compile(rf"tvm_builtin_ptx\w*{_LOAD}\w*\((?!uint)")  # call sites, not the helpers' definitions
+    assert "cache_hint" not in plain and "createpolicy" not in plain
+    n_plain = len(calls.findall(plain))
+    hinted_calls = calls.findall(hinted)
+    assert n_plain >= 2 and len(hinted_calls) == n_plain
+    assert all("L2__cache_hint" in c for c in hinted_calls)
+    assert hinted.count("createpolicy.fractional.L2::evict_first.b64") == 1
+    assert len(re.findall(r"createpolicy_fractional\w*\((?!uint)", hinted)) == 1  # one call, before the producer loop

@@ -53,6 +53,12 @@ Design:
   and adding the partials of the CTAs after it before the usual epilogue (``core.lang.grid_flags``; the reader
   resets each flag, so they stay zero between launches). The ring, the cursor and the epilogue are the plain
   kernel's: a unit is a tile with a K-range, its first wgmma overwriting the accumulator.
+- ``load_priority`` (None: no hint): every A and B TMA load carries that L2 eviction priority (``evict_first``,
+  ``evict_last`` or ``evict_normal``; one ``createpolicy`` by the producer thread, ``.L2::cache_hint`` on the loads).
+  Where one wave holds every tile (512 x 4096 / 6144 / 7168 on 128 x 128 / 192 / 224), all readers of a panel slice
+  read it within one K-step, so its lines are dead once read; ``evict_first`` lets them leave L2 before the dirty
+  lines a producer kernel (or the bench's cold-L2 fill) left there, which otherwise are written back while the GEMM
+  streams its operands from DRAM (measured: ``docs/gemm.md`` section 16).
 - Every shared buffer, barriers included, in one ``T.SMEMPool`` (1024-aligned only then).
 
 Variants (compile parameters; the defaults build exactly the plain kernel above):
@@ -173,7 +179,7 @@ def build_persistent_kernel(dtype: str, block_m: int, block_n: int, block_k: int
                             cluster_m: int, group_m: int, num_sms: int, layout: str = "nt",
                             out_dtype: str | None = None, epilogue: str = "none", bias_dtype: str | None = None,
                             epi_cols: int | None = None, pdl: str | None = None, cluster_n: int = 1,
-                            release: str = "warp", stream_k: bool = False):
+                            release: str = "warp", stream_k: bool = False, load_priority: str | None = None):
     from tvm.script import tirx as T
 
     from tirx_kernels.core.lang import grid_flags, mbarrier, roles, tma, vector, wgmma
@@ -214,6 +220,9 @@ def build_persistent_kernel(dtype: str, block_m: int, block_n: int, block_k: int
                                  or epi_cols % 64 or staged % epi_cols):
         raise ValueError(f"persistent gemm: epi_cols={epi_cols!r} must be a multiple of 64 (one SW128 box of "
                          f"16-bit) dividing block_n={block_n} rounded down to 64, or None (= that)")
+    if load_priority is not None and load_priority not in vector.L2_PRIORITIES:
+        raise ValueError(f"persistent gemm: load_priority={load_priority!r} must be None or one of "
+                         f"{vector.L2_PRIORITIES}")
     nbytes = smem_bytes(dtype, block_m, block_n, block_k, num_stages, epilogue, epi_cols)
     if nbytes > SMEM_LIMIT:
         raise ValueError(f"persistent gemm: {nbytes} B of smem")
@@ -377,6 +386,19 @@ def build_persistent_kernel(dtype: str, block_m: int, block_n: int, block_k: int
         """Element offset of consumer thread (cw, ct)'s i-th 16-byte vector in CTA c's partial."""
         return c * ws_per_cta + ((cw * vec_per_thread + i) * 128 + ct) * 4
 
+    hint = {}  # load_priority: the producer thread's L2 policy, bound while the kernel is parsed
+
+    def bind_load_policy():
+        """The producer thread's L2 policy for its A/B loads (nothing without load_priority)."""
+        if load_priority is not None:
+            policy = T.alloc_local((1,), "uint64")
+            vector.l2_policy(policy[0], load_priority)
+            hint["policy"] = policy[0]
+
+    def load_policy():
+        """The A/B loads' ``cache_policy``: the policy :func:`bind_load_policy` made, or None (no hint)."""
+        return hint.get("policy")
+
     def b_desc0(Bs, desc_b):  # noqa: N803
         """Encode B's descriptor of stage 0, k16 step 0 into desc_b."""
         if layout == "nt":
@@ -469,6 +491,7 @@ def build_persistent_kernel(dtype: str, block_m: int, block_n: int, block_k: int
                 tma.prefetch_descriptor(a_map)
                 tma.prefetch_descriptor(b_map)
                 tma.prefetch_descriptor(c_map)
+                bind_load_policy()
                 for t in range(units(my_tiles, k_tiles)):
                     bind_unit(t, cta, grid, k_tiles)
                     tile = unit_tile(t, cluster, grid)
@@ -482,25 +505,30 @@ def build_persistent_kernel(dtype: str, block_m: int, block_n: int, block_k: int
                         if cluster_n == 2:
                             # 1 x 2 cluster: one M-tile, two N-tiles; each CTA loads half of A into both.
                             tma.load_2d(As.ptr_to([s * a_tile + rank * a_share * block_k]), a_map, k * block_k,
-                                        m0 + rank * a_share, full.ptr_to([s]), multicast_mask=3)
+                                        m0 + rank * a_share, full.ptr_to([s]), multicast_mask=3,
+                                        cache_policy=load_policy())
                         else:
-                            tma.load_2d(As.ptr_to([s * a_tile]), a_map, k * block_k, m0, full.ptr_to([s]))
+                            tma.load_2d(As.ptr_to([s * a_tile]), a_map, k * block_k, m0, full.ptr_to([s]),
+                                        cache_policy=load_policy())
                         if layout == "nt":
                             if cluster_m == 2:
                                 tma.load_2d(Bs.ptr_to([s * b_tile + rank * b_share * block_k]), b_map, k * block_k,
-                                            n0 + rank * b_share, full.ptr_to([s]), multicast_mask=3)
+                                            n0 + rank * b_share, full.ptr_to([s]), multicast_mask=3,
+                                            cache_policy=load_policy())
                             else:
-                                tma.load_2d(Bs.ptr_to([s * b_tile]), b_map, k * block_k, n0, full.ptr_to([s]))
+                                tma.load_2d(Bs.ptr_to([s * b_tile]), b_map, k * block_k, n0, full.ptr_to([s]),
+                                            cache_policy=load_policy())
                         else:
                             # NN: box c holds N-columns [64c, 64c + 64) of the tile, all block_k K-rows.
                             for c in T.unroll(b_boxes):
                                 if cluster_m == 2:
                                     tma.load_2d(Bs.ptr_to([s * b_tile + (rank * b_boxes + c) * mn_chunk * block_k]),
                                                 b_map, n0 + (rank * b_boxes + c) * mn_chunk, k * block_k,
-                                                full.ptr_to([s]), multicast_mask=3)
+                                                full.ptr_to([s]), multicast_mask=3, cache_policy=load_policy())
                                 else:
                                     tma.load_2d(Bs.ptr_to([s * b_tile + c * mn_chunk * block_k]), b_map,
-                                                n0 + c * mn_chunk, k * block_k, full.ptr_to([s]))
+                                                n0 + c * mn_chunk, k * block_k, full.ptr_to([s]),
+                                                cache_policy=load_policy())
         else:
             # Math warpgroups: consumer cw owns rows [64*cw, 64*cw + 64) of every tile.
             cw, ct, warp, lane = roles.consumer_role(wg, tid)

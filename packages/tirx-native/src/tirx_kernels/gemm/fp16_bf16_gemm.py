@@ -305,6 +305,21 @@ CONFIGS = [
     # The M <= 8, N = 6144 pick: N = 6152 ends 8 rows into the last 32-row CTA, K = 2056 8 columns into a step.
     {"label": "bf16_7x6152x2056_gemv_t8_r2_p256", "dtype": "bfloat16", "M": 7, "N": 6152, "K": 2056,
      "tile": "gemv_t8_r2_k4_u4_p256"},
+    # The L2 evict_first loads ("_ef" tiles): ragged M / N / K (3 M-tiles, 8 columns into the last N-tile, the
+    # 224 tile's register tail 8 in; rings wrapping across tiles), an epilogue variant on such a tile, and the shapes
+    # the tiles are picked for.
+    {"label": "bf16_300x520x136_persistent_128x128_ef", "dtype": "bfloat16", "M": 300, "N": 520, "K": 136,
+     "tile": "persistent_128x128x64_s6_g8_ef"},
+    {"label": "fp16_1000x1112x1048_persistent_128x224_ef", "dtype": "float16", "M": 1000, "N": 1112, "K": 1048,
+     "tile": "persistent_128x224x64_s4_g8_ef"},
+    {"label": "bf16_2000x1544x136_persistent_128x192_ef", "dtype": "bfloat16", "M": 2000, "N": 1544, "K": 136,
+     "tile": "persistent_128x192x64_s4_g8_ef"},
+    {"label": "fp16_1000x1032x1048_bias_128x128_ef", "dtype": "float16", "M": 1000, "N": 1032, "K": 1048,
+     "epilogue": "bias", "bias_dtype": "float32", "tile": "persistent_128x128x64_s6_g8_ef"},
+    {"label": "bf16_512x4096x14336_persistent_128x128_ef", "dtype": "bfloat16", "M": 512, "N": 4096, "K": 14336,
+     "tile": "persistent_128x128x64_s6_g8_ef"},
+    {"label": "bf16_512x6144x4096_persistent_128x192_ef", "dtype": "bfloat16", "M": 512, "N": 6144, "K": 4096,
+     "tile": "persistent_128x192x64_s4_g8_ef"},
 ]
 
 # Square sizes and one LLM projection; the persistent/cluster variants side by side in the same run.
@@ -425,6 +440,28 @@ TILE_CONFIGS = {
     # 512 x 28672 x 8192 512 tiles (3.9 waves; 128x256: 448 = 3.4). 4 x 44 KB ring + 48 KB staging = 224 KB.
     "persistent_128x224x64_s4_g8": {"kind": "persistent", "block_m": 128, "block_n": 224, "block_k": 64,
                                     "num_stages": 4, "cluster_m": 1, "group_m": 8, "num_sms": 132},
+    # "_ef": every A/B load L2 evict_first (gemm/_persistent.py load_priority). Where one wave holds every tile (512 x
+    # 4096 / 6144 / 7168 on 128 / 192 / 224 columns) each panel slice is dead once its K-step is read, and evict_first
+    # lets it leave L2 before the dirty lines of the kernel before (the bench's cold-L2 fill). Probe of 2026-12-04
+    # (tools/probes/gemm_l2_hints.py, docs/measurements/2026-12-04-h200/run2-l2hints.log), cuBLAS/ours without ->
+    # with: 512x4096x14336 0.953 -> 0.967, 512x6144x4096 0.990 -> 1.027, 512x7168x2048 0.959 -> 0.965; 4096^3 and
+    # 16384^3 unchanged, 2048x7168x2048 / 512x28672x8192 (ping-pong) -1 %, 8192^3 in 2-CTA clusters -3 %: not for the
+    # large shapes. Two sweeps over every M >= 512 shape (run4-sweep{A,B}.json) agree: TILE_TABLE's M = 512 rows.
+    "persistent_128x128x64_s6_g8_ef": {"kind": "persistent", "block_m": 128, "block_n": 128, "block_k": 64,
+                                       "num_stages": 6, "cluster_m": 1, "group_m": 8, "num_sms": 132,
+                                       "load_priority": "evict_first"},
+    "persistent_128x192x64_s4_g8_ef": {"kind": "persistent", "block_m": 128, "block_n": 192, "block_k": 64,
+                                       "num_stages": 4, "cluster_m": 1, "group_m": 8, "num_sms": 132,
+                                       "load_priority": "evict_first"},
+    "persistent_128x224x64_s4_g8_ef": {"kind": "persistent", "block_m": 128, "block_n": 224, "block_k": 64,
+                                       "num_stages": 4, "cluster_m": 1, "group_m": 8, "num_sms": 132,
+                                       "load_priority": "evict_first"},
+    "persistent_128x256x64_s4_e128_g8_ef": {"kind": "persistent", "block_m": 128, "block_n": 256, "block_k": 64,
+                                            "num_stages": 4, "cluster_m": 1, "group_m": 8, "num_sms": 132,
+                                            "epi_cols": 128, "load_priority": "evict_first"},
+    "persistent_128x64x64_s8_g8_ef": {"kind": "persistent", "block_m": 128, "block_n": 64, "block_k": 64,
+                                      "num_stages": 8, "cluster_m": 1, "group_m": 8, "num_sms": 132,
+                                      "load_priority": "evict_first"},
     # 128x128 with B multicast: the heuristic's tile for M <= 1024 and the mid shapes loads 32 KB per
     # k-step for half the math of 128x256, so halving B's L2 -> SM traffic may matter more here (e.g.
     # 1024 x 6144/14336 x 4096, 2048^3). 6 x 32 KB ring + 32 KB staging = 224 KB.
@@ -635,15 +672,19 @@ TILE_TABLE = [
     (256, 16384, None, "smallm_128x224x64_s5_k1", 224),  # 256x14336x4096: 1.00 [128x256 s4 e128 1.06]
     (256, None, None, "persistent_128x224x64_s4_g8", 224),  # 256x28672x8192: 1.00 [1.09]
     (256, None, None, "persistent_128x256x64_s4_e128_g8"),
-    # 512x2048x7168: split-K's 128x64 k1 (one CTA per tile, no split), mean of five sweeps 1.031 [128x64 persistent
-    # 1.007] (2026-12-03e runs 1-2, final, again; 2026-12-03f run A).
-    (512, 2048, None, "smallm_128x64x64_s8_k1"),
+    # M = 512, one wave of tiles: the L2 evict_first loads ("_ef"), two sweeps of 2026-12-04 (docs/measurements/
+    # 2026-12-04-h200/run4-sweep{A,B}.json), mean cuBLAS/ours [the previous pick's]: 512x2048x7168 128x64 ef 1.092
+    # [split-K 128x64 k1 1.021; five sweeps of 2026-12-03 had it 1.031 against 128x64 persistent 1.007].
+    (512, 2048, None, "persistent_128x64x64_s8_g8_ef"),
     (1024, 1024, None, "persistent_128x64x64_s8_g8"),  # 1024^3: 128 tiles, 1.00 vs 1.20-1.22 (128x128)
-    (512, 16384, None, "persistent_128x224x64_s4_g8", 224),  # 512x7168x2048 / 512x14336x4096: 1.00 [1.03 / 1.10]
+    # 512x7168x2048 / 512x14336x4096: 1.00 [1.03 / 1.10]; evict_first (2026-12-04): 0.956 / 1.117 [0.952 / 1.109].
+    (512, 16384, None, "persistent_128x224x64_s4_g8_ef", 224),
     (1024, 8192, None, "persistent_128x224x64_s4_g8", 224),  # 1024x7168x2048: 1.00 [128x256 s4 e128 1.06]
     (1024, 2048, None, "persistent_128x128x64_s6_g8"),  # 1024x2048x7168: 1.00
-    (512, 4096, None, "persistent_128x128x64_s6_g8"),  # 512x4096x{4096,14336}: 1.00
+    # 512x4096x{4096,14336}: 1.00; evict_first (2026-12-04): 0.985 / 0.964 [0.972 / 0.952].
+    (512, 4096, None, "persistent_128x128x64_s6_g8_ef"),
     (1024, 4096, None, "persistent_128x256x64_s4_e128_g8"),  # 1024x4096x{4096,14336}: 1.00
+    (512, 6144, None, "persistent_128x192x64_s4_g8_ef"),  # 512x6144x4096, evict_first (2026-12-04): 1.010 [0.971]
     (1024, 6144, None, "persistent_128x192x64_s4_g8"),  # 512x6144x4096: 1.00 vs 1.20-1.22 (128x128)
     (512, 7168, None, "persistent_128x128x64_s6_g8"),
     (1024, 8192, None, "persistent_128x256x64_s4_e128_g8"),  # 512/1024x8192x28672 1.00
@@ -718,6 +759,8 @@ def sass_expect(dtype: str, tile: str, layout: str = "nt", **_) -> list[str]:
         out.append(r"BAR\.ARV")  # the consumers' turn-taking (named-barrier arrive)
     if n % 64:
         out.append(r"STG\.E\b")  # the last 32 columns, stored from registers
+    if cfg.get("load_priority"):
+        out.append(r"UTMALDG\.2D \[UR\d+\], \[UR\d+\], desc\[UR\d+\]")  # the loads' L2 cache-policy operand
     if cfg.get("stream_k"):
         # Partials out and in (16-byte vectors; in from L2: .cg), the release fence and the flag's acquire load.
         out += [r"STG\.E\.128", r"LDG\.E\.128\.STRONG\.GPU", r"MEMBAR\.ALL\.GPU", r"LDG\.E\.STRONG\.GPU"]

@@ -43,13 +43,16 @@ def encode_2d(tmap, data, rows, cols, row_stride, box_rows, box_cols, dtype: str
                                         l2_promotion=l2_promotion))
 
 
-def load_2d(dst, tmap, col, row, bar, multicast_mask=None):
+def load_2d(dst, tmap, col, row, bar, multicast_mask=None, cache_policy=None):
     """Load the box at element (``row``, ``col``) into smem ``dst``, completing bytes on ``bar``.
 
     With ``multicast_mask`` (a 16-bit CTA mask) the box lands at the same smem offset, and completes on
-    the same barrier offset, in every CTA of the mask.
+    the same barrier offset, in every CTA of the mask. With ``cache_policy`` (a ``uint64`` from
+    :func:`create_policy`) the load carries that L2 eviction priority (:func:`load`'s ``.L2::cache_hint``).
     """
-    if multicast_mask is None:
+    if cache_policy is not None:
+        load(dst, tmap, [col, row], bar, multicast_mask=multicast_mask, cache_policy=cache_policy)
+    elif multicast_mask is None:
         T.evaluate(T.ptx[LOAD_2D](dst, T.address_of(tmap), col, row, bar))
     else:
         T.evaluate(T.ptx[LOAD_2D_MULTICAST](dst, T.address_of(tmap), col, row, bar, T.uint16(multicast_mask)))
