@@ -91,8 +91,8 @@ def build() -> None:
 
 def run() -> None:
     import torch
-    import torch.nn.functional as F  # noqa: N812
     import tvm_ffi
+    from gemm_raster import checked_calls, print_summary, report_rows  # the probe beside this one
 
     from tirx_kernels.core.bench import time_calls
 
@@ -102,40 +102,13 @@ def run() -> None:
     for (M, N, K), tiles in PLAN.items():  # noqa: N806
         a = torch.randn(M, K, device="cuda").bfloat16()
         b = torch.randn(N, K, device="cuda").bfloat16()
-        ref = a.float() @ b.float().T
-        calls = {}
-        for tile in tiles:
-            for hints in [None, *HINTS]:
-                name = variant_name(tile, hints)
-                fn = fns[name]
-                out = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
-                fn(a, b, out)
-                torch.cuda.synchronize()
-                err = float((out.float() - ref).norm() / ref.norm())
-                if not err < 1e-2:
-                    raise AssertionError(f"{name} at {M}x{N}x{K}: relative error {err:.3g}")
-                calls[name] = lambda fn=fn, out=out, a=a, b=b: fn(a, b, out)
-        del ref
-        calls["cublas"] = lambda a=a, b=b: F.linear(a, b)
+        calls = checked_calls(fns, [variant_name(tile, h) for tile in tiles for h in [None, *HINTS]], a, b)
         flop = 2 * M * N * K
         t = time_calls(calls, calls=20, rounds=5)
         cb = t["cublas"]["median_us"]
         print(f"{M}x{N}x{K}: cuBLAS {cb:.1f} us ({flop / cb / 1e6:.0f} TFLOP/s)", flush=True)
-        for name in calls:
-            if name == "cublas":
-                continue
-            us = t[name]["median_us"]
-            rounds_us = " ".join(f"{x:.1f}" for x in t[name]["rounds_us"])
-            print(f"  {name:52s} {us:9.1f} us {flop / us / 1e6:6.0f} TFLOP/s  cuBLAS/ours {cb / us:.3f}  "
-                  f"[{rounds_us}]", flush=True)
-            summary.append((f"{M}x{N}x{K}", name, cb / us))
-    print("\nshape / variant / cuBLAS-over-ours (best per shape marked *)")
-    best = {}
-    for shape, _name, r in summary:
-        best[shape] = max(best.get(shape, 0), r)
-    for shape, name, r in summary:
-        print(f"{shape:20s} {name:52s} {r:.3f}{' *' if r == best[shape] else ''}")
-
+        summary += report_rows(t, flop, f"{M}x{N}x{K}", 52)
+    print_summary(summary, 52)
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["build"]:

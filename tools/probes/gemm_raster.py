@@ -147,9 +147,54 @@ def profile_first_shape(fns: dict) -> None:
     torch.cuda.profiler.stop()
 
 
-def run(ncu: bool = False) -> None:
+def checked_calls(fns: dict, names: list, a, b) -> dict:
+    """``{name: call}`` of the variants ``names`` (each checked against an fp32 oracle on NaN-poisoned output first)
+    and cuBLAS (``F.linear``) on ``a`` (M, K) and ``b`` (N, K): one shape's calls for ``time_calls``."""
     import torch
     import torch.nn.functional as F  # noqa: N812
+
+    (M, K), N = a.shape, b.shape[0]  # noqa: N806
+    ref = a.float() @ b.float().T
+    calls = {}
+    for name in names:
+        fn = fns[name]
+        out = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
+        fn(a, b, out)
+        torch.cuda.synchronize()
+        err = float((out.float() - ref).norm() / ref.norm())
+        if not err < 1e-2:
+            raise AssertionError(f"{name} at {M}x{N}x{K}: relative error {err:.3g}")
+        calls[name] = lambda fn=fn, out=out: fn(a, b, out)
+    calls["cublas"] = lambda: F.linear(a, b)
+    return calls
+
+
+def report_rows(times: dict, flop: int, shape: str, width: int) -> list:
+    """Print each variant's median, TFLOP/s, cuBLAS/ours and rounds; return (shape, name, cuBLAS/ours) rows."""
+    cb = times["cublas"]["median_us"]
+    rows = []
+    for name, t in times.items():
+        if name == "cublas":
+            continue
+        us = t["median_us"]
+        rounds_us = " ".join(f"{x:.1f}" for x in t["rounds_us"])
+        print(f"  {name:{width}s} {us:9.1f} us {flop / us / 1e6:6.0f} TFLOP/s  cuBLAS/ours {cb / us:.3f}  "
+              f"[{rounds_us}]", flush=True)
+        rows.append((shape, name, cb / us))
+    return rows
+
+
+def print_summary(summary: list, width: int) -> None:
+    print("\nshape / variant / cuBLAS-over-ours (best per shape marked *)")
+    best = {}
+    for shape, _name, r in summary:
+        best[shape] = max(best.get(shape, 0), r)
+    for shape, name, r in summary:
+        print(f"{shape:28s} {name:{width}s} {r:.3f}{' *' if r == best[shape] else ''}")
+
+
+def run(ncu: bool = False) -> None:
+    import torch
     import tvm_ffi
 
     from tirx_kernels.core.bench import time_calls
@@ -165,21 +210,7 @@ def run(ncu: bool = False) -> None:
     for (M, N, K), variants in PLAN.items():  # noqa: N806
         a = torch.randn(M, K, device="cuda").bfloat16()
         b = torch.randn(N, K, device="cuda").bfloat16()
-        ref = a.float() @ b.float().T
-        calls = {}
-        for tile, groups in variants:
-            for g in groups:
-                name = variant_name(tile, g)
-                fn = fns[name]
-                out = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
-                fn(a, b, out)
-                torch.cuda.synchronize()
-                err = float((out.float() - ref).norm() / ref.norm())
-                if not err < 1e-2:
-                    raise AssertionError(f"{name} at {M}x{N}x{K}: relative error {err:.3g}")
-                calls[name] = lambda fn=fn, out=out, a=a, b=b: fn(a, b, out)
-        del ref
-        calls["cublas"] = lambda a=a, b=b: F.linear(a, b)
+        calls = checked_calls(fns, [variant_name(tile, g) for tile, groups in variants for g in groups], a, b)
         flop = 2 * M * N * K
         modes = [("", 20, 5)]
         if (M, N, K) == (8192, 8192, 8192):
@@ -193,22 +224,9 @@ def run(ncu: bool = False) -> None:
             cb = t["cublas"]["median_us"]
             print(f"{M}x{N}x{K}{label}: cuBLAS {cb:.1f} us ({flop / cb / 1e6:.0f} TFLOP/s); "
                   f"{clocks.window(t0, t1)}", flush=True)
-            for name in calls:
-                if name == "cublas":
-                    continue
-                us = t[name]["median_us"]
-                rounds_us = " ".join(f"{x:.1f}" for x in t[name]["rounds_us"])
-                print(f"  {name:42s} {us:9.1f} us {flop / us / 1e6:6.0f} TFLOP/s  cuBLAS/ours {cb / us:.3f}  "
-                      f"[{rounds_us}]", flush=True)
-                summary.append((f"{M}x{N}x{K}{label}", name, cb / us))
+            summary += report_rows(t, flop, f"{M}x{N}x{K}{label}", 42)
     clocks.stop()
-    print("\nshape / variant / cuBLAS-over-ours (best per shape marked *)")
-    best = {}
-    for shape, _name, r in summary:
-        best[shape] = max(best.get(shape, 0), r)
-    for shape, name, r in summary:
-        print(f"{shape:28s} {name:42s} {r:.3f}{' *' if r == best[shape] else ''}")
-
+    print_summary(summary, 42)
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["build"]:

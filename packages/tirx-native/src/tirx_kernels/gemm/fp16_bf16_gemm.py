@@ -440,28 +440,6 @@ TILE_CONFIGS = {
     # 512 x 28672 x 8192 512 tiles (3.9 waves; 128x256: 448 = 3.4). 4 x 44 KB ring + 48 KB staging = 224 KB.
     "persistent_128x224x64_s4_g8": {"kind": "persistent", "block_m": 128, "block_n": 224, "block_k": 64,
                                     "num_stages": 4, "cluster_m": 1, "group_m": 8, "num_sms": 132},
-    # "_ef": every A/B load L2 evict_first (gemm/_persistent.py load_priority). Where one wave holds every tile (512 x
-    # 4096 / 6144 / 7168 on 128 / 192 / 224 columns) each panel slice is dead once its K-step is read, and evict_first
-    # lets it leave L2 before the dirty lines of the kernel before (the bench's cold-L2 fill). Probe of 2026-12-04
-    # (tools/probes/gemm_l2_hints.py, docs/measurements/2026-12-04-h200/run2-l2hints.log), cuBLAS/ours without ->
-    # with: 512x4096x14336 0.953 -> 0.967, 512x6144x4096 0.990 -> 1.027, 512x7168x2048 0.959 -> 0.965; 4096^3 and
-    # 16384^3 unchanged, 2048x7168x2048 / 512x28672x8192 (ping-pong) -1 %, 8192^3 in 2-CTA clusters -3 %: not for the
-    # large shapes. Two sweeps over every M >= 512 shape (run4-sweep{A,B}.json) agree: TILE_TABLE's M = 512 rows.
-    "persistent_128x128x64_s6_g8_ef": {"kind": "persistent", "block_m": 128, "block_n": 128, "block_k": 64,
-                                       "num_stages": 6, "cluster_m": 1, "group_m": 8, "num_sms": 132,
-                                       "load_priority": "evict_first"},
-    "persistent_128x192x64_s4_g8_ef": {"kind": "persistent", "block_m": 128, "block_n": 192, "block_k": 64,
-                                       "num_stages": 4, "cluster_m": 1, "group_m": 8, "num_sms": 132,
-                                       "load_priority": "evict_first"},
-    "persistent_128x224x64_s4_g8_ef": {"kind": "persistent", "block_m": 128, "block_n": 224, "block_k": 64,
-                                       "num_stages": 4, "cluster_m": 1, "group_m": 8, "num_sms": 132,
-                                       "load_priority": "evict_first"},
-    "persistent_128x256x64_s4_e128_g8_ef": {"kind": "persistent", "block_m": 128, "block_n": 256, "block_k": 64,
-                                            "num_stages": 4, "cluster_m": 1, "group_m": 8, "num_sms": 132,
-                                            "epi_cols": 128, "load_priority": "evict_first"},
-    "persistent_128x64x64_s8_g8_ef": {"kind": "persistent", "block_m": 128, "block_n": 64, "block_k": 64,
-                                      "num_stages": 8, "cluster_m": 1, "group_m": 8, "num_sms": 132,
-                                      "load_priority": "evict_first"},
     # 128x128 with B multicast: the heuristic's tile for M <= 1024 and the mid shapes loads 32 KB per
     # k-step for half the math of 128x256, so halving B's L2 -> SM traffic may matter more here (e.g.
     # 1024 x 6144/14336 x 4096, 2048^3). 6 x 32 KB ring + 32 KB staging = 224 KB.
@@ -616,6 +594,17 @@ GEMV_TILES.update({
     for t in (8, 16) for r, k, u in ((1, 8, 4), (1, 16, 2), (1, 4, 8), (2, 4, 4))
 })
 TILE_CONFIGS.update(GEMV_TILES)
+
+# "_ef": every A/B load L2 evict_first (gemm/_persistent.py load_priority). Where one wave holds every tile (512 x
+# 4096 / 6144 / 7168 on 128 / 192 / 224 columns) each panel slice is dead once its K-step is read, and evict_first
+# lets it leave L2 before the dirty lines of the kernel before (the bench's cold-L2 fill). Probe of 2026-12-04
+# (tools/probes/gemm_l2_hints.py, docs/measurements/2026-12-04-h200/run2-l2hints.log), cuBLAS/ours without ->
+# with: 512x4096x14336 0.953 -> 0.967, 512x6144x4096 0.990 -> 1.027, 512x7168x2048 0.959 -> 0.965; 4096^3 and
+# 16384^3 unchanged, 2048x7168x2048 / 512x28672x8192 (ping-pong) -1 %, 8192^3 in 2-CTA clusters -3 %: not for the
+# large shapes. Two sweeps over every M >= 512 shape (run4-sweep{A,B}.json) agree: TILE_TABLE's M = 512 rows.
+EVICT_FIRST_TWINS = ["persistent_128x128x64_s6_g8", "persistent_128x192x64_s4_g8", "persistent_128x224x64_s4_g8",
+                     "persistent_128x256x64_s4_e128_g8", "persistent_128x64x64_s8_g8"]
+TILE_CONFIGS.update({f"{t}_ef": {**TILE_CONFIGS[t], "load_priority": "evict_first"} for t in EVICT_FIRST_TWINS})
 
 # (max M, max N, max K, tile): the first row that fits wins (``choose_tile``; ``gemm_nt(..., tile=)`` pins one).
 TILE_TABLE = [
