@@ -87,8 +87,50 @@ def test_cluster_raster_1x2_pairs_share_a_and_pad_n(num_m, num_n):
     real = [c for c in seen if c[1] < num_n]
     assert sorted(real) == list(itertools.product(range(num_m), range(num_n)))
     assert len(seen) - len(real) == (num_n % 2) * num_m
-    with pytest.raises(ValueError, match="one of them must be 1"):
-        scheduler.cluster_tile_coords(0, 4, 4, 8, 2, 0, cluster_n=2)
+
+
+@pytest.mark.parametrize("num_m, num_n", [(1, 1), (3, 5), (4, 8), (17, 33), (16, 41)])
+def test_cluster_raster_2x2_blocks_and_pad_both(num_m, num_n):
+    """2 x 2 clusters: CTA rank takes tile (rank_m, rank_n) = (rank % 2, rank // 2) of a 2 x 2 block of tiles; every
+    real tile once, padding CTAs past M and past N where the tile counts are odd."""
+    total = scheduler.num_cluster_tiles(num_m, num_n, 2, 2)
+    assert total == scheduler.ceil_div(num_m, 2) * scheduler.ceil_div(num_n, 2)
+    seen = []
+    for tile in range(total):
+        quad = [scheduler.cluster_tile_coords(tile, num_m, num_n, 8, 2, r, cluster_n=2) for r in range(4)]
+        m0, n0 = quad[0]
+        assert m0 % 2 == 0 and n0 % 2 == 0
+        assert quad == [(m0 + r % 2, n0 + r // 2) for r in range(4)]
+        seen += quad
+    real = [c for c in seen if c[0] < num_m and c[1] < num_n]
+    assert sorted(real) == list(itertools.product(range(num_m), range(num_n)))
+    assert len(seen) == 4 * total
+    with pytest.raises(ValueError, match="multiple of cluster_m"):
+        scheduler.cluster_tile_coords(0, 4, 4, 3, 2, 0, cluster_n=2)
+
+
+@pytest.mark.parametrize("cluster_m, cluster_n", [(1, 1), (2, 1), (1, 2), (2, 2)])
+def test_multicast_slices_fill_every_cta_once(cluster_m, cluster_n):
+    """Each CTA loads one slice of its A tile and one of its B tile into the CTAs that share that tile (same M-tile
+    for A, same N-tile for B): every CTA then holds each A slice (of cluster_n) and each B slice (of cluster_m)
+    exactly once, from CTAs of its own M-tile / N-tile. Without a partner the load is whole and not multicast."""
+    size = cluster_m * cluster_n
+    got = {c: [] for c in range(size)}
+    for p in range(size):
+        pm, pn = scheduler.cluster_rank_mn(p, cluster_m, cluster_n)
+        assert p == pn * cluster_m + pm
+        for op, (part, mask) in (("a", scheduler.multicast_a(p, cluster_m, cluster_n)),
+                                 ("b", scheduler.multicast_b(p, cluster_m, cluster_n))):
+            sharers = cluster_n if op == "a" else cluster_m
+            assert (mask is None) == (sharers == 1)
+            dsts = [p] if mask is None else [d for d in range(16) if mask >> d & 1]
+            assert p in dsts and len(dsts) == sharers and max(dsts) < size
+            for d in dsts:
+                dm, dn = scheduler.cluster_rank_mn(d, cluster_m, cluster_n)
+                assert (dm == pm) if op == "a" else (dn == pn)
+                got[d].append((op, part))
+    for c in range(size):
+        assert sorted(got[c]) == [("a", j) for j in range(cluster_n)] + [("b", i) for i in range(cluster_m)]
 
 
 def _stream_k_schedule(total, k_tiles, num_sms):
@@ -248,29 +290,49 @@ def test_persistent_ring_protocol(num_stages, num_tiles, k_tiles):
         _simulate_persistent_ring(num_stages, num_tiles, k_tiles, num_consumers=2, seed=seed)
 
 
-def _simulate_cluster_ring(num_stages, num_tiles, k_tiles, seed):
-    """A 2-CTA cluster with one ring release per consumer warpgroup and CTA (``consumer_release_warpgroup``):
-    each CTA's producer loads half of every use into *both* CTAs' slots (multicast), so its empty barrier
-    counts 2 warpgroups x 2 CTAs = 4 arrivals, and each warpgroup arrives once in each CTA. Checks that no
-    producer overwrites a slot any consumer of either CTA still reads, every use reads its own data, no
-    deadlock."""
+def _simulate_cluster_ring(num_stages, num_tiles, k_tiles, seed, cluster_m=2, cluster_n=1):
+    """A ``cluster_m x cluster_n`` cluster with one ring release per consumer warpgroup and CTA
+    (``consumer_release_warpgroup``: each warpgroup arrives once in every CTA of the cluster), the loads multicast as
+    ``scheduler.multicast_a`` / ``multicast_b`` say: each CTA's producer loads its slice of A into the CTAs of its
+    M-tile and its slice of B into those of its N-tile, so its empty barrier counts 2 warpgroups x cluster CTAs
+    arrivals. Checks that no producer overwrites a slot any consumer of a CTA it writes into still reads, that every
+    use of every CTA reads exactly its own A and B slices (from the CTAs of its M-tile / N-tile), no deadlock."""
     from tirx_kernels.core.lang.mbarrier import Ring
 
-    cta_count, wgs = 2, 2
+    cta_count, wgs = cluster_m * cluster_n, 2
     ring = Ring(num_stages, consumer_arrivals=wgs * cta_count)
     full = [[_Barrier(1) for _ in range(num_stages)] for _ in range(cta_count)]
     empty = [[_Barrier(wgs * cta_count) for _ in range(num_stages)] for _ in range(cta_count)]
-    halves = [[set() for _ in range(num_stages)] for _ in range(cta_count)]  # (use, source CTA) landed
-    readers = [set() for _ in range(num_stages)]  # (cta, wg) reading a stage, either CTA's copy
+    landed = [[set() for _ in range(num_stages)] for _ in range(cta_count)]  # (use, operand, part, source CTA)
+    readers = [[set() for _ in range(num_stages)] for _ in range(cta_count)]  # warpgroups reading a CTA's stage
     inflight = []  # (source cta, stage, use) multicast writes not landed
     total = num_tiles * k_tiles
+
+    def pieces(p):
+        """(operand, part, destination CTAs) of source CTA p's loads of one stage."""
+        for operand, (part, mask) in (("a", scheduler.multicast_a(p, cluster_m, cluster_n)),
+                                      ("b", scheduler.multicast_b(p, cluster_m, cluster_n))):
+            yield operand, part, [p] if mask is None else [d for d in range(cta_count) if mask >> d & 1]
+
+    def expected(c, it):
+        """What CTA c's stage must hold for use it: each A slice from a CTA of its M-tile, each B slice from one of
+        its N-tile (same rank_m / rank_n), every slice once."""
+        rm, rn = scheduler.cluster_rank_mn(c, cluster_m, cluster_n)
+        got = {(op, part): src for use, op, part, src in landed[c][ring.stage(it)] if use == it}
+        assert sorted(got) == [("a", j) for j in range(cluster_n)] + [("b", i) for i in range(cluster_m)], got
+        for (op, _), src in got.items():
+            sm, sn = scheduler.cluster_rank_mn(src, cluster_m, cluster_n)
+            assert (sm == rm) if op == "a" else (sn == rn), (c, op, src)
+        return len(landed[c][ring.stage(it)]) == cluster_m + cluster_n
 
     def producer(p):
         for it in range(total):
             s = ring.stage(it)
             while not empty[p][s].try_wait(ring.phase(it) ^ 1):
                 yield
-            assert not readers[s], f"CTA {p} use {it} overwrites stage {s} still read by {readers[s]}"
+            for _, _, dsts in pieces(p):
+                for d in dsts:
+                    assert not readers[d][s], f"CTA {p} use {it} overwrites CTA {d}'s stage {s} ({readers[d][s]})"
             inflight.append((p, s, it))
             yield
 
@@ -285,37 +347,39 @@ def _simulate_cluster_ring(num_stages, num_tiles, k_tiles, seed):
                 s = ring.stage(it)
                 while not full[c][s].try_wait(ring.phase(it)):
                     yield
-                assert halves[c][s] == {(it, 0), (it, 1)}, f"CTA {c} use {it} reads {halves[c][s]}"
-                readers[s].add((c, w))
+                assert expected(c, it), f"CTA {c} use {it} reads {landed[c][s]}"
+                readers[c][s].add(w)
                 yield
                 if k > 0:
-                    readers[ring.stage(it - 1)].discard((c, w))
+                    readers[c][ring.stage(it - 1)].discard(w)
                     release(ring.stage(it - 1))
-            readers[ring.stage(t * k_tiles + k_tiles - 1)].discard((c, w))
+            readers[c][ring.stage(t * k_tiles + k_tiles - 1)].discard(w)
             release(ring.stage(t * k_tiles + k_tiles - 1))
             yield
 
     rng = random.Random(seed)
-    pending_bytes = [[0] * num_stages for _ in range(cta_count)]
+    pending = [[0] * num_stages for _ in range(cta_count)]
 
     def land():
         p, s, it = inflight.pop(rng.randrange(len(inflight)))
-        for dst in range(cta_count):  # the multicast half lands in both CTAs
-            halves[dst][s] = {h for h in halves[dst][s] if h[0] == it} | {(it, p)}
-            pending_bytes[dst][s] += 1
-            if pending_bytes[dst][s] == cta_count:  # expect_tx counted both halves
-                pending_bytes[dst][s] = 0
-                full[dst][s].arrive()
+        for op, part, dsts in pieces(p):
+            for dst in dsts:
+                landed[dst][s] = {x for x in landed[dst][s] if x[0] == it} | {(it, op, part, p)}
+                pending[dst][s] += 1
+                if pending[dst][s] == cluster_m + cluster_n:  # expect_tx counted every slice
+                    pending[dst][s] = 0
+                    full[dst][s].arrive()
 
     actors = {("p", p): producer(p) for p in range(cta_count)}
     actors.update({(c, w): consumer(c, w) for c in range(cta_count) for w in range(wgs)})
-    return _run_actors(actors, inflight, land, rng, max_steps=200000)
+    return _run_actors(actors, inflight, land, rng, max_steps=400000)
 
 
+@pytest.mark.parametrize("cluster_m, cluster_n", [(2, 1), (1, 2), (2, 2)])
 @pytest.mark.parametrize("num_stages, num_tiles, k_tiles", [(3, 4, 2), (4, 6, 3), (6, 2, 17)])
-def test_cluster_ring_with_warpgroup_release(num_stages, num_tiles, k_tiles):
+def test_cluster_ring_with_warpgroup_release(num_stages, num_tiles, k_tiles, cluster_m, cluster_n):
     for seed in range(20):
-        _simulate_cluster_ring(num_stages, num_tiles, k_tiles, seed=seed)
+        _simulate_cluster_ring(num_stages, num_tiles, k_tiles, seed, cluster_m, cluster_n)
 
 
 def test_ring_without_last_release_deadlocks():

@@ -60,9 +60,49 @@ def tile_coords(tile, num_m, num_n, group_m: int):
     return first_m + in_group % height, in_group // height
 
 
+def cluster_rank_mn(rank, cluster_m: int, cluster_n: int):
+    """``(rank_m, rank_n)``: where CTA ``rank`` of a ``cluster_m x cluster_n`` cluster sits, M fastest
+    (``rank = rank_n * cluster_m + rank_m``). With one of the sizes 1 the other coordinate is ``rank`` itself."""
+    if cluster_n == 1:
+        return rank, 0
+    if cluster_m == 1:
+        return 0, rank
+    return rank % cluster_m, rank // cluster_m
+
+
+def _shift_left(base: int, by):
+    if isinstance(by, int):
+        return base << by
+    from tvm.script import tirx as T
+
+    return T.shift_left(T.int32(base), by)
+
+
+def multicast_a(rank, cluster_m: int, cluster_n: int):
+    """``(part, mask)`` of CTA ``rank``'s A load in a ``cluster_m x cluster_n`` cluster: the ``cluster_n`` CTAs of
+    one M-tile (same ``rank_m``) share its A tile, so each loads rows slice ``part`` (of ``cluster_n``) and
+    multicasts it to the CTAs of ``mask`` (bit r = CTA r); ``(0, None)`` without a partner (``cluster_n == 1``:
+    the whole tile, no multicast). ``mask`` is a Python int unless it depends on a traced rank."""
+    rank_m, rank_n = cluster_rank_mn(rank, cluster_m, cluster_n)
+    if cluster_n == 1:
+        return 0, None
+    same_m = sum(1 << (j * cluster_m) for j in range(cluster_n))  # ranks rank_m + j * cluster_m
+    return rank_n, same_m if cluster_m == 1 else _shift_left(same_m, rank_m)
+
+
+def multicast_b(rank, cluster_m: int, cluster_n: int):
+    """:func:`multicast_a` for B: the ``cluster_m`` CTAs of one N-tile (same ``rank_n``) share its B tile; each
+    loads slice ``rank_m`` (of ``cluster_m``) of its rows into the CTAs of ``mask``."""
+    rank_m, rank_n = cluster_rank_mn(rank, cluster_m, cluster_n)
+    if cluster_m == 1:
+        return 0, None
+    same_n = (1 << cluster_m) - 1  # ranks rank_n * cluster_m + i
+    return rank_m, same_n if cluster_n == 1 else _shift_left(same_n, rank_n * cluster_m)
+
+
 def cluster_tile_coords(tile, num_m, num_n, group_m: int, cluster_m: int, rank, cluster_n: int = 1):
-    """``(m_tile, n_tile)`` for CTA ``rank`` of a ``cluster_m x 1`` (or ``1 x cluster_n``) cluster working on
-    cluster tile ``tile``.
+    """``(m_tile, n_tile)`` for CTA ``rank`` of a ``cluster_m x cluster_n`` cluster working on cluster tile
+    ``tile``.
 
     A ``cluster_m x 1`` cluster covers ``cluster_m`` consecutive M-tiles of one N-tile (they share, and
     multicast, the B tile). Cluster tiles are rastered like :func:`tile_coords` over
@@ -73,14 +113,22 @@ def cluster_tile_coords(tile, num_m, num_n, group_m: int, cluster_m: int, rank, 
     A ``1 x cluster_n`` cluster covers ``cluster_n`` consecutive N-tiles of one M-tile (they share the A
     tile), rastered over ``ceil(num_n / cluster_n)`` cluster columns with ``group_m`` M-tiles per group; CTAs
     past N likewise load zero-filled B and store nothing.
+
+    A ``cluster_m x cluster_n`` cluster (both > 1) covers that block of tiles: CTA ``rank`` takes tile
+    ``(rank_m, rank_n)`` of it (:func:`cluster_rank_mn`); cluster tiles are rastered over
+    ``ceil(num_m / cluster_m) x ceil(num_n / cluster_n)`` with ``group_m // cluster_m`` cluster rows per group, and
+    CTAs past M or N pad as above. A cluster is co-scheduled on one GPC, so every reader of the block's A and B
+    panels sits in one GPC (docs/gemm.md section 16: 2-CTA clusters land their neighbours in other GPCs).
     """
-    if cluster_m > 1 and cluster_n > 1:
-        raise ValueError(f"cluster_tile_coords: a {cluster_m} x {cluster_n} cluster (one of them must be 1)")
-    if cluster_n > 1:
-        m, nc = tile_coords(tile, num_m, ceil_div(num_n, cluster_n), group_m)
-        return m, nc * cluster_n + rank
     if group_m % cluster_m:
         raise ValueError(f"cluster_tile_coords: group_m={group_m} must be a multiple of cluster_m={cluster_m}")
+    if cluster_n > 1 and cluster_m == 1:
+        m, nc = tile_coords(tile, num_m, ceil_div(num_n, cluster_n), group_m)
+        return m, nc * cluster_n + rank
+    if cluster_n > 1:
+        rank_m, rank_n = cluster_rank_mn(rank, cluster_m, cluster_n)
+        mc, nc = tile_coords(tile, ceil_div(num_m, cluster_m), ceil_div(num_n, cluster_n), group_m // cluster_m)
+        return mc * cluster_m + rank_m, nc * cluster_n + rank_n
     mc, n = tile_coords(tile, ceil_div(num_m, cluster_m), num_n, group_m // cluster_m)
     return mc * cluster_m + rank, n
 

@@ -55,7 +55,7 @@ def load_2d(dst, tmap, col, row, bar, multicast_mask=None, cache_policy=None):
     elif multicast_mask is None:
         T.evaluate(T.ptx[LOAD_2D](dst, T.address_of(tmap), col, row, bar))
     else:
-        T.evaluate(T.ptx[LOAD_2D_MULTICAST](dst, T.address_of(tmap), col, row, bar, T.uint16(multicast_mask)))
+        T.evaluate(T.ptx[LOAD_2D_MULTICAST](dst, T.address_of(tmap), col, row, bar, _mask_u16(multicast_mask)))
 
 
 def store_2d(tmap, col, row, src):
@@ -162,6 +162,12 @@ def create_policy(policy, priority: str = EVICT_LAST):
     T.evaluate(T.ptx[f"createpolicy.fractional.{priority}.b64"](policy))
 
 
+def _mask_u16(mask):
+    """A multicast CTA mask as the instruction's 16-bit operand: a Python int, or a traced expression (a mask that
+    depends on the CTA's rank in a 2 x 2 cluster, ``core.lang.scheduler.multicast_a``) cast to ``uint16``."""
+    return T.uint16(mask) if isinstance(mask, int) else T.Cast("uint16", mask)
+
+
 def load(dst, tmap, coords, bar, multicast_mask=None, cache_policy=None):
     """Load the box at ``coords`` (innermost first, rank = ``len(coords)``) into smem ``dst``, completing
     its bytes on ``bar``; optionally multicast to every CTA of the 16-bit ``multicast_mask`` (same smem
@@ -171,7 +177,7 @@ def load(dst, tmap, coords, bar, multicast_mask=None, cache_policy=None):
     ops = [dst, T.address_of(tmap), *coords, bar]
     if multicast_mask is not None:
         name += ".multicast::cluster"
-        ops.append(T.uint16(multicast_mask) if isinstance(multicast_mask, int) else multicast_mask)
+        ops.append(_mask_u16(multicast_mask))
     if cache_policy is not None:
         name += ".L2::cache_hint"
         ops.append(cache_policy)
