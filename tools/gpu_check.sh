@@ -3,7 +3,7 @@
 # One full GPU evidence run on a host staged with ../shared/gpu/stage (run from the repo root there):
 # correctness of every (kernel, config), graphs/torch.compile, compute-sanitizer on small configs, and
 # the bench with references. Logs go to $OUT (or ./gpu-logs); a short table is printed last.
-#   bash tools/gpu_check.sh [test|sanitize|bench|gemm-sweep|micro|all] [bench kernels...]
+#   bash tools/gpu_check.sh [test|sanitize|bench|gemm-sweep|c2x2|micro|all] [bench kernels...]
 # gemm-sweep needs every tile in the bundle: build them with `python tools/gemm_sweep.py tiles` + build --params.
 # The wgmma layer micro-kernels (test_lang_wgmma_numerics.py) run from build/lang-micro: build it on the CPU
 # machine with `python packages/tirx-core/tests/test_lang_wgmma_gpu.py build/lang-micro` and carry it.
@@ -36,6 +36,8 @@ if [ "$what" = all ] || [ "$what" = sanitize ]; then
             "fp16_bf16_gemm fp16_300x520x136_persistent_s4_e128_c2" "fp16_bf16_gemm bf16_1000x1032x1048_nn_bias_128x64" \
             "fp16_bf16_gemm bf16_300x200x136_persistent_128x224" "fp16_bf16_gemm bf16_5x520x72_smallm_224_bk128_k4" \
             "fp16_bf16_gemm bf16_16x600x136_smallm_bk256_k2" "fp16_bf16_gemm bf16_100x264x1048_smallm_128x64_k2" \
+            "fp16_bf16_gemm bf16_300x520x136_persistent_128x128_c2x2" "fp16_bf16_gemm fp16_300x520x136_pingpong_128x192_c2x2" \
+            "fp16_bf16_gemm fp16_300x520x136_nn_alpha_beta_bias_c2x2" \
             "fp16_bf16_gemm fp16_37x200x520_smallm_64x64_k2" "rmsnorm fp16_37x16384" "rmsnorm fp16_37x7168_strided"; do
     set -- $kc
     # --report-api-errors no: with the CuTe-DSL stack staged, importing the references' cuda-python probes
@@ -75,6 +77,17 @@ if [ "$what" = all ] || [ "$what" = micro ]; then
   timeout 200 compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m pytest -q -p no:cacheprovider \
     -k "ring or multicast" packages/tirx-core/tests/test_lang_tma_numerics.py >> "$OUT/sanitizer.log" 2>&1
   echo "memcheck micro ring/multicast rc=$?" | tee -a "$OUT/sanitizer.log"
+fi
+if [ "$what" = c2x2 ]; then
+  # The 2 x 2-cluster and 112-column tiles against the rest (packages/tirx-native/docs/gemm.md section 17): how
+  # many 4-CTA clusters fit at once (the probe, built on the CPU machine into build/probes/ and carried), then two
+  # sweeps of the rows they are for, with every tile (build them all: gemm-sweep's note above).
+  [ -x build/probes/cta_placement ] && build/probes/cta_placement 2>&1 | tee "$OUT/cta-placement.log" | head -5
+  for pass in A B; do
+    python3 tools/gemm_sweep.py run --shapes issue --rounds 5 \
+      --only 8192x8192x8192,16384x16384x16384,8192x28672x8192,8192x14336x4096,512x4096x14336,2048x7168x2048,512x7168x2048 \
+      --out "$OUT/gemm-c2x2-$pass.json" 2>&1 | tee "$OUT/gemm-c2x2-$pass.log" | tail -8 || rc=1
+  done
 fi
 if [ "$what" = gemm-sweep ]; then
   python3 tools/gemm_sweep.py run --shapes issue --out "$OUT/gemm-issue.json" 2>&1 | tee "$OUT/gemm-issue.log" | tail -8 || rc=1

@@ -31,10 +31,12 @@ def test_persistent_tiles_fit_smem():
     {"block_n": 232}, {"block_n": 200}, {"block_n": 224, "layout": "nn"}, {"block_n": 224, "out_dtype": "float32"},
     {"block_n": 224, "epilogue": "bias", "bias_dtype": "bfloat16"}, {"block_n": 176, "epilogue": "alpha_beta"},
     {"block_n": 224, "epi_cols": 128},
-    # 1 x 2 clusters and the per-warpgroup release
-    {"cluster_n": 3}, {"cluster_n": 2, "cluster_m": 2}, {"release": "thread"},
+    # 1 x 2 and 2 x 2 clusters and the per-warpgroup release
+    {"cluster_n": 3}, {"cluster_n": 2, "cluster_m": 3}, {"cluster_n": 4, "cluster_m": 1},
+    {"cluster_n": 2, "cluster_m": 2, "num_sms": 3}, {"release": "thread"},
     # stream-K: the plain unclustered NT kernel only
     {"stream_k": True, "cluster_m": 2}, {"stream_k": True, "cluster_n": 2, "cluster_m": 1},
+    {"stream_k": True, "cluster_n": 2, "cluster_m": 2},
     {"stream_k": True, "layout": "nn"}, {"stream_k": True, "out_dtype": "float32"},
     {"stream_k": True, "epilogue": "bias", "bias_dtype": "bfloat16"},
     # L2 priorities of the operand loads: createpolicy's, by name
@@ -124,6 +126,9 @@ def _device_code(tile, **overrides):
     ("persistent_128x128x64_s6_g8", {"release": "warpgroup"}, 2, "(lane_ptr[0] == 0) && (warp_ptr[0] < 1)"),
     ("pingpong_128x128x64_s6_e64_g8", {"release": "warpgroup", "cluster_n": 2}, 2,
      "(lane_ptr[0] == 0) && (warp_ptr[0] < 2)"),  # ping-pong: 1 warpgroup reads a use, x 2 CTAs
+    ("persistent_128x128x64_s6_c2x2_g8_wg", {}, 8, "(lane_ptr[0] == 0) && (warp_ptr[0] < 4)"),  # 2 wgs x 4 CTAs
+    ("persistent_128x128x64_s6_c2x2_g8_wg", {"release": "warp"}, 32, "lane_ptr[0] == 0"),  # 8 warps x 4 CTAs
+    ("pingpong_128x192x64_s4_e64_c2x2_g8_wg", {}, 4, "(lane_ptr[0] == 0) && (warp_ptr[0] < 4)"),  # 1 wg x 4 CTAs
 ])
 def test_ring_release_arrival_counts(tile, overrides, arrivals, releasers):
     """The empty barriers count exactly the arrivals the consumers make: one per warp and CTA (``release``
@@ -148,6 +153,34 @@ def test_1x2_cluster_multicasts_a_not_b():
 
     assert "cudaLaunchAttributeClusterDimension" in build.codegen(
         mod.get_kernel("bfloat16", "persistent_128x128x64_s6_c2n_g8_wg"))
+
+
+@pytest.mark.parametrize("tile, layout", [("persistent_128x128x64_s6_c2x2_g8_wg", "nt"),
+                                          ("persistent_128x128x64_s6_c2x2_g8_wg", "nn"),
+                                          ("persistent_128x256x64_s3_c2x2_g8_wg", "nt"),
+                                          ("pingpong_128x192x64_s4_e64_c2x2_g8_wg", "nt")])
+def test_2x2_cluster_multicasts_half_of_a_and_half_of_b(tile, layout):
+    """``cluster_m = cluster_n = 2``: CTA rank = 2 * rank_n + rank_m loads A rows slice rank_n into the CTAs of its
+    M-tile (ranks rank_m, rank_m + 2: mask 5 << rank_m) and B slice rank_m into those of its N-tile (ranks 2 * rank_n,
+    2 * rank_n + 1: mask 3 << 2 * rank_n); every load is a multicast; the launch is of 4-CTA clusters, and the grid
+    never more than num_sms / 4 = 30 of them."""
+    from tirx_kernels.core import build
+
+    params = {"layout": layout} if layout != "nt" else {}
+    dev = _device_code(tile, **params)
+    loads = {m: [line for line in dev.splitlines() if "cp_async_bulk_tensor_g2s" in line and f"(&({m}_map))" in line]
+             for m in ("a", "b")}
+    assert loads["a"] and all("multicast" in line and "((ushort)(5 << (rank_ptr[0] & 1)))" in line
+                              for line in loads["a"])
+    assert loads["b"] and all("multicast" in line and "((ushort)(3 << ((rank_ptr[0] >> 1) * 2)))" in line
+                              for line in loads["b"])
+    # the slices: A rows from (rank >> 1) * 64, B rows (NT) / N-columns (NN) from (rank & 1) * block_n / 2
+    half_n = mod.TILE_CONFIGS[tile]["block_n"] // 2
+    assert all("((rank_ptr[0] >> 1) * 64)" in line for line in loads["a"])
+    assert all(f"((rank_ptr[0] & 1) * {half_n})" in line for line in loads["b"]) if layout == "nt" else True
+    host = build.codegen(mod.get_kernel("bfloat16", tile, **params))
+    assert "cudaLaunchAttributeClusterDimension" in host and "auto cuda_arg_6 = 4;" in host
+    assert mod.cluster_ctas(tile) == 4 and _persistent.ClusterGrid(128, half_n * 2, 8, 2, 2, 120).clusters_max == 30
 
 
 @pytest.mark.parametrize("tile", ["persistent_128x128x64_s6_g8", "persistent_128x256x64_s4_e128_c2_g8",

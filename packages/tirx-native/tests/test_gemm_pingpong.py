@@ -217,7 +217,7 @@ def test_epilogue_addressing(tile):
 
 def test_pingpong_tiles_fit_smem():
     # (block_n, stages): bytes, whatever the cluster / release
-    expect = {(128, 6): 229472, (192, 4): 196672, (176, 5): 227408}
+    expect = {(128, 6): 229472, (192, 4): 196672, (176, 5): 227408, (112, 6): 217184}
     for tile in PINGPONG:
         c = mod.TILE_CONFIGS[tile]
         nbytes = _pingpong.smem_bytes("bfloat16", c["block_m"], c["block_n"], c["block_k"], c["num_stages"],
@@ -238,7 +238,8 @@ def test_pingpong_tiles_fit_smem():
     ({"cluster_m": 3}, "cluster_m"),
     ({"cluster_m": 2, "group_m": 3}, "cluster_m"),
     ({"cluster_n": 3}, "cluster_n"),
-    ({"cluster_n": 2, "cluster_m": 2}, "cluster_n"),
+    ({"cluster_n": 2, "cluster_m": 3}, "cluster_n"),
+    ({"cluster_n": 2, "cluster_m": 2, "num_sms": 3}, "num_sms"),
     ({"release": "thread"}, "release"),
     ({"layout": "nn"}, "layout"),
     ({"out_dtype": "float32"}, "out_dtype"),

@@ -33,6 +33,13 @@ Design:
 - ``cluster_n = 2`` (``cluster_m = 1``): a 1 x 2 cluster, the transpose of the above: the two CTAs take N-tiles
   (2j, 2j+1) of one M-tile, each loads 64 of the tile's 128 A rows and multicasts them into both; a CTA past N
   loads zero-filled B and stores nothing.
+- ``cluster_m = cluster_n = 2``: a 2 x 2 cluster covers a 2 x 2 block of tiles; CTA ``rank = 2 * rank_n + rank_m``
+  takes tile (rank_m, rank_n) of it, loads A rows slice ``rank_n`` (64 of 128) into the two CTAs of its M-tile and B
+  slice ``rank_m`` (half of block_n) into the two CTAs of its N-tile (``scheduler.multicast_a`` / ``multicast_b``:
+  masks ``5 << rank_m`` and ``3 << 2 * rank_n``), so each CTA requests half of what an unclustered one does and the
+  four readers of the block's panels share a GPC. Every consumer releases a slot in all four CTAs (the diagonal
+  CTA's producer writes nothing into this one, so it waits for one CTA more than it must; the counts stay uniform).
+  CTAs past M or N pad as in the 2-CTA clusters.
 - ``release``: who gives a ring slot back after the consumers' ``wgmma.wait``: ``"warp"`` (lane 0 of every
   consumer warp, in every CTA of the cluster: 8 x cluster arrivals per slot) or ``"warpgroup"`` (lane 0 of
   warp r of each consumer warpgroup arrives in CTA r: 2 x cluster arrivals, the remote ones leaving from two
@@ -144,7 +151,17 @@ class ClusterGrid:
     tiles in ``cluster_m x cluster_n`` clusters, rastered by ``core.lang.scheduler`` with ``group_m`` M-tiles per
     group, on at most ``num_sms`` CTAs. Traced: ``M`` and ``N`` are the kernel's dims."""
 
+    SHAPES = ((1, 1), (2, 1), (1, 2), (2, 2))  # (cluster_m, cluster_n) the kernels build
+
     def __init__(self, block_m: int, block_n: int, group_m: int, cluster_m: int, cluster_n: int, num_sms: int):
+        if (cluster_m, cluster_n) not in self.SHAPES:
+            raise ValueError(f"gemm cluster: cluster_m x cluster_n = {cluster_m} x {cluster_n} is not one of "
+                             f"{self.SHAPES}")
+        if group_m % cluster_m:
+            raise ValueError(f"gemm cluster: cluster_m={cluster_m} must divide group_m={group_m}")
+        if num_sms < cluster_m * cluster_n:
+            raise ValueError(f"gemm cluster: num_sms={num_sms} is fewer than the {cluster_m * cluster_n} CTAs of a "
+                             "cluster")
         self.block_m, self.block_n, self.group_m = block_m, block_n, group_m
         self.cluster_m, self.cluster_n = cluster_m, cluster_n
         self.cluster_size = cluster_m * cluster_n
@@ -162,6 +179,52 @@ class ClusterGrid:
         """``(m_tile, n_tile)`` of CTA ``rank`` of the cluster working on cluster tile ``tile``."""
         num_m, num_n = scheduler.num_tiles(M, N, self.block_m, self.block_n)
         return scheduler.cluster_tile_coords(tile, num_m, num_n, self.group_m, self.cluster_m, rank, self.cluster_n)
+
+    def a_share(self):
+        """A rows each CTA loads per stage (and multicasts to the CTAs of its M-tile)."""
+        return self.block_m // self.cluster_n
+
+    def b_share(self):
+        """B rows (N-columns) each CTA loads per stage (and multicasts to the CTAs of its N-tile)."""
+        return self.block_n // self.cluster_m
+
+    def a_part(self, rank):
+        """Which A slice CTA ``rank`` loads (0 without multicast): rows ``[a_part * a_share, ...)`` of the tile."""
+        return scheduler.multicast_a(rank, self.cluster_m, self.cluster_n)[0]
+
+    def a_mask(self, rank):
+        """The CTAs CTA ``rank``'s A slice lands in (None: no multicast)."""
+        return scheduler.multicast_a(rank, self.cluster_m, self.cluster_n)[1]
+
+    def b_part(self, rank):
+        return scheduler.multicast_b(rank, self.cluster_m, self.cluster_n)[0]
+
+    def b_mask(self, rank):
+        return scheduler.multicast_b(rank, self.cluster_m, self.cluster_n)[1]
+
+    def load_a(self, As, a_map, a_tile, block_k, s, k, m0, bar, rank, cache_policy=None):  # noqa: N803
+        """Stage ``s``'s A tile (rows from ``m0``, K-step ``k``) into ``As``: the whole box, or this CTA's slice
+        multicast to the CTAs of its M-tile (``cluster_n`` 2). Traced: the producer thread's TMA load."""
+        from tirx_kernels.core.lang import tma
+
+        if self.cluster_n == 1:
+            tma.load_2d(As.ptr_to([s * a_tile]), a_map, k * block_k, m0, bar, cache_policy=cache_policy)
+        else:
+            part = self.a_part(rank)
+            tma.load_2d(As.ptr_to([s * a_tile + part * self.a_share() * block_k]), a_map, k * block_k,
+                        m0 + part * self.a_share(), bar, multicast_mask=self.a_mask(rank), cache_policy=cache_policy)
+
+    def load_b_kmajor(self, Bs, b_map, b_tile, block_k, s, k, n0, bar, rank, cache_policy=None):  # noqa: N803
+        """:meth:`load_a` for a K-major (NT) B tile: rows from ``n0``, this CTA's slice multicast to the CTAs of its
+        N-tile (``cluster_m`` 2)."""
+        from tirx_kernels.core.lang import tma
+
+        if self.cluster_m == 1:
+            tma.load_2d(Bs.ptr_to([s * b_tile]), b_map, k * block_k, n0, bar, cache_policy=cache_policy)
+        else:
+            part = self.b_part(rank)
+            tma.load_2d(Bs.ptr_to([s * b_tile + part * self.b_share() * block_k]), b_map, k * block_k,
+                        n0 + part * self.b_share(), bar, multicast_mask=self.b_mask(rank), cache_policy=cache_policy)
 
 
 def _drop_params(func, names):
@@ -207,11 +270,7 @@ def build_persistent_kernel(dtype: str, block_m: int, block_n: int, block_k: int
     if tail_cols and (layout != "nt" or out_dtype != dtype or epilogue != "none"):
         raise ValueError(f"persistent gemm: block_n={block_n} (not a multiple of 64) builds only the plain NT "
                          "kernel (16-bit out, no epilogue)")
-    if cluster_m not in (1, 2) or group_m % cluster_m or num_sms < cluster_m:
-        raise ValueError(f"persistent gemm: cluster_m={cluster_m} (1 or 2) must divide group_m={group_m}")
-    if cluster_n not in (1, 2) or cluster_m * cluster_n > 2:
-        raise ValueError(f"persistent gemm: cluster_n={cluster_n} must be 1, or 2 with cluster_m=1 "
-                         f"(got cluster_m={cluster_m})")
+    tiles = ClusterGrid(block_m, block_n, group_m, cluster_m, cluster_n, num_sms)  # checks the cluster shape
     if stream_k and (cluster_m * cluster_n != 1 or layout != "nt" or out_dtype != dtype or epilogue != "none"):
         raise ValueError("persistent gemm: stream_k builds only the plain unclustered NT kernel (16-bit out, no "
                          f"epilogue; got cluster {cluster_m}x{cluster_n}, layout {layout!r}, out_dtype "
@@ -230,9 +289,9 @@ def build_persistent_kernel(dtype: str, block_m: int, block_n: int, block_k: int
 
     a_tile = block_m * block_k  # elements per stage
     b_tile = block_n * block_k
-    b_share = block_n // cluster_m  # B rows each CTA of the cluster loads (and multicasts)
-    a_share = block_m // cluster_n  # A rows each CTA of a 1 x 2 cluster loads (and multicasts)
-    cluster_size = cluster_m * cluster_n
+    b_share = tiles.b_share()  # B rows each CTA of the cluster loads (and multicasts)
+    a_share = tiles.a_share()  # A rows each CTA of a 1 x 2 / 2 x 2 cluster loads (and multicasts)
+    cluster_size = tiles.cluster_size
     stage_bytes = (a_tile + b_tile) * elem  # full boxes, also past M/N/K, all sources of the cluster
     k_steps = block_k // 16
     nacc = wgmma.acc_regs(block_n)
@@ -240,7 +299,6 @@ def build_persistent_kernel(dtype: str, block_m: int, block_n: int, block_k: int
     store_rows = wgmma.M
     # Each stage is read by both consumer warpgroups of every CTA of the cluster (multicast).
     ring = mbarrier.Ring.for_warpgroups(num_stages, NUM_CONSUMERS, release, cluster_size)
-    tiles = ClusterGrid(block_m, block_n, group_m, cluster_m, cluster_n, num_sms)
     cvt_pack = {"bfloat16": T.ptx.cvt.rn.bf16x2.f32, "float16": T.ptx.cvt.rn.f16x2.f32}[dtype]
 
     # NN: B's smem tile per stage is (block_n / mn_chunk) boxes of block_k K-rows x mn_chunk N-cols.
@@ -440,8 +498,8 @@ def build_persistent_kernel(dtype: str, block_m: int, block_n: int, block_k: int
         T.attr({"tirx.launch_bounds_min_blocks_per_sm": 1})
         cta = T.cta_id([launch_ctas(M, N, K)])
         rank = T.int32(0)
-        if cluster_size == 2:
-            rank = T.cta_id_in_cluster([2])
+        if cluster_size > 1:
+            rank = T.cta_id_in_cluster([cluster_size])
         wg = T.warpgroup_id([3])
         tid = T.thread_id([384])
         k_tiles = (K + block_k - 1) // block_k
@@ -478,7 +536,7 @@ def build_persistent_kernel(dtype: str, block_m: int, block_n: int, block_k: int
                 for i in T.unroll(NUM_CONSUMERS):
                     mbarrier.init(cbar.ptr_to([i]), 1)
             mbarrier.fence_init()
-        if cluster_size == 2:
+        if cluster_size > 1:
             T.cuda.cluster_sync()
         else:
             T.cuda.cta_sync()
@@ -502,29 +560,19 @@ def build_persistent_kernel(dtype: str, block_m: int, block_n: int, block_k: int
                         s = ring.stage(it)
                         ring.producer_acquire(empty, it)
                         ring.producer_expect(full, it, stage_bytes)
-                        if cluster_n == 2:
-                            # 1 x 2 cluster: one M-tile, two N-tiles; each CTA loads half of A into both.
-                            tma.load_2d(As.ptr_to([s * a_tile + rank * a_share * block_k]), a_map, k * block_k,
-                                        m0 + rank * a_share, full.ptr_to([s]), multicast_mask=3,
-                                        cache_policy=load_policy())
-                        else:
-                            tma.load_2d(As.ptr_to([s * a_tile]), a_map, k * block_k, m0, full.ptr_to([s]),
-                                        cache_policy=load_policy())
+                        tiles.load_a(As, a_map, a_tile, block_k, s, k, m0, full.ptr_to([s]), rank, load_policy())
                         if layout == "nt":
-                            if cluster_m == 2:
-                                tma.load_2d(Bs.ptr_to([s * b_tile + rank * b_share * block_k]), b_map, k * block_k,
-                                            n0 + rank * b_share, full.ptr_to([s]), multicast_mask=3,
-                                            cache_policy=load_policy())
-                            else:
-                                tma.load_2d(Bs.ptr_to([s * b_tile]), b_map, k * block_k, n0, full.ptr_to([s]),
-                                            cache_policy=load_policy())
+                            tiles.load_b_kmajor(Bs, b_map, b_tile, block_k, s, k, n0, full.ptr_to([s]), rank,
+                                                load_policy())
                         else:
                             # NN: box c holds N-columns [64c, 64c + 64) of the tile, all block_k K-rows.
                             for c in T.unroll(b_boxes):
                                 if cluster_m == 2:
-                                    tma.load_2d(Bs.ptr_to([s * b_tile + (rank * b_boxes + c) * mn_chunk * block_k]),
-                                                b_map, n0 + (rank * b_boxes + c) * mn_chunk, k * block_k,
-                                                full.ptr_to([s]), multicast_mask=3, cache_policy=load_policy())
+                                    tma.load_2d(Bs.ptr_to([s * b_tile + (tiles.b_part(rank) * b_boxes + c) * mn_chunk
+                                                           * block_k]),
+                                                b_map, n0 + (tiles.b_part(rank) * b_boxes + c) * mn_chunk, k * block_k,
+                                                full.ptr_to([s]), multicast_mask=tiles.b_mask(rank),
+                                                cache_policy=load_policy())
                                 else:
                                     tma.load_2d(Bs.ptr_to([s * b_tile + c * mn_chunk * block_k]), b_map,
                                                 n0 + c * mn_chunk, k * block_k, full.ptr_to([s]),
@@ -664,11 +712,11 @@ def build_persistent_kernel(dtype: str, block_m: int, block_n: int, block_k: int
 
             if ct == 0:
                 tma.store_wait(0)
-        if cluster_size == 2:
-            # No CTA may exit while its peer still multicasts into its smem or arrives on its barriers.
+        if cluster_size > 1:
+            # No CTA may exit while a peer still multicasts into its smem or arrives on its barriers.
             T.cuda.cluster_sync()
         pdl_launch.end(pdl)
 
     unused = ((() if add_bias else ("bias_ptr", "Bias")) + (() if reads_c else ("alpha", "beta"))
               + (() if stream_k else ("ws_ptr", "WS", "flags_ptr", "Flags")))
-    return pdl_launch.launch(_drop_params(fp16_bf16_gemm_persistent, unused), pdl, cluster=cluster_size == 2)
+    return pdl_launch.launch(_drop_params(fp16_bf16_gemm_persistent, unused), pdl, cluster=cluster_size > 1)

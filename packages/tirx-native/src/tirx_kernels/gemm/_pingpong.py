@@ -53,6 +53,8 @@ Design:
   stores nothing. A final cluster barrier keeps either CTA alive while its peer may still write into it.
 - ``cluster_n = 2`` (``cluster_m = 1``): the 1 x 2 transpose: N-tiles (2j, 2j+1) of one M-tile, each CTA
   loading half of the A tile's rows and multicasting them; a CTA past N stores nothing.
+- ``cluster_m = cluster_n = 2``: a 2 x 2 block of tiles, each CTA loading half of its A tile and half of its B tile
+  into the two CTAs that share each (as in ``gemm/_persistent.py``); each consumer releases a use in all four CTAs.
 - ``release``: ``"warp"`` (lane 0 of each consumer warp arrives, in every CTA) or ``"warpgroup"`` (one arrival per
   consumer warpgroup and CTA: lane 0 of warp r arrives in CTA r), as in ``gemm/_persistent.py``.
 - The lean consumer loop of ``gemm/_persistent.py`` (descriptors advanced from stage 0's, a ring cursor, tensor-map
@@ -120,11 +122,7 @@ def build_pingpong_kernel(dtype: str, block_m: int, block_n: int, block_k: int, 
     if epilogue != "none" or bias_dtype is not None:
         raise ValueError(f"pingpong gemm: epilogue {epilogue!r} / bias_dtype {bias_dtype!r} is not supported "
                          "(only 'none')")
-    if cluster_m not in (1, 2) or group_m % cluster_m or num_sms < cluster_m:
-        raise ValueError(f"pingpong gemm: cluster_m={cluster_m} is not supported (1 or 2, dividing group_m={group_m})")
-    if cluster_n not in (1, 2) or cluster_m * cluster_n > 2:
-        raise ValueError(f"pingpong gemm: cluster_n={cluster_n} must be 1, or 2 with cluster_m=1 "
-                         f"(got cluster_m={cluster_m})")
+    tiles = ClusterGrid(block_m, block_n, group_m, cluster_m, cluster_n, num_sms)  # checks the cluster shape
     if block_m != NUM_CONSUMERS * wgmma.M or block_k * elem != 128:
         raise ValueError("pingpong gemm: block_m must be 128 (2 x m64) and block_k one 128-byte SW128 row")
     # Two m64 accumulators of block_n / 2 registers each must leave room in the consumer's 232.
@@ -146,9 +144,9 @@ def build_pingpong_kernel(dtype: str, block_m: int, block_n: int, block_k: int, 
 
     a_tile = block_m * block_k  # elements per stage
     b_tile = block_n * block_k
-    b_share = block_n // cluster_m  # B rows each CTA of the cluster loads (and multicasts)
-    a_share = block_m // cluster_n  # A rows each CTA of a 1 x 2 cluster loads (and multicasts)
-    cluster_size = cluster_m * cluster_n
+    b_share = tiles.b_share()  # B rows each CTA of the cluster loads (and multicasts)
+    a_share = tiles.a_share()  # A rows each CTA of a 1 x 2 / 2 x 2 cluster loads (and multicasts)
+    cluster_size = tiles.cluster_size
     stage_bytes = (a_tile + b_tile) * elem  # full boxes, also past M/N/K, all sources of the cluster
     k_steps = block_k // 16
     nacc = wgmma.acc_regs(block_n)  # per m64 half
@@ -158,7 +156,6 @@ def build_pingpong_kernel(dtype: str, block_m: int, block_n: int, block_k: int, 
     stage_elems = block_m * epi_cols  # one consumer's staging buffer, 16-bit elements
     # Each use is read by one consumer warpgroup (whole tiles), in every CTA of the cluster (multicast).
     ring = mbarrier.Ring.for_warpgroups(num_stages, 1, release, cluster_size)
-    tiles = ClusterGrid(block_m, block_n, group_m, cluster_m, cluster_n, num_sms)
     cvt_pack = {"bfloat16": T.ptx.cvt.rn.bf16x2.f32, "float16": T.ptx.cvt.rn.f16x2.f32}[dtype]
 
     def stage_pair(Cs, packed, acc, cs_base, h, rnd, jj, r, warp, lane):  # noqa: N803
@@ -199,8 +196,8 @@ def build_pingpong_kernel(dtype: str, block_m: int, block_n: int, block_k: int, 
         T.attr({"tirx.launch_bounds_min_blocks_per_sm": 1})
         cta = T.cta_id([tiles.ctas(M, N)])
         rank = T.int32(0)
-        if cluster_size == 2:
-            rank = T.cta_id_in_cluster([2])
+        if cluster_size > 1:
+            rank = T.cta_id_in_cluster([cluster_size])
         wg = T.warpgroup_id([3])
         tid = T.thread_id([384])
         k_tiles = (K + block_k - 1) // block_k
@@ -228,7 +225,7 @@ def build_pingpong_kernel(dtype: str, block_m: int, block_n: int, block_k: int, 
         if tid == 0:
             ring.init(full, empty)
             mbarrier.fence_init()
-        if cluster_size == 2:
+        if cluster_size > 1:
             T.cuda.cluster_sync()
         else:
             T.cuda.cta_sync()
@@ -249,18 +246,9 @@ def build_pingpong_kernel(dtype: str, block_m: int, block_n: int, block_k: int, 
                         s = ring.stage(it)
                         ring.producer_acquire(empty, it)
                         ring.producer_expect(full, it, stage_bytes)
-                        if cluster_n == 2:
-                            # 1 x 2 cluster: one M-tile, two N-tiles; each CTA loads half of A into both.
-                            tma.load_2d(As.ptr_to([s * a_tile + rank * a_share * block_k]), a_map, k * block_k,
-                                        m_tile * block_m + rank * a_share, full.ptr_to([s]), multicast_mask=3)
-                        else:
-                            tma.load_2d(As.ptr_to([s * a_tile]), a_map, k * block_k, m_tile * block_m,
-                                        full.ptr_to([s]))
-                        if cluster_m == 2:
-                            tma.load_2d(Bs.ptr_to([s * b_tile + rank * b_share * block_k]), b_map, k * block_k,
-                                        n_tile * block_n + rank * b_share, full.ptr_to([s]), multicast_mask=3)
-                        else:
-                            tma.load_2d(Bs.ptr_to([s * b_tile]), b_map, k * block_k, n_tile * block_n, full.ptr_to([s]))
+                        # Each CTA of a cluster loads its slice of the A (B) tile into the CTAs of its M-tile (N-tile).
+                        tiles.load_a(As, a_map, a_tile, block_k, s, k, m_tile * block_m, full.ptr_to([s]), rank)
+                        tiles.load_b_kmajor(Bs, b_map, b_tile, block_k, s, k, n_tile * block_n, full.ptr_to([s]), rank)
         else:
             # Math warpgroups: consumer cw takes the CTA's local tiles cw, cw + 2, ..., each whole.
             cw, ct, warp, lane = roles.consumer_role(wg, tid)
@@ -330,9 +318,9 @@ def build_pingpong_kernel(dtype: str, block_m: int, block_n: int, block_k: int, 
                                                   m0 + h * wgmma.M, n0 + staged, M, N, ldc, warp, lane, cvt_pack)
             if ct == 0:
                 tma.store_wait(0)
-        if cluster_size == 2:
-            # No CTA may exit while its peer still multicasts into its smem or arrives on its barriers.
+        if cluster_size > 1:
+            # No CTA may exit while a peer still multicasts into its smem or arrives on its barriers.
             T.cuda.cluster_sync()
         pdl_launch.end(pdl)
 
-    return pdl_launch.launch(fp16_bf16_gemm_pingpong, pdl, cluster=cluster_size == 2)
+    return pdl_launch.launch(fp16_bf16_gemm_pingpong, pdl, cluster=cluster_size > 1)

@@ -183,6 +183,41 @@ CONFIGS = [
      "tile": "persistent_128x256x64_s4_e128_g8_sk"},
     {"label": "fp16_512x7168x2048_sk_128x224", "dtype": "float16", "M": 512, "N": 7168, "K": 2048,
      "tile": "persistent_128x224x64_s4_g8_sk"},
+    # 2 x 2 clusters ("_c2x2": A and B both multicast, each CTA loading half of each; 30 clusters on 120 SMs).
+    # 300 x 520: 3 x 5 tiles of 128 (odd both ways: the last cluster row has CTAs past M, the last cluster column CTAs
+    # past N, one CTA past both); 300 x 104: one N-tile, so half of every cluster lies past N; 2000 x 1544 x 1048:
+    # 8 x 7 cluster tiles on 30 clusters (1-2 each, 17 K-tiles wrapping the ring across tiles); NN (B's MN-major boxes
+    # multicast by slice) with the general epilogue; the ping-pong kernel; two of the shapes the tiles are for.
+    {"label": "bf16_300x520x136_persistent_128x128_c2x2", "dtype": "bfloat16", "M": 300, "N": 520, "K": 136,
+     "tile": "persistent_128x128x64_s6_c2x2_g8_wg"},
+    {"label": "fp16_300x104x136_persistent_128x128_c2x2", "dtype": "float16", "M": 300, "N": 104, "K": 136,
+     "tile": "persistent_128x128x64_s6_c2x2_g8_wg"},
+    {"label": "bf16_2000x1544x1048_persistent_128x128_c2x2", "dtype": "bfloat16", "M": 2000, "N": 1544, "K": 1048,
+     "tile": "persistent_128x128x64_s6_c2x2_g8_wg"},
+    {"label": "fp16_300x520x136_nn_alpha_beta_bias_c2x2", "dtype": "float16", "M": 300, "N": 520, "K": 136,
+     "layout": "nn", "epilogue": "alpha_beta_bias", "bias_dtype": "float32", "alpha": 0.5, "beta": -1.5,
+     "tile": "persistent_128x128x64_s6_c2x2_g8_wg"},
+    {"label": "fp16_4000x4104x200_persistent_128x256_c2x2", "dtype": "float16", "M": 4000, "N": 4104, "K": 200,
+     "tile": "persistent_128x256x64_s3_c2x2_g8_wg"},
+    {"label": "bf16_2000x1544x1048_pingpong_128x192_c2x2", "dtype": "bfloat16", "M": 2000, "N": 1544, "K": 1048,
+     "tile": "pingpong_128x192x64_s4_e64_c2x2_g8_wg"},
+    {"label": "fp16_300x520x136_pingpong_128x192_c2x2", "dtype": "float16", "M": 300, "N": 520, "K": 136,
+     "tile": "pingpong_128x192x64_s4_e64_c2x2_g8_wg"},
+    {"label": "bf16_512x4096x14336_persistent_128x128_c2x2", "dtype": "bfloat16", "M": 512, "N": 4096, "K": 14336,
+     "tile": "persistent_128x128x64_s6_c2x2_g8_wg"},
+    {"label": "bf16_8192x8192x8192_persistent_128x256_c2x2", "dtype": "bfloat16", "M": 8192, "N": 8192, "K": 8192,
+     "tile": "persistent_128x256x64_s3_c2x2_g8_wg"},
+    # 112-column ping-pong tiles (the last 48 columns from registers): N = 520 is 5 N-tiles (the 5th ends 8 columns
+    # into its register columns; odd: the last 1 x 2 cluster has a CTA past N); 2000 x 1544 x 1048: 16 x 14 tiles on
+    # 132 CTAs (both consumers of a CTA take tiles); 512 x 7168 x 2048 the shape they are for.
+    {"label": "bf16_300x520x136_pingpong_128x112", "dtype": "bfloat16", "M": 300, "N": 520, "K": 136,
+     "tile": "pingpong_128x112x64_s6_e64_g8"},
+    {"label": "fp16_2000x1544x1048_pingpong_128x112_c2n", "dtype": "float16", "M": 2000, "N": 1544, "K": 1048,
+     "tile": "pingpong_128x112x64_s6_e64_c2n_g8_wg"},
+    {"label": "bf16_300x520x136_pingpong_128x112_c2n", "dtype": "bfloat16", "M": 300, "N": 520, "K": 136,
+     "tile": "pingpong_128x112x64_s6_e64_c2n_g8_wg"},
+    {"label": "bf16_512x7168x2048_pingpong_128x112", "dtype": "bfloat16", "M": 512, "N": 7168, "K": 2048,
+     "tile": "pingpong_128x112x64_s6_e64_g8"},
     {"label": "bf16_37x520x1048_smallm_224_k2", "dtype": "bfloat16", "M": 37, "N": 520, "K": 1048,
      "tile": "smallm_64x224x64_s6_k2"},
     {"label": "fp16_100x1112x200_smallm_128x224_k4", "dtype": "float16", "M": 100, "N": 1112, "K": 200,
@@ -481,6 +516,16 @@ TILE_CONFIGS = {
                                       "num_stages": 6, "epi_cols": 64, "group_m": 8, "num_sms": 132},
     "pingpong_128x192x64_s4_e64_g8": {"kind": "pingpong", "block_m": 128, "block_n": 192, "block_k": 64,
                                       "num_stages": 4, "epi_cols": 64, "group_m": 8, "num_sms": 132},
+    # 112 columns, cuBLAS's tile at 512 x 7168 x 2048 (nvjet 128 x 112 in 1 x 2 clusters, docs/gemm.md section 14),
+    # sweep candidates: 64 N-tiles, so 256 tiles, two per SM on all but a few of the 132, each CTA's second tile's
+    # mainloop hiding the first one's epilogue, where the table's 128x224 (0.961-0.965x cuBLAS in the 2026-12-04 final
+    # sweep) is one tile per SM with nothing to overlap. The last 48 columns go from the registers. 6 x 30 KB ring +
+    # 2 x 16 KB staging = 212 KB (7 stages: 242 KB). The 1 x 2 form ("_c2n", A multicast) is cuBLAS's cluster.
+    "pingpong_128x112x64_s6_e64_g8": {"kind": "pingpong", "block_m": 128, "block_n": 112, "block_k": 64,
+                                      "num_stages": 6, "epi_cols": 64, "group_m": 8, "num_sms": 132},
+    "pingpong_128x112x64_s6_e64_c2n_g8_wg": {"kind": "pingpong", "block_m": 128, "block_n": 112, "block_k": 64,
+                                             "num_stages": 6, "epi_cols": 64, "cluster_n": 2, "group_m": 8,
+                                             "num_sms": 132, "release": "warpgroup"},
     # QuACK's Hopper default shape: 128x192 ping-pong with 2-CTA clusters along M (B multicast).
     "pingpong_128x192x64_s4_e64_c2_g8": {"kind": "pingpong", "block_m": 128, "block_n": 192, "block_k": 64,
                                          "num_stages": 4, "epi_cols": 64, "cluster_m": 2, "group_m": 8,
@@ -503,6 +548,29 @@ TILE_CONFIGS = {
                                          "num_stages": 6, "cluster_m": 1, "group_m": 8, "num_sms": 132}),
         ("persistent_128x224x64_s4_g8", {"kind": "persistent", "block_m": 128, "block_n": 224, "block_k": 64,
                                          "num_stages": 4, "cluster_m": 1, "group_m": 8, "num_sms": 132}))},
+    # 2 x 2 clusters ("_c2x2", sweep candidates; TILE_TABLE picks none until the H200 has timed them). At the mid-M
+    # rows the time tracks the L2 sectors the SMs' loads cost, and the per-GPC L2 request coalescer merges identical
+    # reads only of SMs in one GPC; a 2-CTA cluster's neighbours land in other GPCs, so our 2x1 tiles lost the
+    # merging the unclustered ones get (47 % -> 3-26 % of sectors; cuBLAS 74 %; docs/gemm.md section 16). A cluster
+    # of 2 x 2 tiles is one GPC by construction, and each CTA loads half of its A and half of its B tile, multicast
+    # to the two CTAs that share it: half the L2 requests of an unclustered CTA (2x1: three quarters), and half the
+    # L2 -> SM crossbar reads per FLOP, which matters where the board sits at its power cap (8192^3: 690-697 W of
+    # 700). One ring release per consumer warpgroup and CTA (lane 0 of warp r arrives in CTA r: 4 CTAs, 4 warps).
+    # The price: this H200 holds at most 30 clusters of 4 at once, 120 of its 132 SMs (the 4-CTA launches of
+    # docs/measurements/2026-12-04-h200/run2-cta-placement.log place 30 clusters on SMs 0-119 and start the 31st only
+    # when one ends; our reading of its 16-CTA launches: GPCs of 8, 16 and six of 18 SMs, and an 18-SM GPC holds four
+    # 4-CTA clusters with 2 SMs left over), so num_sms = 120, and
+    # a tile must save more than the 9 % of SMs it gives up. Built to measure that, at the large shapes (power-bound)
+    # and at 128x128 (the L2-sector experiment of section 16).
+    **{f"{t}_c2x2_g8_wg": {**cfg, "cluster_m": 2, "cluster_n": 2, "group_m": 8, "num_sms": 120,
+                          "release": "warpgroup"} for t, cfg in (
+        ("persistent_128x128x64_s6", {"kind": "persistent", "block_m": 128, "block_n": 128, "block_k": 64,
+                                      "num_stages": 6}),
+        # 3 stages: with 4 (epi_cols 128) ptxas spills 4 bytes in the producer's setup under its 40 registers.
+        ("persistent_128x256x64_s3", {"kind": "persistent", "block_m": 128, "block_n": 256, "block_k": 64,
+                                      "num_stages": 3}),
+        ("pingpong_128x192x64_s4_e64", {"kind": "pingpong", "block_m": 128, "block_n": 192, "block_k": 64,
+                                        "num_stages": 4, "epi_cols": 64}))},
     # Small M (gemm/_small_m.py, memory-bound: stream B once): one CTA per (M-tile, N-tile, K-slice), the
     # split_k K-slices of a tile one cluster, reduced through DSMEM. block_m 64 = 1 consumer warpgroup
     # (M <= 64), 128 = 2 (M <= 128). Rings of 192-200 KB = the bytes in flight per SM.
@@ -721,14 +789,14 @@ TILE_TABLE = [
 
 
 def cluster_ctas(tile: str) -> int:
-    """CTAs per cluster of ``tile`` (2x1 or 1x2 clusters: 2; otherwise 1)."""
+    """CTAs per cluster of ``tile`` (2x1 or 1x2 clusters: 2; 2x2: 4; otherwise 1)."""
     cfg = TILE_CONFIGS[tile]
     return cfg.get("cluster_m", 1) * cfg.get("cluster_n", 1)
 
 
 def sass_expect(dtype: str, tile: str, layout: str = "nt", **_) -> list[str]:
     """SASS the CPU build test asserts: the wgmma shape (m64n{block_n}: 64 ... 256), TMA loads/stores, register
-    reconfiguration; the transposed-B wgmma for NN; the B (A) multicast of the 2x1 (1x2) cluster tiles; the small-M
+    reconfiguration; the transposed-B wgmma for NN; the B (A) multicast of the 2x1 (1x2, 2x2) cluster tiles; the small-M
     kernel's own list (cluster barrier, DSMEM loads)."""
     cfg = TILE_CONFIGS[tile]
     if cfg.get("kind") == "small_m":
@@ -742,7 +810,7 @@ def sass_expect(dtype: str, tile: str, layout: str = "nt", **_) -> list[str]:
     n = cfg["block_n"]
     out = [rf"HGMMA\.64x{n}x16\.F32" + (r"\.BF16" if dtype == "bfloat16" else r"\b"), r"UTMALDG\.2D",
            r"UTMASTG\.2D", r"USETMAXREG"]
-    if cluster_ctas(tile) == 2:
+    if cluster_ctas(tile) > 1:
         out.append(r"UTMALDG\.2D\.MULTICAST")
     if cfg.get("kind") == "pingpong":
         out.append(r"BAR\.ARV")  # the consumers' turn-taking (named-barrier arrive)
