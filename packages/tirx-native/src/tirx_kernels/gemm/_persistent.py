@@ -197,9 +197,11 @@ class ClusterGrid:
         return scheduler.multicast_a(rank, self.cluster_m, self.cluster_n)[1]
 
     def b_part(self, rank):
+        """Which B slice CTA ``rank`` loads (0 without multicast): rows ``[b_part * b_share, ...)`` of the tile."""
         return scheduler.multicast_b(rank, self.cluster_m, self.cluster_n)[0]
 
     def b_mask(self, rank):
+        """The CTAs CTA ``rank``'s B slice lands in (None: no multicast)."""
         return scheduler.multicast_b(rank, self.cluster_m, self.cluster_n)[1]
 
     def load_a(self, As, a_map, a_tile, block_k, s, k, m0, bar, rank, cache_policy=None):  # noqa: N803

@@ -558,8 +558,8 @@ TILE_CONFIGS = {
     # 700). One ring release per consumer warpgroup and CTA (lane 0 of warp r arrives in CTA r: 4 CTAs, 4 warps).
     # The price: this H200 holds at most 30 clusters of 4 at once, 120 of its 132 SMs (the 4-CTA launches of
     # docs/measurements/2026-12-04-h200/run2-cta-placement.log place 30 clusters on SMs 0-119 and start the 31st only
-    # when one ends; our reading of its 16-CTA launches: GPCs of 8, 16 and six of 18 SMs, and an 18-SM GPC holds four
-    # 4-CTA clusters with 2 SMs left over), so num_sms = 120, and
+    # when one ends; our reading of its 8- and 16-CTA launches: seven GPCs of 16-18 SMs hold four 4-CTA clusters each,
+    # the eighth, of 8-10 SMs, two), so num_sms = 120, and
     # a tile must save more than the 9 % of SMs it gives up. Built to measure that, at the large shapes (power-bound)
     # and at 128x128 (the L2-sector experiment of section 16).
     **{f"{t}_c2x2_g8_wg": {**cfg, "cluster_m": 2, "cluster_n": 2, "group_m": 8, "num_sms": 120,

@@ -97,7 +97,7 @@ class Ring:
     @classmethod
     def for_warpgroups(cls, num_stages: int, warpgroups: int, release: str = "warp", cluster_size: int = 1):
         """A ring each use of which is read by ``warpgroups`` consumer warpgroups in every CTA of a
-        ``cluster_size`` cluster (each CTA's producer multicasting into all of them), given back by
+        ``cluster_size`` cluster (each CTA's producer multicasting into the CTAs sharing its slices), given back by
         :meth:`release_slot` per ``release``: ``"warp"`` (lane 0 of every consumer warp, in every CTA) or
         ``"warpgroup"`` (:meth:`consumer_release_warpgroup`); the empty barriers count those arrivals."""
         if release not in RELEASES:
