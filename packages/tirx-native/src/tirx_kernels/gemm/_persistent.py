@@ -188,45 +188,38 @@ class ClusterGrid:
         """B rows (N-columns) each CTA loads per stage (and multicasts to the CTAs of its N-tile)."""
         return self.block_n // self.cluster_m
 
-    def a_part(self, rank):
-        """Which A slice CTA ``rank`` loads (0 without multicast): rows ``[a_part * a_share, ...)`` of the tile."""
-        return scheduler.multicast_a(rank, self.cluster_m, self.cluster_n)[0]
+    def a_slice(self, rank):
+        """``(part, mask)`` of CTA ``rank``'s A load: rows ``[part * a_share, ...)`` of the tile, into the CTAs of
+        ``mask`` (None: the whole tile, no multicast; ``scheduler.multicast_a``)."""
+        return scheduler.multicast_a(rank, self.cluster_m, self.cluster_n)
 
-    def a_mask(self, rank):
-        """The CTAs CTA ``rank``'s A slice lands in (None: no multicast)."""
-        return scheduler.multicast_a(rank, self.cluster_m, self.cluster_n)[1]
-
-    def b_part(self, rank):
-        """Which B slice CTA ``rank`` loads (0 without multicast): rows ``[b_part * b_share, ...)`` of the tile."""
-        return scheduler.multicast_b(rank, self.cluster_m, self.cluster_n)[0]
-
-    def b_mask(self, rank):
-        """The CTAs CTA ``rank``'s B slice lands in (None: no multicast)."""
-        return scheduler.multicast_b(rank, self.cluster_m, self.cluster_n)[1]
+    def b_slice(self, rank):
+        """:meth:`a_slice` for B: rows (N-columns) ``[part * b_share, ...)``, into the CTAs of its N-tile."""
+        return scheduler.multicast_b(rank, self.cluster_m, self.cluster_n)
 
     def load_a(self, As, a_map, a_tile, block_k, s, k, m0, bar, rank, cache_policy=None):  # noqa: N803
         """Stage ``s``'s A tile (rows from ``m0``, K-step ``k``) into ``As``: the whole box, or this CTA's slice
-        multicast to the CTAs of its M-tile (``cluster_n`` 2). Traced: the producer thread's TMA load."""
-        from tirx_kernels.core.lang import tma
-
-        if self.cluster_n == 1:
-            tma.load_2d(As.ptr_to([s * a_tile]), a_map, k * block_k, m0, bar, cache_policy=cache_policy)
-        else:
-            part = self.a_part(rank)
-            tma.load_2d(As.ptr_to([s * a_tile + part * self.a_share() * block_k]), a_map, k * block_k,
-                        m0 + part * self.a_share(), bar, multicast_mask=self.a_mask(rank), cache_policy=cache_policy)
+        multicast to the CTAs of its M-tile. Traced: the producer thread's TMA load."""
+        _load_slice(As, a_map, a_tile, block_k, s, k, m0, bar, self.a_share(), self.a_slice(rank), cache_policy)
 
     def load_b_kmajor(self, Bs, b_map, b_tile, block_k, s, k, n0, bar, rank, cache_policy=None):  # noqa: N803
         """:meth:`load_a` for a K-major (NT) B tile: rows from ``n0``, this CTA's slice multicast to the CTAs of its
-        N-tile (``cluster_m`` 2)."""
-        from tirx_kernels.core.lang import tma
+        N-tile."""
+        _load_slice(Bs, b_map, b_tile, block_k, s, k, n0, bar, self.b_share(), self.b_slice(rank), cache_policy)
 
-        if self.cluster_m == 1:
-            tma.load_2d(Bs.ptr_to([s * b_tile]), b_map, k * block_k, n0, bar, cache_policy=cache_policy)
-        else:
-            part = self.b_part(rank)
-            tma.load_2d(Bs.ptr_to([s * b_tile + part * self.b_share() * block_k]), b_map, k * block_k,
-                        n0 + part * self.b_share(), bar, multicast_mask=self.b_mask(rank), cache_policy=cache_policy)
+
+def _load_slice(dst, tmap, tile_elems, block_k, s, k, row0, bar, share, part_mask, cache_policy):
+    """One K-major operand tile of stage ``s`` (``tile_elems`` elements a stage, rows from ``row0``): the whole box
+    when ``part_mask`` has no mask, else rows ``[part * share, part * share + share)`` multicast to the mask's CTAs
+    (the box of the tensor map is ``share`` rows then)."""
+    from tirx_kernels.core.lang import tma
+
+    part, mask = part_mask
+    if mask is None:
+        tma.load_2d(dst.ptr_to([s * tile_elems]), tmap, k * block_k, row0, bar, cache_policy=cache_policy)
+    else:
+        tma.load_2d(dst.ptr_to([s * tile_elems + part * share * block_k]), tmap, k * block_k, row0 + part * share,
+                    bar, multicast_mask=mask, cache_policy=cache_policy)
 
 
 def _drop_params(func, names):
@@ -570,10 +563,10 @@ def build_persistent_kernel(dtype: str, block_m: int, block_n: int, block_k: int
                             # NN: box c holds N-columns [64c, 64c + 64) of the tile, all block_k K-rows.
                             for c in T.unroll(b_boxes):
                                 if cluster_m == 2:
-                                    tma.load_2d(Bs.ptr_to([s * b_tile + (tiles.b_part(rank) * b_boxes + c) * mn_chunk
-                                                           * block_k]),
-                                                b_map, n0 + (tiles.b_part(rank) * b_boxes + c) * mn_chunk, k * block_k,
-                                                full.ptr_to([s]), multicast_mask=tiles.b_mask(rank),
+                                    tma.load_2d(Bs.ptr_to([s * b_tile + (tiles.b_slice(rank)[0] * b_boxes + c)
+                                                           * mn_chunk * block_k]),
+                                                b_map, n0 + (tiles.b_slice(rank)[0] * b_boxes + c) * mn_chunk,
+                                                k * block_k, full.ptr_to([s]), multicast_mask=tiles.b_slice(rank)[1],
                                                 cache_policy=load_policy())
                                 else:
                                     tma.load_2d(Bs.ptr_to([s * b_tile + c * mn_chunk * block_k]), b_map,
