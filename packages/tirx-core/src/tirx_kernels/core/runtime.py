@@ -28,16 +28,34 @@ def compiler_available() -> bool:
     return importlib.util.find_spec("tvm") is not None
 
 
+def candidate_params(module, params: dict) -> list[dict]:
+    """The artifacts that can serve a call whose preferred compile params are ``params``, best first: ``params``
+    itself (a specialized artifact, e.g. rmsnorm at one hidden size), then the module's general artifact for it
+    (``general_params(params)``, sizes as runtime arguments), when the module defines one and it differs."""
+    out = [params]
+    general = getattr(module, "general_params", None)
+    if general is not None:
+        g = general(dict(params))
+        if g is not None and artifacts.canonical_params(g) != artifacts.canonical_params(params):
+            out.append(g)
+    return out
+
+
 def artifact_path(module, params: dict) -> str:
-    """Where the ``.so`` for (module's kernel, params) comes from; builds into the cache if it must."""
+    """Where the ``.so`` for (module's kernel, params) comes from: the bundle's specialized artifact, else the
+    bundle's general one (:func:`candidate_params`), else the cache, building it where the compiler exists."""
     name = module.KERNEL_META["name"]
     fp = artifacts.fingerprint(module)
     why = "TIRX_KERNELS_ARTIFACTS is not set"
     bundle = os.environ.get("TIRX_KERNELS_ARTIFACTS")
     if bundle:
-        path, why = artifacts.find_in_bundle(bundle, name, params, fp)
-        if path:
-            return path
+        whys = []
+        for cand in candidate_params(module, params):
+            path, w = artifacts.find_in_bundle(bundle, name, cand, fp)
+            if path:
+                return path
+            whys.append(f"{artifacts.canonical_params(cand)}: {w}")
+        why = "; ".join(whys)
     if not compiler_available():
         raise ArtifactNotFoundError(
             f"no artifact for kernel '{name}' with params {artifacts.canonical_params(params)} "
