@@ -23,8 +23,9 @@ def _t(*shape, dtype=bf16):
     (_t(2, 64, 64), _t(64, 64), None, "a", "dimensions"),
     (_t(64, 64), _t(64), None, "b", "dimensions"),
     (_t(64, 64), _t(64, 72), None, "b", "shape"),  # K mismatch
-    (_t(64, 60), _t(64, 60), None, "a", "multiple of 8"),  # K % 8
-    (_t(64, 64), _t(60, 64), None, "b", "multiple of 8"),  # N % 8
+    (_t(64, 60), _t(64, 60), None, "a", "CUDA"),  # K % 8: accepted (valid except the device)
+    (_t(64, 64), _t(60, 64), None, "a", "CUDA"),  # N % 8: accepted
+    (_t(64, 64), _t(61, 64), _t(64, 72)[:, :61], "a", "CUDA"),  # an out whose rows are not 16-byte aligned
     (_t(64, 128)[:, ::2], _t(64, 64), None, "a", "contiguous"),
     (_t(64, 64).t(), _t(64, 64), None, "a", "contiguous"),
     (_t(128, 64)[::2], _t(64, 64), None, "a", "contiguous"),
@@ -91,10 +92,10 @@ def test_tile_heuristic_and_params():
     # M, N, K are runtime arguments: an unpinned config's artifact is the heuristic tile's, and a bundle
     # carries every tile the heuristic can pick for both dtypes.
     for c in mod.CONFIGS:
-        if "tile" not in c:
+        if "tile" not in c and c["N"] % 8 == 0:  # (odd N: test_gemm_any_shape.py)
             assert mod.compile_params(**{**mod.DEFAULTS, **c})["tile"] == mod.choose_tile(c["M"], c["N"], c["K"])
     table_tiles = {row[3] for row in mod.TILE_TABLE}
-    assert {(p["dtype"], p["tile"]) for p in mod.artifact_params()} == {
+    assert {(p["dtype"], p["tile"]) for p in mod.artifact_params() if "layout" not in p and "c_store" not in p} == {
         (d, t) for d in ("bfloat16", "float16") for t in table_tiles}
 
     def key(c):
@@ -135,7 +136,7 @@ f32 = torch.float32
 
 @pytest.mark.parametrize("a, b, out, arg, what", [
     (_t(64, 64), _t(72, 64), None, "b", "shape"),  # B (K, N): K mismatch
-    (_t(64, 64), _t(64, 60), None, "b", "multiple of 8"),  # N % 8 (B's rows)
+    (_t(64, 64), _t(64, 60), None, "a", "CUDA"),  # N % 8 (B's rows): accepted (valid except the device)
     (_t(64, 64), _t(64, 128)[:, ::2], None, "b", "unit stride"),
     (_t(64, 64), _t(32, 64).t(), None, "b", "unit stride"),  # an NT-style B passed to gemm_nn
     (_t(64, 64), _t(128, 32)[::2], None, "b", "contiguous"),

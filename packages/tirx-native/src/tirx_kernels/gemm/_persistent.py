@@ -95,6 +95,8 @@ NUM_CONSUMERS = 2
 
 LAYOUTS = ("nt", "nn")
 EPILOGUES = ("none", "bias", "alpha_beta", "alpha_beta_bias")
+# How C leaves the staging tile: TMA stores, or (C rows not 16-byte aligned, e.g. odd N) per-element st.global.
+C_STORES = ("tma", "stg")
 
 
 def has_bias(epilogue: str) -> bool:
@@ -237,7 +239,8 @@ def build_persistent_kernel(dtype: str, block_m: int, block_n: int, block_k: int
                             cluster_m: int, group_m: int, num_sms: int, layout: str = "nt",
                             out_dtype: str | None = None, epilogue: str = "none", bias_dtype: str | None = None,
                             epi_cols: int | None = None, pdl: str | None = None, cluster_n: int = 1,
-                            release: str = "warp", stream_k: bool = False, load_priority: str | None = None):
+                            release: str = "warp", stream_k: bool = False, load_priority: str | None = None,
+                            c_store: str = "tma"):
     from tvm.script import tirx as T
 
     from tirx_kernels.core.lang import grid_flags, mbarrier, roles, tma, vector, wgmma
@@ -274,6 +277,12 @@ def build_persistent_kernel(dtype: str, block_m: int, block_n: int, block_k: int
                                  or epi_cols % 64 or staged % epi_cols):
         raise ValueError(f"persistent gemm: epi_cols={epi_cols!r} must be a multiple of 64 (one SW128 box of "
                          f"16-bit) dividing block_n={block_n} rounded down to 64, or None (= that)")
+    if c_store not in C_STORES:
+        raise ValueError(f"persistent gemm: c_store {c_store!r} is not one of {C_STORES}")
+    stg = c_store == "stg"
+    if stg and (tail_cols or stream_k or layout != "nt" or out_dtype != dtype or epilogue != "none"):
+        raise ValueError("persistent gemm: c_store='stg' builds only the plain NT kernel (16-bit out, no epilogue, "
+                         f"no stream-K) of a tile of whole 64-column boxes (block_n={block_n})")
     if load_priority is not None and load_priority not in vector.L2_PRIORITIES:
         raise ValueError(f"persistent gemm: load_priority={load_priority!r} must be None or one of "
                          f"{vector.L2_PRIORITIES}")
@@ -323,6 +332,30 @@ def build_persistent_kernel(dtype: str, block_m: int, block_n: int, block_k: int
     boxes_per_pass = pass_cols // out_cols
     cs_dtype = "uint32" if out_elem == 2 else "float32"  # 4-byte words: packed 16-bit pairs, or fp32
     out_pack = None if out_elem == 4 else cvt_pack
+
+    def store_staged_rows(Cs, packed, cs_base, row0, col0, M, N, ldc, warp, lane, Ch):  # noqa: N803
+        """c_store='stg': a warpgroup's 64 x epi staged columns (16-bit pairs, SW128 boxes of 64 x 64) to C with
+        per-element ``st.global.b16``, clipped at M and N, for C rows of any alignment (odd N). Warp w stores rows
+        w, w + 4, ...; lane l the pair at columns 2l, 2l + 1 of a box row: one SW128 row of smem (32 banks) and
+        128 contiguous bytes of C per instruction pair, where stores straight from the accumulator fragments would
+        touch 8 rows (lines) each. ``Ch`` is C as 16-bit words, indexed row * ldc + col in 64 bits. Traced: Python
+        loops unroll, ``T.If`` guards; the staging tile is read after the warpgroup sync that follows its writes."""
+        for box in range(epi // store_cols):
+            with T.If(col0 + box * store_cols < N):  # boxes wholly past N store nothing
+                with T.Then():
+                    for i in range(store_rows // 4):
+                        row = 4 * i + warp
+                        T.buffer_store(packed, Cs[(cs_base + box * store_rows * store_cols
+                                                   + tma.sw128_offset(row, 2 * lane, dtype)) // 2], [0])
+                        grow = row0 + row
+                        gcol = col0 + box * store_cols + 2 * lane
+                        off = T.Cast("int64", grow) * T.Cast("int64", ldc) + T.Cast("int64", gcol)
+                        with T.If(T.And(grow < M, gcol < N)):
+                            with T.Then():
+                                T.buffer_store(Ch, T.Cast("uint16", packed[0] & T.uint32(0xFFFF)), [off])
+                        with T.If(T.And(grow < M, gcol + 1 < N)):
+                            with T.Then():
+                                T.buffer_store(Ch, T.Cast("uint16", packed[0] >> T.uint32(16)), [off + 1])
 
     def b_shape(N, K):  # noqa: N803
         return (N, K) if layout == "nt" else (K, N)
@@ -469,7 +502,7 @@ def build_persistent_kernel(dtype: str, block_m: int, block_n: int, block_k: int
         ldc = T.int32()
         A = T.match_buffer(a_ptr, (M, K), dtype, align=16)
         B = T.match_buffer(b_ptr, b_shape(N, K), dtype, align=16)
-        C = T.match_buffer(c_ptr, (M, N), out_dtype, strides=(ldc, 1), align=16)
+        C = T.match_buffer(c_ptr, (M, N), out_dtype, strides=(ldc, 1), align=out_elem if stg else 16)
         # Read element by element: any element-aligned bias works (a slice too).
         Bias = T.match_buffer(bias_ptr, (N,), bias_dtype or "float32", align=tma.elem_bytes(bias_dtype or "float32"))
         # Stream-K: the partials (num_sms x block_m x block_n fp32, one per CTA at most) and one flag per consumer
@@ -488,7 +521,8 @@ def build_persistent_kernel(dtype: str, block_m: int, block_n: int, block_k: int
         else:
             # B (K, N): boxes of block_k K-rows x 64 N-columns (one 128-byte swizzle row each).
             tma.encode_2d(b_map, B.data, K, N, N, block_k, mn_chunk, dtype, l2_promotion=tma.L2_PROMOTION_256B)
-        tma.encode_2d(c_map, C.data, M, N, ldc, store_rows, out_cols, out_dtype)
+        if not stg:  # (a tensor map needs 16-byte row strides)
+            tma.encode_2d(c_map, C.data, M, N, ldc, store_rows, out_cols, out_dtype)
         T.device_entry()
         T.attr({"tirx.launch_bounds_min_blocks_per_sm": 1})
         cta = T.cta_id([launch_ctas(M, N, K)])
@@ -543,7 +577,8 @@ def build_persistent_kernel(dtype: str, block_m: int, block_n: int, block_k: int
             if tid == 0:
                 tma.prefetch_descriptor(a_map)
                 tma.prefetch_descriptor(b_map)
-                tma.prefetch_descriptor(c_map)
+                if not stg:
+                    tma.prefetch_descriptor(c_map)
                 bind_load_policy()
                 for t in range(units(my_tiles, k_tiles)):
                     bind_unit(t, cta, grid, k_tiles)
@@ -658,7 +693,10 @@ def build_persistent_kernel(dtype: str, block_m: int, block_n: int, block_k: int
                             tma.fence_proxy_async()
                             T.cuda.warpgroup_sync(1 + cw)
                             row0 = m0 + cw * wgmma.M
-                            if ct == 0 and row0 < M:
+                            if stg:
+                                Ch = T.decl_buffer((M * ldc,), "uint16", data=C.data)
+                                store_staged_rows(Cs, packed, cs_base, row0, n0 + q * epi, M, N, ldc, warp, lane, Ch)
+                            elif ct == 0 and row0 < M:
                                 for box in range(epi // store_cols):
                                     # Boxes wholly past N are skipped rather than relying on a fully clipped store.
                                     if n0 + q * epi + box * store_cols < N:

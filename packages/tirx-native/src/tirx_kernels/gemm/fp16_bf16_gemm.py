@@ -13,7 +13,10 @@ Warp-specialized TMA + wgmma kernel (one launch per call, M, N, K dynamic):
   ``T.SMEMPool`` (every shared buffer, barriers included: the pool is 1024-aligned only then).
 - Epilogue: fp32 -> bf16/fp16 pairs into a SW128 staging tile, then TMA stores of 64x64 boxes.
 - Ragged shapes: TMA zero-fills load boxes past M/N/K (so the K tail adds zeros) and clips store boxes
-  past M/N. TMA needs 16-byte global strides, hence K % 8 == 0 and N % 8 == 0 (checked by ``gemm_nt``).
+  past M/N. TMA needs 16-byte global strides; any M, N, K >= 1 works through ``_run``'s odd-shape plan
+  (K % 8: A and B zero-padded along K; C rows not 16-byte aligned: the persistent kernel's ``c_store="stg"``
+  stores for the plain NT call, else a 16-byte-aligned padded output copied into ``out``; docs/gemm.md
+  "Any M, N, K").
 
 The tile (``TILE_TABLE``, or ``tile=``) picks the kernel: ``persistent_*`` (``gemm/_persistent.py``: the
 persistent form of the above, grouped raster, optional 2-CTA B multicast), ``pingpong_*`` (``gemm/_pingpong.py``:
@@ -422,6 +425,10 @@ LAYOUTS = ("nt", "nn")
 EPILOGUES = ("none", "bias", "alpha_beta", "alpha_beta_bias")
 # The tile a variant gets when the caller pins none and choose_tile's pick is not a persistent one.
 VARIANT_TILE = "persistent_128x256x64_s3_g8"
+# The plain NT call whose C rows are not 16-byte aligned (odd N: LM heads of 50257 columns) and whose pick is not a
+# gemv tile: C leaves the staging tile through per-element st.global (gemm/_persistent.py c_store="stg"), on the
+# 4-stage 128x256 tile (within 1-2 % of the table's large-M picks, docs/gemm.md section "Any M, N, K").
+STG_TILE = "persistent_128x256x64_s4_e128_g8"
 # Programmatic dependent launch (``core.lang.pdl``) of the persistent, ping-pong and small-M kernels: every thread
 # waits for the previous kernel after the barrier setup, before any TMA load or store; the next kernel is signalled
 # after the last store. Sweep round 10 on the H200 (docs/measurements/2026-12-03c-h200/sweep-round10.log): 1024^3
@@ -794,7 +801,7 @@ def cluster_ctas(tile: str) -> int:
     return cfg.get("cluster_m", 1) * cfg.get("cluster_n", 1)
 
 
-def sass_expect(dtype: str, tile: str, layout: str = "nt", **_) -> list[str]:
+def sass_expect(dtype: str, tile: str, layout: str = "nt", c_store: str = "tma", **_) -> list[str]:
     """SASS the CPU build test asserts: the wgmma shape (m64n{block_n}: 64 ... 256), TMA loads/stores, register
     reconfiguration; the transposed-B wgmma for NN; the B (A) multicast of the 2x1 (1x2, 2x2) cluster tiles; the small-M
     kernel's own list (cluster barrier, DSMEM loads)."""
@@ -808,8 +815,9 @@ def sass_expect(dtype: str, tile: str, layout: str = "nt", **_) -> list[str]:
 
         return _gemv.sass_expect(dtype, **{k: v for k, v in cfg.items() if k != "kind"})
     n = cfg["block_n"]
+    # c_store "stg": C from the staging tile in 16-bit st.global (STG.E.U16), no TMA store.
     out = [rf"HGMMA\.64x{n}x16\.F32" + (r"\.BF16" if dtype == "bfloat16" else r"\b"), r"UTMALDG\.2D",
-           r"UTMASTG\.2D", r"USETMAXREG"]
+           r"UTMASTG\.2D" if c_store == "tma" else r"STG\.E\.U16", r"USETMAXREG"]
     if cluster_ctas(tile) > 1:
         out.append(r"UTMALDG\.2D\.MULTICAST")
     if cfg.get("kind") == "pingpong":
@@ -824,10 +832,53 @@ def sass_expect(dtype: str, tile: str, layout: str = "nt", **_) -> list[str]:
     return out + ([r"tnspB"] if layout == "nn" else [])
 
 
+def variant_combinations(dtype: str) -> list[dict]:
+    """Every (layout, out_dtype, epilogue, bias_dtype) variant of ``dtype``: the params keys beyond dtype/tile."""
+    out = []
+    for layout in LAYOUTS:
+        for out_dtype in (dtype, "float32"):
+            for epilogue in EPILOGUES:
+                if not is_variant(dtype, layout, out_dtype, epilogue):
+                    continue
+                p = {"layout": layout, "out_dtype": out_dtype, "epilogue": epilogue}
+                biases = (dtype, "float32") if epilogue in ("bias", "alpha_beta_bias") else (None,)
+                out += [{**p, "bias_dtype": bd} if bd else p for bd in biases]
+    return out
+
+
+def _variant_table_tiles() -> list[str]:
+    """TILE_TABLE's picks a variant keeps (persistent, whole 64-column boxes, no stream-K), without the "_ef" twins
+    (their variants fall back to VARIANT_TILE)."""
+    return [t for t in dict.fromkeys(row[3] for row in TILE_TABLE)
+            if TILE_CONFIGS[t].get("kind") == "persistent" and TILE_CONFIGS[t]["block_n"] % 64 == 0
+            and not TILE_CONFIGS[t].get("stream_k") and not TILE_CONFIGS[t].get("load_priority")]
+
+
 def artifact_params() -> list[dict]:
-    """Compile params a prebuilt bundle needs beyond the CONFIGS rows: every tile the heuristic can pick, for
-    both dtypes (M, N, K are runtime arguments, so these serve every shape of the plain op)."""
-    return [{"dtype": d, "tile": t} for d in _DTYPES for t in dict.fromkeys(row[3] for row in TILE_TABLE)]
+    """Compile params a prebuilt bundle needs beyond the CONFIGS rows (M, N, K are runtime arguments):
+    - every tile the heuristic can pick, for both dtypes (the plain op, aligned C rows);
+    - the general variant artifacts: every variant (layout, out_dtype, epilogue, bias_dtype) on VARIANT_TILE
+      (``general_params``: they serve every shape), 2 x 23 = 46;
+    - the plain NT kernel with ``c_store="stg"`` on STG_TILE (C rows not 16-byte aligned), 2;
+    - NT with a bias in a's dtype (nn.Linear's form) on the table's persistent tiles, so that it runs on the tile the
+      plain call gets: 2 x 5 = 10."""
+    plain = [{"dtype": d, "tile": t} for d in _DTYPES for t in dict.fromkeys(row[3] for row in TILE_TABLE)]
+    general = [{"dtype": d, "tile": VARIANT_TILE, **v} for d in _DTYPES for v in variant_combinations(d)]
+    stg = [{"dtype": d, "tile": STG_TILE, "c_store": "stg"} for d in _DTYPES]
+    linear = [{"dtype": d, "tile": t, "layout": "nt", "out_dtype": d, "epilogue": "bias", "bias_dtype": d}
+              for d in _DTYPES for t in _variant_table_tiles() if t != VARIANT_TILE]
+    return plain + general + stg + linear
+
+
+def general_params(params: dict) -> dict | None:
+    """The general artifact serving every call ``params`` serves: a variant on VARIANT_TILE, the ``c_store="stg"``
+    kernel on STG_TILE (sizes are runtime arguments); None for the plain kernel (its tiles are all in
+    ``artifact_params``)."""
+    if params.get("c_store") == "stg":
+        return {**params, "tile": STG_TILE}
+    if "layout" in params:
+        return {**params, "tile": VARIANT_TILE}
+    return None
 
 
 def choose_tile(M: int, N: int, K: int) -> str:
@@ -844,10 +895,34 @@ def is_variant(dtype: str, layout: str | None = None, out_dtype: str | None = No
     return (layout or "nt") != "nt" or (out_dtype or dtype) != dtype or (epilogue or "none") != "none"
 
 
+def stg_serves(tile: str) -> bool:
+    """Whether ``tile`` builds the plain kernel with ``c_store="stg"`` (persistent, whole 64-column boxes, no
+    stream-K)."""
+    cfg = TILE_CONFIGS[tile]
+    return cfg.get("kind") == "persistent" and cfg["block_n"] % 64 == 0 and not cfg.get("stream_k")
+
+
+def c_store(dtype: str, M: int, N: int, K: int, tile: str | None = None, layout: str | None = None,  # noqa: N803
+            out_dtype: str | None = None, epilogue: str | None = None, out_aligned: bool = True) -> str:
+    """How C is stored: "stg" for a plain NT call whose C rows are not 16-byte aligned (odd N, or an ``out`` whose
+    base or row stride is not) unless its tile is a gemv one (pinned, or picked: M <= 8, where the copy of a padded
+    output costs nothing) or another kind that cannot build "stg"; else "tma" (``_run`` gives an unaligned C a
+    padded output, then copies it)."""
+    if (N % 8 == 0 and out_aligned) or is_variant(dtype, layout, out_dtype, epilogue):
+        return "tma"
+    if tile is None:
+        return "tma" if TILE_CONFIGS[choose_tile(M, N, K)].get("kind") == "gemv" else "stg"
+    return "stg" if stg_serves(tile) else "tma"
+
+
 def compile_params(**cfg) -> dict:
     tile = cfg.get("tile") or choose_tile(cfg.get("M", 0), cfg.get("N", 0), cfg.get("K", 0))
     dtype = cfg["dtype"]
     launch = {"pdl": cfg["pdl"]} if "pdl" in cfg else {}  # a pinned launch variant (sweeps); default: PDL
+    store = cfg.get("c_store") or c_store(dtype, cfg.get("M", 0), cfg.get("N", 0), cfg.get("K", 0), cfg.get("tile"),
+                                          cfg.get("layout"), cfg.get("out_dtype"), cfg.get("epilogue"))
+    if store == "stg":
+        return {"dtype": dtype, "tile": cfg.get("tile") or STG_TILE, "c_store": "stg", **launch}
     if not is_variant(dtype, cfg.get("layout"), cfg.get("out_dtype"), cfg.get("epilogue")):
         return {"dtype": dtype, "tile": tile, **launch}  # the plain kernel: the same key as before variants
     picked = TILE_CONFIGS[tile]
@@ -866,9 +941,10 @@ def compile_params(**cfg) -> dict:
 # ---------------------------------------------------------------------------------------------------------
 
 def get_kernel(dtype: str, tile: str, layout: str = "nt", out_dtype: str | None = None, epilogue: str = "none",
-               bias_dtype: str | None = None, pdl: str | None = PDL):
+               bias_dtype: str | None = None, pdl: str | None = PDL, c_store: str = "tma"):
     """The kernel of ``tile``; ``pdl``: programmatic dependent launch (``core.lang.pdl.TRIGGERS`` or None) of the
-    persistent, ping-pong and small-M kernels (the stand-alone "ws" tile has none)."""
+    persistent, ping-pong and small-M kernels (the stand-alone "ws" tile has none); ``c_store``: "stg" for C rows
+    of any alignment (persistent tiles, plain NT only; gemm/_persistent.py)."""
     if dtype not in _DTYPES:
         raise ValueError(f"fp16_bf16_gemm: dtype {dtype!r} is not one of {sorted(_DTYPES)}")
     params = dict(TILE_CONFIGS[tile])
@@ -879,11 +955,14 @@ def get_kernel(dtype: str, tile: str, layout: str = "nt", out_dtype: str | None 
     from tirx_kernels.core.lang import pdl as pdl_launch
 
     pdl_launch.check_trigger("fp16_bf16_gemm", pdl)
+    if c_store != "tma" and params.get("kind") != "persistent":
+        raise ValueError(f"fp16_bf16_gemm: c_store {c_store!r} needs a persistent tile, not {tile!r}")
     if params.pop("kind", None) == "persistent":
         from tirx_kernels.gemm import _persistent
 
+        store = {"c_store": c_store} if c_store != "tma" else {}
         return _persistent.build_persistent_kernel(dtype, **params, layout=layout, out_dtype=out_dtype,
-                                                   epilogue=epilogue, bias_dtype=bias_dtype, pdl=pdl)
+                                                   epilogue=epilogue, bias_dtype=bias_dtype, pdl=pdl, **store)
     if TILE_CONFIGS[tile].get("kind") == "pingpong":
         from tirx_kernels.gemm import _pingpong
 
@@ -1145,10 +1224,6 @@ def _check_inputs(a, b, out, op: str = _OP, layout: str = "nt", bias=None, alpha
     else:
         checks.tensor(op, "b", b, shape=(a.shape[1], None), contiguous=True, cuda=False)
         n = b.shape[1]
-    # TMA: global row strides must be multiples of 16 bytes.
-    checks.multiple_of(op, "a", a.shape[1], 8, "K: TMA needs 16-byte row strides")
-    checks.multiple_of(op, "b", n, 8, "N: C's rows need 16-byte strides for the TMA store" if layout == "nt"
-                       else "N: B (K, N) and C rows need 16-byte strides for TMA")
     if out_dtype is not None and out_dtype not in (a.dtype, torch.float32):
         _fail(op, "out_dtype", f"None, {str(a.dtype).replace('torch.', '')} (the dtype of 'a') or float32",
               out_dtype)
@@ -1169,6 +1244,9 @@ def _check_inputs(a, b, out, op: str = _OP, layout: str = "nt", bias=None, alpha
     if tile is not None and TILE_CONFIGS[tile].get("kind") == "gemv" and a.shape[0] > TILE_CONFIGS[tile]["tokens"]:
         _fail(op, "tile", f"a tile serving M = {a.shape[0]} rows of 'a' (a gemv tile serves M <= its "
               f"{TILE_CONFIGS[tile]['tokens']} tokens)", repr(tile))
+    if tile is not None and TILE_CONFIGS[tile].get("kind") == "small_m" and n % 8:
+        # (its reduction stores 4-column units: the last 1-7 columns of an odd N would be lost)
+        _fail(op, "tile", f"a tile serving N = {n} (small-M tiles need N % 8 == 0)", repr(tile))
     if tile is not None and (TILE_CONFIGS[tile].get("kind") != "persistent" or TILE_CONFIGS[tile].get("stream_k")):
         od = out.dtype if out is not None else (out_dtype or a.dtype)
         if layout != "nt" or od != a.dtype or _epilogue(bias, alpha, beta) != "none":
@@ -1205,9 +1283,9 @@ def gemm_nt(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None, *
             alpha: float = 1.0, beta: float = 0.0, out_dtype: torch.dtype | None = None,
             tile: str | None = None) -> torch.Tensor:
     """``alpha * (a @ b.T) + beta * out + bias`` for bf16/fp16 ``a`` (M, K), ``b`` (N, K), both contiguous;
-    K and N multiples of 8; fp32 accumulation.
+    any M, N, K >= 0; fp32 accumulation.
 
-    - ``out`` (M, N; unit column stride, 16-byte row stride): written when given; its dtype is
+    - ``out`` (M, N; unit column stride, any row stride): written when given; its dtype is
       ``out_dtype`` (default: ``a``'s dtype; ``torch.float32`` for an fp32 output).
     - ``bias`` (N,), ``a``'s dtype or float32: added to every row.
     - ``alpha`` / ``beta``: fp32 scalars. ``beta != 0`` reads ``out`` as C_in, so ``out`` must be given;
@@ -1223,7 +1301,7 @@ def gemm_nn(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None, *
             alpha: float = 1.0, beta: float = 0.0, out_dtype: torch.dtype | None = None,
             tile: str | None = None) -> torch.Tensor:
     """``alpha * (a @ b) + beta * out + bias`` for bf16/fp16 ``a`` (M, K), ``b`` (K, N) row-major (N
-    contiguous), both contiguous; K and N multiples of 8. Same keyword arguments as :func:`gemm_nt`; always
+    contiguous), both contiguous; any M, N, K. Same keyword arguments as :func:`gemm_nt`; always
     the persistent kernel (B is an MN-major wgmma operand)."""
     return _gemm("nn", a, b, out, bias, alpha, beta, out_dtype, tile)
 
@@ -1272,6 +1350,11 @@ def _new_out(layout: str, a: torch.Tensor, b: torch.Tensor, out_dtype) -> torch.
     return torch.empty((a.shape[0], _out_cols(layout, b)), dtype=out_dtype or a.dtype, device=a.device)
 
 
+def _tma_rows(t: torch.Tensor) -> bool:
+    """Whether a TMA tensor map can address ``t``'s rows: base and row stride multiples of 16 bytes."""
+    return t.data_ptr() % 16 == 0 and (t.stride(0) * t.element_size()) % 16 == 0
+
+
 def _run(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, tile: str | None = None, layout: str = "nt",
          bias: torch.Tensor | None = None, alpha: float = 1.0, beta: float = 0.0) -> None:
     op = "gemm_" + layout
@@ -1287,20 +1370,55 @@ def _run(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, tile: str | None =
         if bias is not None:
             out.add_(bias)
         return
+    # The odd-shape plan (docs/gemm.md "Any M, N, K"). TMA needs 16-byte row strides: K % 8 pads A and B along K
+    # with zeros (they add nothing; a copy of both operands, for a shape no model has); NN pads B's N columns (its
+    # rows), so the kernel's N is then a multiple of 8 and its C the padded output below.
+    if K % 8:
+        a = torch.nn.functional.pad(a, (0, -K % 8))
+        b = torch.nn.functional.pad(b, (0, -K % 8) if layout == "nt" else (0, 0, 0, -K % 8))
+    if layout == "nn" and N % 8:
+        b = torch.nn.functional.pad(b, (0, -N % 8))
     checks.aligned(op, "a", a)
     checks.aligned(op, "b", b)
-    checks.aligned(op, "out", out)
     epilogue = _epilogue(bias, alpha, beta)
+    name = {t: str(t).replace("torch.", "") for t in (a.dtype, out.dtype)}
+    store = c_store(name[a.dtype], M, N, a.shape[1], tile, layout, name[out.dtype], epilogue, _tma_rows(out))
+    if store == "tma" and (N % 8 or not _tma_rows(out)):
+        # C rows not 16-byte aligned and no "stg" kernel for the call (a variant, or a gemv tile at M <= 8): the
+        # kernel writes a 16-byte-aligned padded output (NT: a view of its first N columns, so the kernel's N is
+        # N), copied into out after (one extra pass over C).
+        n_kernel = _out_cols(layout, b)
+        padded = torch.empty((M, -(-N // 8) * 8), dtype=out.dtype, device=out.device)
+        dst = padded[:, :n_kernel]
+        if beta != 0:
+            dst[:, :N].copy_(out)
+        if bias is not None and n_kernel != N:
+            bias = torch.nn.functional.pad(bias, (0, n_kernel - N))
+        _launch(op, a, b, dst, tile, layout, bias, alpha, beta, epilogue, "tma")
+        out.copy_(padded[:, :N])
+        return
+    if store == "tma":
+        checks.aligned(op, "out", out)
+    _launch(op, a, b, out, tile, layout, bias, alpha, beta, epilogue, store)
+
+
+def _launch(op: str, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, tile: str | None, layout: str,
+            bias: torch.Tensor | None, alpha: float, beta: float, epilogue: str, store: str) -> None:
+    """The kernel call on operands the tensor maps can address (K % 8 == 0; C rows 16-byte aligned unless
+    ``store`` is "stg")."""
+    M, K = a.shape
+    N = out.shape[1]
     bias_dtype = None if bias is None else bias.dtype
 
     def params_of():
         return compile_params(dtype=str(a.dtype).replace("torch.", ""), M=M, N=N, K=K, tile=tile, layout=layout,
                               out_dtype=str(out.dtype).replace("torch.", ""), epilogue=epilogue,
-                              bias_dtype=None if bias is None else str(bias_dtype).replace("torch.", ""))
+                              bias_dtype=None if bias is None else str(bias_dtype).replace("torch.", ""),
+                              c_store=store)
 
-    # What picks the kernel: the tile (choose_tile of M, N, K unless pinned) and the variant; the device for the
-    # arch check. One dict lookup per call after the first (runtime.FunctionCache).
-    fn = _FUNCTIONS.get((layout, a.dtype, out.dtype, bias_dtype, epilogue, M, N, K, tile, a.get_device()),
+    # What picks the kernel: the tile (choose_tile of M, N, K unless pinned), the variant and the C store; the device
+    # for the arch check. One dict lookup per call after the first (runtime.FunctionCache).
+    fn = _FUNCTIONS.get((layout, a.dtype, out.dtype, bias_dtype, epilogue, M, N, K, tile, store, a.get_device()),
                         params_of)
     args = [a, b, out]
     if bias is not None:
