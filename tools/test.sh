@@ -8,5 +8,6 @@ start=$(date +%s)
 ruff check .
 python3 tools/check_spdx.py
 python3 tools/readme_kernels.py --check
+python3 -m tirx_kernels.registry --strict >/dev/null
 python3 -m pytest -n "${TIRX_TEST_JOBS:-2}" -q -rs packages/*/tests "$@"
 echo "test.sh: $(( $(date +%s) - start )) s"

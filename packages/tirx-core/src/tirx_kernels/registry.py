@@ -4,7 +4,13 @@
 Nothing here imports a kernel module: listing the kernels of every installed package costs a parse
 of each file, and only ``load(name)`` (or ``discover_kernels()``) imports what was asked for.
 
-    python -m tirx_kernels.registry [--format text|json] [--category C] [--arch sm_90a]
+A malformed module (bad literal metadata, a file that does not parse, a duplicate kernel name) is a
+*problem*: ``scan`` skips it with one ``RegistryWarning`` and lists it in ``problems()``, so one bad file
+in one installed package does not take down every other kernel; ``load`` of a skipped kernel raises
+``SkippedKernelError`` carrying the problem. ``scan(strict=True)`` and ``--strict`` (CI) raise / exit 1.
+Scans are cached on the entry points and the stat (mtime, size) of every module file.
+
+    python -m tirx_kernels.registry [--format text|json] [--category C] [--arch sm_90a] [--strict]
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import importlib.util
 import json
 import os
 import sys
+import warnings
 from dataclasses import asdict, dataclass, field
 
 ENTRY_POINT_GROUP = "tirx_kernels.kernels"
@@ -27,6 +34,29 @@ REQUIRED_REQUIREMENT = ("package", "import")
 
 class RegistryError(ValueError):
     """A kernel module's literal metadata is missing, malformed or conflicting."""
+
+
+class SkippedKernelError(RegistryError, KeyError):
+    """``load`` of a kernel whose module the scan skipped; a ``KeyError`` too, like an unknown name."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return self.args[0]
+
+
+class RegistryWarning(UserWarning):
+    """A kernel module skipped by a lenient scan (``scan(strict=False)``)."""
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Why a module (or an entry point) was skipped; ``message`` names the file and the key."""
+
+    path: str
+    message: str
+    kernel: str | None = None  # the KERNEL_META name, where one could be read
+
+    def __str__(self) -> str:
+        return self.message
 
 
 @dataclass
@@ -151,29 +181,109 @@ def _iter_module_files(package: str):
                     yield os.path.join(dirpath, fn), prefix + "." + fn[:-3]
 
 
-def scan(entry_points=None) -> dict[str, KernelEntry]:
-    """All kernels of the installed packages, by name; raises ``RegistryError`` on bad metadata."""
-    kernels: dict[str, KernelEntry] = {}
-    eps = _entry_points() if entry_points is None else entry_points
+def _read_module(path: str, module: str):
+    """``(meta, configs, bench_configs)`` of a kernel module, None for a plain module; raises ``RegistryError``."""
+    try:
+        found = _literal_assignments(path, ("KERNEL_META", "CONFIGS", "BENCH_CONFIGS"))
+    except SyntaxError as e:
+        raise RegistryError(f"{path}: does not parse (line {e.lineno}): {e.msg}") from None
+    if "KERNEL_META" not in found:
+        return None
+    meta = found["KERNEL_META"]
+    if "CONFIGS" not in found:
+        raise RegistryError(f"{path}: a kernel module needs a literal CONFIGS list")
+    validate_meta(path, module, meta, found["CONFIGS"], found.get("BENCH_CONFIGS"))
+    return meta, found["CONFIGS"], found.get("BENCH_CONFIGS")
+
+
+def _declared_name(path: str) -> str | None:
+    """The kernel name a malformed module declares, so that ``load(name)`` can say why it was skipped."""
+    try:
+        meta = _literal_assignments(path, ("KERNEL_META",)).get("KERNEL_META")
+    except (SyntaxError, RegistryError):
+        return None
+    name = meta.get("name") if isinstance(meta, dict) else None
+    return name if isinstance(name, str) else None
+
+
+def _layout(eps) -> tuple[list, list[Problem], tuple]:
+    """Module files per entry point, entry points that name no package, and the cache key of the scan."""
+    layout, problems, key = [], [], []
     for ep in eps:
         dist = ep.dist.name if getattr(ep, "dist", None) is not None else "?"
-        for path, module in _iter_module_files(ep.value):
-            found = _literal_assignments(path, ("KERNEL_META", "CONFIGS", "BENCH_CONFIGS"))
-            if "KERNEL_META" not in found:
+        key.append((ep.name, ep.value, dist))
+        try:
+            files = list(_iter_module_files(ep.value))
+        except RegistryError as e:
+            problems.append(Problem(ep.value, str(e)))
+            continue
+        for path, _ in files:
+            st = os.stat(path)
+            key.append((path, st.st_mtime_ns, st.st_size))
+        layout.append((dist, files))
+    return layout, problems, tuple(key)
+
+
+_MAX_SCANS = 8
+_SCANS: dict[tuple, tuple[dict, list]] = {}
+_WARNED: set[str] = set()
+
+
+def _scan(eps) -> tuple[dict[str, KernelEntry], list[Problem]]:
+    layout, problems, key = _layout(eps)
+    if key in _SCANS:
+        return _SCANS[key]
+    kernels: dict[str, KernelEntry] = {}
+    duplicated: dict[str, list[str]] = {}
+    for dist, files in layout:
+        for path, module in files:
+            try:
+                found = _read_module(path, module)
+            except RegistryError as e:
+                problems.append(Problem(path, str(e), _declared_name(path)))
                 continue
-            if "CONFIGS" not in found:
-                raise RegistryError(f"{path}: a kernel module needs a literal CONFIGS list")
-            meta = found["KERNEL_META"]
-            validate_meta(path, module, meta, found["CONFIGS"], found.get("BENCH_CONFIGS"))
-            if meta["name"] in kernels:
-                other = kernels[meta["name"]]
-                raise RegistryError(f"{path}: KERNEL_META key 'name': duplicate kernel name '{meta['name']}' "
-                                    f"(also in {other.path})")
-            kernels[meta["name"]] = KernelEntry(
-                name=meta["name"], category=meta["category"], module=module, path=path, distribution=dist,
-                runtime_cuda_archs=list(meta["runtime_cuda_archs"]), configs=found["CONFIGS"], meta=meta,
-                bench_configs=found.get("BENCH_CONFIGS"))
-    return kernels
+            if found is None:
+                continue
+            meta, configs, bench_configs = found
+            name = meta["name"]
+            if name in kernels or name in duplicated:
+                # Neither module is the kernel: which one a caller meant is not knowable.
+                first = kernels.pop(name).path if name in kernels else duplicated[name][0]
+                duplicated.setdefault(name, [first]).append(path)
+                problems.append(Problem(path, f"{path}: KERNEL_META key 'name': duplicate kernel name '{name}' "
+                                              f"(also in {first})", name))
+                continue
+            kernels[name] = KernelEntry(
+                name=name, category=meta["category"], module=module, path=path, distribution=dist,
+                runtime_cuda_archs=list(meta["runtime_cuda_archs"]), configs=configs, meta=meta,
+                bench_configs=bench_configs)
+    while len(_SCANS) >= _MAX_SCANS:  # oldest first: a test session's fake packages must not pile up
+        _SCANS.pop(next(iter(_SCANS)))
+    _SCANS[key] = (kernels, problems)
+    return kernels, problems
+
+
+def scan(entry_points=None, strict: bool = False) -> dict[str, KernelEntry]:
+    """All well-formed kernels of the installed packages, by name.
+
+    A malformed module is skipped with one ``RegistryWarning`` (see ``problems()``); with ``strict`` the
+    first problem raises ``RegistryError`` instead.
+    """
+    kernels, found = _scan(_entry_points() if entry_points is None else entry_points)
+    if strict and found:
+        more = f" (and {len(found) - 1} more problem(s): python -m tirx_kernels.registry --strict)" \
+            if len(found) > 1 else ""
+        raise RegistryError(found[0].message + more)
+    for p in found:
+        if p.message not in _WARNED:
+            _WARNED.add(p.message)
+            warnings.warn(f"tirx_kernels registry skips a module: {p.message}", RegistryWarning, stacklevel=2)
+    return dict(kernels)
+
+
+def problems(entry_points=None) -> list[Problem]:
+    """The modules (and entry points) the scan skipped, each naming its file and key; empty when all is well."""
+    return list(_scan(_entry_points() if entry_points is None else entry_points)[1])
 
 
 def list_kernels(category: str | None = None, arch: str | None = None) -> list[KernelEntry]:
@@ -187,10 +297,13 @@ def list_kernels(category: str | None = None, arch: str | None = None) -> list[K
     return sorted(out, key=lambda e: (e.category, e.name))
 
 
-def load(name: str):
-    """Import and return the module of kernel ``name``."""
-    entries = scan()
+def load(name: str, entry_points=None):
+    """Import and return the module of kernel ``name``; ``SkippedKernelError`` if its module was skipped."""
+    entries = scan(entry_points)
     if name not in entries:
+        skipped = [p.message for p in problems(entry_points) if p.kernel == name]
+        if skipped:
+            raise SkippedKernelError(f"kernel '{name}' is installed but was skipped: " + "; ".join(skipped))
         raise KeyError(f"no kernel named '{name}'; installed: {', '.join(sorted(entries)) or 'none'}")
     return importlib.import_module(entries[name].module)
 
@@ -205,12 +318,14 @@ def main(argv=None) -> int:
     ap.add_argument("--format", choices=("text", "json"), default="text")
     ap.add_argument("--category", help="only this category (e.g. norm, gemm, ported.flashinfer)")
     ap.add_argument("--arch", help="only kernels verified on this arch (e.g. sm_90a)")
+    ap.add_argument("--strict", action="store_true", help="exit 1 if any module was skipped (CI)")
     a = ap.parse_args(argv)
-    try:
+    with warnings.catch_warnings():  # the problems are printed below, once, in the CLI's own words
+        warnings.simplefilter("ignore", RegistryWarning)
         entries = list_kernels(a.category, a.arch)
-    except RegistryError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    skipped = problems()
+    for p in skipped:
+        print(f"{'error' if a.strict else 'warning'}: skipped: {p.message}", file=sys.stderr)
     if a.format == "json":
         rows = []
         for e in entries:
@@ -227,7 +342,7 @@ def main(argv=None) -> int:
         for e in entries:
             print(f"{e.name}  [{e.category}]  {','.join(e.runtime_cuda_archs)}  ({e.distribution}: {e.module})")
             print(f"    configs: {', '.join(e.config_labels)}")
-    return 0
+    return 1 if a.strict and skipped else 0
 
 
 if __name__ == "__main__":
