@@ -92,14 +92,43 @@ def ceilings() -> dict:
     return {"copy_tb_s": 2 * n / t_copy / 1e6, "bf16_tflop_s": 2 * 8192**3 / t_mm / 1e6}
 
 
+@functools.cache
+def fp8_tflop_s() -> float:
+    """cuBLAS FP8 at 8192^3 (e4m3 x e4m3 -> bf16, per-tensor scales, fast accumulation): the compute ceiling
+    of rows whose roofline says ``"ceiling": "fp8"``; measured only when such a row is timed."""
+    import torch
+
+    a = torch.randn(8192, 8192, device="cuda").to(torch.float8_e4m3fn)
+    b = torch.randn(8192, 8192, device="cuda").to(torch.float8_e4m3fn).t()  # column-major, as _scaled_mm wants
+    one = torch.ones((), dtype=torch.float32, device="cuda")
+    t_mm = time_calls({"mm": lambda: torch._scaled_mm(a, b, one, one, out_dtype=torch.bfloat16, use_fast_accum=True)},
+                      calls=5, rounds=3)["mm"]["median_us"]
+    return 2 * 8192**3 / t_mm / 1e6
+
+
+# Compute ceilings a roofline may name (TFLOP/s, measured on first use): bf16 is ``ceilings()``'s own.
+COMPUTE_CEILINGS = {"bf16": lambda: ceilings()["bf16_tflop_s"], "fp8": fp8_tflop_s}
+
+
+def compute_ceiling(name: str, ceil: dict) -> float:
+    """TFLOP/s of the compute ceiling ``name``: from ``ceil`` where it was measured, else measured now."""
+    if name not in COMPUTE_CEILINGS:
+        raise ValueError(f"unknown compute ceiling '{name}' (known: {', '.join(COMPUTE_CEILINGS)})")
+    return ceil.get(f"{name}_tflop_s") or COMPUTE_CEILINGS[name]()
+
+
 def roofline_stats(model: dict, us: float, ceil: dict) -> dict:
-    """TFLOP/s, TB/s, the bound (whichever model time at the measured ceiling is larger) and % of it."""
+    """TFLOP/s, TB/s, the bound (whichever model time at the measured ceiling is larger) and % of it. FLOPs are
+    judged against the compute ceiling the model names (``"ceiling": "fp8"``; default bf16)."""
+    ceiling = model.get("ceiling", "bf16")
+    peak = compute_ceiling(ceiling, ceil)
     t_mem = model.get("bytes", 0) / (ceil["copy_tb_s"] * 1e6)
-    t_cmp = model.get("flops", 0) / (ceil["bf16_tflop_s"] * 1e6)
+    t_cmp = model.get("flops", 0) / (peak * 1e6)
     bound = "memory" if t_mem >= t_cmp else "compute"
     return {"tflop_s": model.get("flops", 0) / us / 1e6, "tb_s": model.get("bytes", 0) / us / 1e6, "bound": bound,
             "pct_of_roofline": 100.0 * (t_mem if bound == "memory" else t_cmp) / us,
-            "model_bytes": model.get("bytes", 0), "model_flops": model.get("flops", 0)}
+            "model_bytes": model.get("bytes", 0), "model_flops": model.get("flops", 0),
+            "compute_ceiling": ceiling, "compute_ceiling_tflop_s": peak}
 
 
 def bench_config(mod, cfg: dict, with_references: bool = False) -> dict:
@@ -135,4 +164,5 @@ def bench_config(mod, cfg: dict, with_references: bool = False) -> dict:
             for n, t in times.items() if n != "ours"}
     return {"kernel": mod.KERNEL_META["name"], "config": cfg, "us": us, "timer": times["ours"]["timer"],
             "rounds_us": times["ours"]["rounds_us"], **stats, "pct_of_ceiling": stats["pct_of_roofline"],
-            "ceilings": ceil, "references": refs, "missing_references": missing}
+            "ceilings": {**ceil, f"{stats['compute_ceiling']}_tflop_s": stats["compute_ceiling_tflop_s"]},
+            "references": refs, "missing_references": missing}
