@@ -2,9 +2,14 @@
 """RMSNorm over the last dim for bf16/fp16 on Hopper: ``out = x * rsqrt(mean(x²) + eps) * weight``.
 
 Semantics of FlashInfer's ``rmsnorm``: statistics and products in fp32, one rounding to x's dtype at the
-end. x is (..., H), weight (H,) of x's dtype, eps a runtime scalar. One artifact per (dtype, H): the
-number of rows M and the row strides of x and out are runtime arguments (rows need not be contiguous,
-only 16-byte aligned with unit column stride).
+end. x is (..., H), weight (H,) of x's dtype, eps a runtime scalar, any H >= 1 and any row strides (unit column
+stride). Two kinds of artifact, with the same arguments (``compile_params`` picks, ``general_params`` maps the
+first to the second, ``artifact_params`` lists what a bundle holds):
+- specialized, one per (dtype, H) for H % 8 == 0 in [16, 16384] (every catalog size of ``core.model_dims``):
+  H is a compile-time constant, rows and weight 16-byte aligned; M and the row strides are runtime arguments.
+  Everything below describes this kernel.
+- general (``_rmsnorm_general``), one per dtype: H, strides and alignments at run time; serves every other H
+  and every call whose rows, weight or output do not start on 16 bytes.
 
 Design (memory-bound: 2 bytes read + 2 written per element, the weight stays in L1/L2):
 - A row is split over ``threads_per_row`` threads, each holding ``vectors_per_thread`` 16-byte vectors of
@@ -79,6 +84,27 @@ CONFIGS = [
     {"label": "fp16_4113x5120", "dtype": "float16", "M": 4113, "H": 5120},
     {"label": "fp16_37x16384", "dtype": "float16", "M": 37, "H": 16384},
     {"label": "fp16_37x7168_strided", "dtype": "float16", "M": 37, "H": 7168, "x_row_stride": 7680},
+    # The general kernel (one artifact per dtype, so these rows cost two builds): odd / tiny / long H, H > 16384,
+    # rows whose 16-byte alignment changes from row to row (odd strides), x and out aligned differently (odd,
+    # unequal strides: element-wise stores), an aligned H with odd strides (routed to the general kernel), and
+    # rows longer than one register pass (two passes over x: 16392, 65537, 262144).
+    {"label": "bf16_37x1", "dtype": "bfloat16", "M": 37, "H": 1},
+    {"label": "fp16_37x7", "dtype": "float16", "M": 37, "H": 7},
+    {"label": "bf16_37x111", "dtype": "bfloat16", "M": 37, "H": 111},
+    {"label": "bf16_37x1544", "dtype": "bfloat16", "M": 37, "H": 1544},
+    {"label": "bf16_37x3001", "dtype": "bfloat16", "M": 37, "H": 3001},
+    {"label": "fp16_37x3001", "dtype": "float16", "M": 37, "H": 3001},
+    {"label": "bf16_3x16392", "dtype": "bfloat16", "M": 3, "H": 16392},
+    {"label": "fp16_3x65537", "dtype": "float16", "M": 3, "H": 65537},
+    {"label": "bf16_1x262144", "dtype": "bfloat16", "M": 1, "H": 262144},
+    {"label": "bf16_3x262144", "dtype": "bfloat16", "M": 3, "H": 262144},
+    {"label": "bf16_37x3001_strided_odd", "dtype": "bfloat16", "M": 37, "H": 3001,
+     "x_row_stride": 3011, "out_row_stride": 3005},
+    {"label": "fp16_37x111_strided_odd", "dtype": "float16", "M": 37, "H": 111, "x_row_stride": 113},
+    {"label": "fp16_37x7_strided_odd", "dtype": "float16", "M": 37, "H": 7, "x_row_stride": 9, "out_row_stride": 11},
+    {"label": "bf16_37x2880_strided_odd", "dtype": "bfloat16", "M": 37, "H": 2880, "x_row_stride": 2883},
+    {"label": "fp16_3x16392_strided_odd", "dtype": "float16", "M": 3, "H": 16392,
+     "x_row_stride": 16397, "out_row_stride": 16395},
 ]
 
 # The benchmark rows of the issue (and ANCHORS.md): two large memory-bound rows, a ragged M, a tiny one.
@@ -89,6 +115,13 @@ BENCH_CONFIGS = [
     {"label": "bf16_32x128", "dtype": "bfloat16", "M": 32, "H": 128},
     {"label": "bf16_8192x7168", "dtype": "bfloat16", "M": 8192, "H": 7168},
     {"label": "fp16_4113x5120", "dtype": "float16", "M": 4113, "H": 5120},
+    # Issue 19: an odd H (the general kernel) against the nearest aligned one (specialized, and the general kernel
+    # pinned by "schedule"), 1544, and a long row (two passes, see _rmsnorm_general).
+    {"label": "bf16_8192x3000", "dtype": "bfloat16", "M": 8192, "H": 3000},
+    {"label": "bf16_8192x3001", "dtype": "bfloat16", "M": 8192, "H": 3001},
+    {"label": "bf16_8192x3000_general", "dtype": "bfloat16", "M": 8192, "H": 3000, "schedule": "general"},
+    {"label": "bf16_8192x1544", "dtype": "bfloat16", "M": 8192, "H": 1544},
+    {"label": "bf16_1024x262144", "dtype": "bfloat16", "M": 1024, "H": 262144},
 ]
 
 DEFAULTS = {"dtype": "bfloat16", "eps": 1e-6}
@@ -96,7 +129,11 @@ DEFAULTS = {"dtype": "bfloat16", "eps": 1e-6}
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 _OP = "rmsnorm"
 _VEC = 8  # 16-bit elements per 16-byte vector
-MIN_H, MAX_H = 16, 16384
+MIN_H, MAX_H = 16, 16384  # the specialized kernels (H % 8 == 0 too)
+# The general kernel takes H, M and the row strides as int32 arguments and computes columns in int32 (with a
+# chunk of headroom); row offsets are 64-bit, so M * H may exceed 2**31.
+MAX_GENERAL_H = 2**30
+MAX_ROWS = MAX_STRIDE = 2**31 - 1
 
 # ---------------------------------------------------------------------------------------------------------
 # Row plan: how a row of H elements is spread over threads
@@ -150,10 +187,13 @@ def row_access(H: int) -> dict:
     return plan
 
 
-def sass_expect(dtype: str, H: int, schedule: str = "row", out: str = "reg", **_) -> list[str]:
+def sass_expect(dtype: str, H: int | None = None, schedule: str = "row", out: str = "reg", **_) -> list[str]:
     """SASS the CPU build test asserts: 16-byte loads of x and weight, 16-byte stores; for "bulk", the bulk
     copies (``UBLKCP.S.G`` global->shared, ``UBLKCP.G.S`` shared->global), mbarrier waits, 16-byte smem
-    accesses and the weight's 16-byte global loads."""
+    accesses and the weight's 16-byte global loads; for "general", 16-byte accesses for the middle of a row and
+    2-byte ones for its unaligned ends."""
+    if schedule == "general":
+        return [r"LDG\.E\.128", r"STG\.E\.128", r"LDG\.E\.U16", r"STG\.E\.U16"]
     if schedule == "bulk":
         stores = [r"STG\.E\.128"] if out == "reg" else [r"STS\.128", r"UBLKCP\.G\.S "]
         return [r"UBLKCP\.S\.G ", r"SYNCS\.PHASECHK\.TRANS64", r"LDS\.128", r"LDG\.E\.128", *stores]
@@ -186,33 +226,63 @@ def row_plan(H: int) -> dict:
 # x loads are issued before the current row is reduced and stored (``build_kernel_persistent``).
 # "bulk": persistent CTAs fed by a ring of ``stages`` shared-memory row buffers filled with 1-D TMA bulk copies,
 # output from registers (``out="reg"``) or bulk-stored from the stage (``out="bulk"``) (``build_kernel_bulk``).
-SCHEDULES = ("row", "persistent", "bulk")
+SCHEDULES = ("row", "persistent", "bulk", "general")
 VARIANT_KEYS = ("schedule", "threads_per_row", "rows_per_cta", "ctas_per_sm", "pipeline", "store_cache",
                 "load_cache", "weight_late", "reload_cache", "stages", "out", "x_regs", "load_hint",
                 "x_policy", "reload_policy", "weight_policy", "store_policy", "pdl")
 NUM_SMS = 132  # H200 SXM
 
 
+def specialized(H: int) -> bool:
+    """Whether H has specialized kernels (rows that also start on 16 bytes use them; ``_run``)."""
+    return H % _VEC == 0 and MIN_H <= H <= MAX_H
+
+
 def compile_params(**cfg) -> dict:
+    """The specialized params where H has them, else (or with ``schedule="general"``) the general params."""
+    if cfg.get("schedule") == "general" or not specialized(int(cfg["H"])):
+        return {"dtype": cfg["dtype"], "schedule": "general"}
     params = {"dtype": cfg["dtype"], "H": int(cfg["H"])}
     params.update({k: cfg[k] for k in VARIANT_KEYS if k in cfg})
     return params
+
+
+def general_params(params: dict) -> dict:
+    """The general artifact's params: it serves every call any rmsnorm params serve."""
+    return {"dtype": params["dtype"], "schedule": "general"}
+
+
+def artifact_params() -> list[dict]:
+    """What a bundle holds besides the CONFIGS rows: the general kernel of each dtype and the specialized kernel
+    of every catalog hidden size and head dim that has one."""
+    from tirx_kernels.core import model_dims
+
+    sizes = sorted({H for H in model_dims.hidden_sizes() + model_dims.head_dims() if specialized(H)})
+    return [p for dtype in _DTYPES for p in
+            [general_params({"dtype": dtype})] + [compile_params(dtype=dtype, H=H) for H in sizes]]
 
 
 # ---------------------------------------------------------------------------------------------------------
 # The TIRx function
 # ---------------------------------------------------------------------------------------------------------
 
-def get_kernel(dtype: str, H: int, schedule: str = "row", threads_per_row: int | None = None,
+def get_kernel(dtype: str, H: int | None = None, schedule: str = "row", threads_per_row: int | None = None,
                rows_per_cta: int | None = None, ctas_per_sm: int | None = None, pipeline: bool = True,
                store_cache: str = "default", load_cache: str | None = None, weight_late: bool = False,
                reload_cache: str | None = None, stages: int = 2, out: str = "reg", x_regs: bool = False,
                load_hint: str | None = None, x_policy: str | None = None, reload_policy: str | None = None,
                weight_policy: str | None = None, store_policy: str | None = None, pdl: str | None = PDL):
     """The kernel of ``schedule``; unset plan entries come from ``row_plan`` (the default variant). ``pdl``
-    (row schedule only): programmatic dependent launch, ``core.lang.pdl.TRIGGERS`` or None."""
+    (row and general schedules): programmatic dependent launch, ``core.lang.pdl.TRIGGERS`` or None.
+    ``schedule="general"``: the general kernel (``_rmsnorm_general``; H is a runtime argument, None here)."""
     if dtype not in _DTYPES:
         raise ValueError(f"rmsnorm: dtype {dtype!r} is not one of {sorted(_DTYPES)}")
+    if schedule == "general":
+        if H is not None:
+            raise ValueError(f"rmsnorm: the general kernel takes H at run time, got H={H}")
+        from ._rmsnorm_general import build_general
+
+        return build_general(dtype, pdl)
     if H % _VEC or not MIN_H <= H <= MAX_H:
         raise ValueError(f"rmsnorm: H={H} must be a multiple of {_VEC} in [{MIN_H}, {MAX_H}]")
     if schedule not in SCHEDULES:
@@ -716,6 +786,9 @@ def reference(x, weight, eps, **_) -> dict:
 
 
 def launch(cfg: dict, data: dict) -> None:
+    if cfg.get("schedule") == "general":  # the general kernel at any H (bench rows compare it with specialized)
+        _run(data["x"], data["weight"], float(data["eps"]), data["out"], force_general=True)
+        return
     rmsnorm(data["x"], data["weight"], data["eps"], out=data["out"])
 
 
@@ -768,26 +841,29 @@ def _fail(name: str, expected: str, got: str) -> None:
     raise checks.TirxInputError(f"{_OP}: argument '{name}': expected {expected}, got {got}")
 
 
-def _check_row_strides(name: str, t: torch.Tensor) -> None:
+def _check_rows(name: str, t: torch.Tensor) -> None:
+    """The kernels take the row count and the row stride as int32 arguments."""
+    rows = t.numel() // max(1, t.shape[-1])
+    if rows > MAX_ROWS:
+        _fail(name, f"at most {MAX_ROWS} rows (the leading dims' product)", str(rows))
     for d in range(t.dim() - 1):
-        if t.shape[d] > 1:
-            checks.multiple_of(_OP, name, t.stride(d), _VEC, f"stride of dim {d}: rows start on 16 bytes")
+        if t.shape[d] > 1 and not 0 <= t.stride(d) <= MAX_STRIDE:
+            _fail(name, f"strides of the leading dims in [0, {MAX_STRIDE}]", f"strides {tuple(t.stride())}")
 
 
 def _check_inputs(x, weight, eps, out) -> None:
     checks.tensor(_OP, "x", x, dtypes=tuple(_DTYPES.values()), ndim=tuple(range(1, 9)), cuda=False)
     H = x.shape[-1]
-    checks.multiple_of(_OP, "x", H, _VEC, "the last dim is read in 16-byte vectors")
-    checks.in_range(_OP, "x", H, MIN_H, MAX_H)
+    checks.in_range(_OP, "x", H, 1, MAX_GENERAL_H)
     checks.tensor(_OP, "weight", weight, shape=(H,), cuda=False)
     checks.same_dtype(_OP, "x", x, weight=weight)
     if isinstance(eps, bool) or not isinstance(eps, (int, float)):
         _fail("eps", "a float", type(eps).__name__)
-    _check_row_strides("x", x)
+    _check_rows("x", x)
     if out is not None:
         checks.tensor(_OP, "out", out, shape=tuple(x.shape), cuda=False)
         checks.same_dtype(_OP, "x", x, out=out)
-        _check_row_strides("out", out)
+        _check_rows("out", out)
         try:
             out.view(-1, H)
         except RuntimeError:
@@ -801,8 +877,8 @@ def _check_inputs(x, weight, eps, out) -> None:
 def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, out: torch.Tensor | None = None):
     """``x * rsqrt(mean(x.float()**2, -1) + eps) * weight`` in fp32, rounded to x's dtype.
 
-    x (..., H) bf16/fp16 with H % 8 == 0, 16 <= H <= 16384, unit last-dim stride and 16-byte row strides;
-    weight (H,) of the same dtype; ``out`` (same shape and dtype, any 16-byte row stride) when given.
+    x (..., H) bf16/fp16, 1 <= H <= 2**30, unit last-dim stride, any row strides; weight (H,) of the same dtype;
+    ``out`` (same shape and dtype, any row strides) when given.
     """
     _check_inputs(x, weight, eps, out)
     if runtime.direct_call(x, weight, out):
@@ -815,16 +891,35 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, out: torch
     return out
 
 
-def _run(x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor) -> None:
+def _aligned_rows(t: torch.Tensor) -> bool:
+    """Rows (2-D) start on 16 bytes: what the specialized kernels read with 16-byte vectors only."""
+    return t.data_ptr() % 16 == 0 and (t.shape[0] <= 1 or t.stride(0) % _VEC == 0)
+
+
+def uses_general(x2d: torch.Tensor, weight: torch.Tensor, out2d: torch.Tensor) -> bool:
+    """Whether a call runs the general kernel: H has no specialized kernel, or a row of x or out or the weight
+    does not start on 16 bytes."""
+    return not (specialized(x2d.shape[1]) and _aligned_rows(x2d) and _aligned_rows(out2d)
+                and weight.data_ptr() % 16 == 0)
+
+
+def _unit_columns(t: torch.Tensor) -> torch.Tensor:
+    """A 2-D view with column stride 1 (the checks leave the stride of a size-1 last dim free; the kernels'
+    argument checks do not)."""
+    return t if t.stride(1) == 1 else t.as_strided(t.shape, (t.stride(0), 1))
+
+
+def _run(x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor, force_general: bool = False) -> None:
     H = x.shape[-1]
-    x2d = x.reshape(-1, H)  # a view for any row layout the checks accept (copies only exotic 3-D strides)
-    out2d = out.view(-1, H)
+    x2d = _unit_columns(x.reshape(-1, H))  # a view for any row layout the checks accept (copies only exotic 3-D)
+    out2d = _unit_columns(out.view(-1, H))
+    weight = weight if weight.stride(0) == 1 else weight.as_strided((H,), (1,))
     if x2d.shape[0] == 0:
         return
-    checks.aligned(_OP, "x", x2d)
-    checks.aligned(_OP, "weight", weight)
-    checks.aligned(_OP, "out", out2d)
-    fn = _FUNCTIONS.get((x.dtype, H, x.get_device()), lambda: compile_params(dtype=str(x.dtype)[6:], H=H))
+    dtype = str(x.dtype)[6:]
+    general = force_general or uses_general(x2d, weight, out2d)
+    fn = _FUNCTIONS.get((x.dtype, H, general, x.get_device()),
+                        lambda: general_params({"dtype": dtype}) if general else compile_params(dtype=dtype, H=H))
     fn(x2d, weight, out2d, eps, 0)  # zero: see vector.after_all
 
 

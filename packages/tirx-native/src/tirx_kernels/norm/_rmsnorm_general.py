@@ -1,0 +1,179 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The general rmsnorm kernel: H, the row strides and every pointer's alignment are runtime values, so one
+artifact per dtype serves every call the specialized kernels (H a compile-time multiple of 8, 16-byte rows) do
+not: odd H, H < 16 or > 16384, rows or a weight that do not start on 16 bytes.
+
+Design: one CTA of ``THREADS`` threads per row. A row is cut into *chunks* of 8 columns aligned to x's 16-byte
+boundaries: chunk ``k`` covers columns ``8 k - ax ..+8``, where ``ax`` (0..7) is how many elements the row
+starts past a 16-byte boundary (a per-row value: base pointer + row * stride). Every chunk wholly inside the
+row is one 16-byte load; only the first and the last chunk of a row (the unaligned head and tail) take scalar
+2-byte accesses. Thread ``t`` holds chunks ``s * SLAB + v * THREADS + t`` (``v < VECTORS``): consecutive
+threads read consecutive 16 bytes.
+- The weight's alignment relative to the row differs per row (``d = (aw - ax) mod 8``, uniform in a CTA):
+  with ``d == 0`` a chunk's weight is one 16-byte load, otherwise the two aligned vectors around it, shifted
+  by ``d`` elements in registers (selects and funnel shifts; no local memory).
+- The output row's alignment ``ao`` equals ``ax`` for contiguous tensors (or any with the same row layout):
+  then each full chunk is one 16-byte store. Where it differs (a CTA-uniform branch) every element is stored
+  on its own: correct for any strides, slower, and only for unusual layouts.
+- Rows of up to ``SLAB`` chunks (8185+ elements) are read once and kept in registers (``VECTORS`` vectors a
+  thread). Longer rows take two passes: the sum of squares over every slab, then each slab read again (L2
+  where the row's bytes are still resident, else DRAM) and scaled. Expected on an H100 at 262144: about 2/3 of
+  the copy bandwidth (~2-2.3 TB/s) when the re-read misses L2, not QuACK's ~3 TB/s (a row split over a
+  cluster, reduced through DSMEM, read once); that is the next step for long rows.
+"""
+
+from __future__ import annotations
+
+THREADS = 128
+VECTORS = 8  # 16-byte vectors of x a thread holds: 32 registers; 128 x 8 x 8 = 8192 columns in one pass
+SLAB = THREADS * VECTORS  # chunks per pass over a long row
+# __launch_bounds__(128, n): rows in flight an SM. bf16 at 8 (<= 64 registers): 63, no spills; fp16 at 8 spilled 52 B
+# (its conversions need a few more registers), at 7: 71 registers, no spills.
+MIN_CTAS_PER_SM = {"bfloat16": 8, "float16": 7}
+_VEC = 8
+_WORDS = 4
+
+
+def build_general(dtype: str, pdl: str | None = None):
+    """The general kernel (same arguments as the specialized one: ``x, weight, out, eps, zero``)."""
+    from tvm.script import tirx as T
+
+    from tirx_kernels.core.lang import pdl as pdl_launch
+    from tirx_kernels.core.lang import reduce, vector
+
+    from .rmsnorm import _sum_squares
+
+    pdl_launch.check_trigger("rmsnorm", pdl)
+    scratch_len = reduce.scratch_words(THREADS, 1)
+
+    def misalign(ptr):
+        """Elements (0..7) a 2-byte pointer lies past a 16-byte boundary."""
+        return T.Cast("int32", (T.reinterpret("uint64", ptr) >> T.uint64(1)) & T.uint64(7))
+
+    def as_u16(value):
+        return T.Cast("uint32", T.reinterpret("uint16", value))
+
+    def load_scalars(regs, base, buf, row_base, c0, H):  # noqa: N803
+        """``regs[base:+4]`` <- columns ``c0..c0+8`` of a row element by element, 0 past either end."""
+        vector.fill(regs, base, _WORDS)
+        for e in range(_VEC):
+            with T.If(T.And(c0 + e >= 0, c0 + e < H)):
+                with T.Then():
+                    word = regs[base + e // 2] | (as_u16(buf[row_base + c0 + e]) << T.uint32(16 * (e % 2)))
+                    T.buffer_store(regs, word, [base + e // 2])
+
+    def load_chunk(regs, base, buf, row_base, c0, H):  # noqa: N803
+        """One 16-byte load when the chunk lies inside the row (the middle of a row), else scalars."""
+        with T.If(full(c0, H)):
+            with T.Then():
+                vector.load_v4(regs, base, buf.ptr_to([row_base + c0]))
+            with T.Else():
+                load_scalars(regs, base, buf, row_base, c0, H)
+
+    def load_weight(wr, wn, Wt, c0, d, H):  # noqa: N803
+        """``wr[0:4]`` <- weight columns ``c0..c0+8``: one 16-byte load if the weight is aligned like x
+        (``d == 0``), else the two aligned vectors that hold the chunk, shifted down by ``d`` elements."""
+        with T.If(T.And(full(c0, H), d == 0)):
+            with T.Then():
+                vector.load_v4(wr, 0, Wt.ptr_to([c0]))
+            with T.Else():
+                with T.If(full(c0, H)):
+                    with T.Then():
+                        vector.load_v4(wn, 0, Wt.ptr_to([c0 - d]))
+                        vector.load_v4(wn, _WORDS, Wt.ptr_to([c0 - d + _VEC]))
+                        q = d >> 1
+                        picked = [T.if_then_else(q == 0, wn[i], T.if_then_else(
+                            q == 1, wn[i + 1], T.if_then_else(q == 2, wn[i + 2], wn[i + 3]))) for i in range(5)]
+                        for i in range(_WORDS):
+                            odd = (picked[i] >> T.uint32(16)) | (picked[i + 1] << T.uint32(16))
+                            T.buffer_store(wr, T.if_then_else((d & 1) == 1, odd, picked[i]), [i])
+                    with T.Else():
+                        load_scalars(wr, 0, Wt, 0, c0, H)
+
+    def store_chunk(Yf, row_base, c0, H, orr, vector_ok):  # noqa: N803
+        """16 bytes where the chunk is inside the row and out is aligned like x, else element by element."""
+        with T.If(vector_ok):
+            with T.Then():
+                vector.store_v4(Yf.ptr_to([row_base + c0]), orr, 0)
+            with T.Else():
+                for e in range(_VEC):
+                    with T.If(T.And(c0 + e >= 0, c0 + e < H)):
+                        with T.Then():
+                            half = T.Cast("uint16", orr[e // 2] >> T.uint32(16 * (e % 2)))
+                            T.buffer_store(Yf, T.reinterpret(dtype, half), [row_base + c0 + e])
+
+    def chunk(s, v, tid):
+        return s * SLAB + v * THREADS + tid
+
+    def full(c0, H):  # noqa: N803
+        return T.And(c0 >= 0, c0 + _VEC <= H)
+
+    def load_slab(xr, Xf, x_base, s, tid, ax, chunks, H):  # noqa: N803
+        for v in range(VECTORS):
+            with T.If(chunk(s, v, tid) < chunks):
+                with T.Then():
+                    load_chunk(xr, v * _WORDS, Xf, x_base, (chunk(s, v, tid) << 3) - ax, H)
+                with T.Else():
+                    vector.fill(xr, v * _WORDS, _WORDS)
+
+    def scale_store_slab(Yf, y_base, Wt, s, tid, ax, ao, d, chunks, H, xr, wr, wn, orr, rs):  # noqa: N803
+        for v in range(VECTORS):
+            with T.If(chunk(s, v, tid) < chunks):
+                with T.Then():
+                    c0 = (chunk(s, v, tid) << 3) - ax
+                    load_weight(wr, wn, Wt, c0, d, H)
+                    for j in range(_WORDS):
+                        x_lo, x_hi = vector.unpack2(xr[v * _WORDS + j], dtype)
+                        w_lo, w_hi = vector.unpack2(wr[j], dtype)
+                        vector.pack2(orr, j, x_lo * rs * w_lo, x_hi * rs * w_hi, dtype)
+                    store_chunk(Yf, y_base, c0, H, orr, T.And(full(c0, H), ao == ax))
+
+    @T.prim_func
+    def rmsnorm(x_ptr: T.handle, w_ptr: T.handle, y_ptr: T.handle, eps: T.float32, zero: T.int32):
+        M = T.int32()
+        H = T.int32()
+        x_stride = T.int32()
+        y_stride = T.int32()
+        X = T.match_buffer(x_ptr, (M, H), dtype, strides=(x_stride, 1), align=2)
+        Wt = T.match_buffer(w_ptr, (H,), dtype, align=2)
+        Y = T.match_buffer(y_ptr, (M, H), dtype, strides=(y_stride, 1), align=2)
+        T.device_entry()
+        T.attr({"tirx.launch_bounds_min_blocks_per_sm": MIN_CTAS_PER_SM[dtype]})
+        Xf = T.decl_buffer((M * x_stride,), dtype, data=X.data)
+        Yf = T.decl_buffer((M * y_stride,), dtype, data=Y.data)
+        row = T.cta_id([M])
+        tid = T.thread_id([THREADS])
+        xr = T.alloc_local((VECTORS * _WORDS,), "uint32")
+        wr = T.alloc_local((_WORDS,), "uint32")
+        wn = T.alloc_local((2 * _WORDS,), "uint32")
+        orr = T.alloc_local((_WORDS,), "uint32")
+        acc = T.alloc_local((1,), "float32")
+        scratch = T.alloc_shared((scratch_len,), "float32")
+        pdl_launch.begin(pdl)
+
+        # Row geometry: the chunks are aligned to x's 16-byte boundaries (64-bit row offsets).
+        x_base = T.Cast("int64", row) * T.Cast("int64", x_stride)
+        y_base = T.Cast("int64", row) * T.Cast("int64", y_stride)
+        ax = T.Cast("int32", (T.Cast("int64", misalign(X.data)) + x_base) & T.int64(7))
+        ao = T.Cast("int32", (T.Cast("int64", misalign(Y.data)) + y_base) & T.int64(7))
+        d = (misalign(Wt.data) - ax) & 7  # elements a chunk's weight lies past a 16-byte boundary
+        chunks = (H + ax + 7) >> 3
+        slabs = (chunks + SLAB - 1) // SLAB
+
+        # Pass 1: sum of squares in fp32 (a one-slab row stays in xr for pass 2).
+        acc[0] = T.float32(0)
+        for s in T.serial(slabs):
+            load_slab(xr, Xf, x_base, s, tid, ax, chunks, H)
+            acc[0] = acc[0] + T.cuda.uint_as_float(vector.after_all(xr, VECTORS * _WORDS, zero))  # after the loads
+            _sum_squares(acc, xr, VECTORS * _WORDS, dtype)
+        total = reduce.group_sum(acc[0], tid, THREADS, scratch)
+        rs = T.rsqrt(total * (T.float32(1) / T.Cast("float32", H)) + eps)
+
+        # Pass 2: out = x * rs * w, rounded once (longer rows read their slab again).
+        for s in T.serial(slabs):
+            if slabs > 1:
+                load_slab(xr, Xf, x_base, s, tid, ax, chunks, H)
+            scale_store_slab(Yf, y_base, Wt, s, tid, ax, ao, d, chunks, H, xr, wr, wn, orr, rs)
+        pdl_launch.end(pdl)
+
+    return pdl_launch.launch(rmsnorm, pdl)
