@@ -20,7 +20,7 @@ import time
 import pytest
 
 from tirx_kernels import registry
-from tirx_kernels.bench_suite import cli, compare, promote, provenance, report, roster
+from tirx_kernels.bench_suite import cards, cli, compare, promote, provenance, report, roster
 from tirx_kernels.bench_suite import run as run_mod
 from tirx_kernels.core import artifacts
 from tirx_kernels.core.reference_lock import repo_root
@@ -41,12 +41,15 @@ def tmp_root(tmp_path):
     return str(tmp_path)
 
 
-def synthetic_run(root: str, entries) -> dict:
-    """A clean, complete, retry-free run of every roster row of every registered kernel."""
+H100 = "NVIDIA H100 80GB HBM3"
+
+
+def synthetic_run(root: str, entries, gpu: str = "NVIDIA H200", slower: float = 1.0) -> dict:
+    """A clean, complete, retry-free run of every roster row of every registered kernel (on ``gpu``)."""
     rosters = {k: v for k, v in roster.load_all(root).items() if k in entries}
     rows = []
     for i, r in enumerate(roster.select(rosters)):
-        us = 10.0 + 7 * i
+        us = (10.0 + 7 * i) * slower
         refs = {"refA": {"us": us * 1.2, "ref_over_ours": 1.2, "timer": "events-cold-l2", "rounds_us": [us * 1.2] * 5},
                 "refB": {"us": us * 0.9, "ref_over_ours": 0.9, "timer": "events-cold-l2", "rounds_us": [us * 0.9] * 5}}
         rows.append({"kernel": r.kernel, "config": r.config, "role": r.role, "package": r.package,
@@ -54,7 +57,7 @@ def synthetic_run(root: str, entries) -> dict:
                      "rounds_us": [us] * 5, "tflop_s": 1.0, "tb_s": 3.5, "bound": "memory", "pct_of_roofline": 82.0,
                      "references": refs, "fingerprint": artifacts.fingerprint(entries[r.kernel].path),
                      "attempts": 1, "retries": 0, "device_uuid": "GPU-1234"})
-    env = {"host": {"hostname": "h200"}, "gpu": {"name": "NVIDIA H200", "uuid": "GPU-1234", "driver": "580.1",
+    env = {"host": {"hostname": "h200"}, "gpu": {"name": gpu, "uuid": "GPU-1234", "driver": "580.1",
                                                   "cuda_driver": "13.0", "cuda_runtime": "13.0", "sm_count": 132},
            "versions": {"python": "3.12.0", "nvcc": None, "tirx": {},
                         "runtime": {"torch": {"version": "2.11.0+cu130"}, "apache-tvm-ffi": {"version": "0.1.15.post2"},
@@ -63,7 +66,7 @@ def synthetic_run(root: str, entries) -> dict:
            "artifacts": {"bundle": "/x", "tvm": "0.27.0", "nvcc": "13.0"}}
     prov = provenance.collect(root, 5, env)
     prov["git"] = {"commit": "a" * 40, "dirty": False, "dirty_files": [], "source": "git"}
-    prov["ceilings"] = {"copy_tb_s": 4.27, "bf16_tflop_s": 750.0}
+    prov["ceilings"] = {"copy_tb_s": 4.27 / slower, "bf16_tflop_s": 750.0}
     return {"format": run_mod.RUN_FORMAT, "created": "2026-12-02T00:00:00Z", "argv": [], "mode": "local",
             "server": None, "with_references": True, "options": {"rounds": 5, "retries_allowed": 0},
             "complete": True, "missing_rows": [], "provenance": prov, "rows": rows,
@@ -182,10 +185,13 @@ def test_promote_writes_baseline_json_md_and_chart(tmp_root, tmp_path, entries):
     assert promote.problems(run, tmp_root, entries) == []
     res = promote.promote(write(tmp_path, "run.json", run), tmp_root, entries)
     base = json.load(open(res["json"]))
-    assert base["rows"] == run["rows"] and base["promoted"]["from"] == "run.json"
+    assert base["format"] == cards.BASELINE_FORMAT and list(base["cards"]) == ["H200"] and res["card"] == "H200"
+    h200 = base["cards"]["H200"]
+    assert h200["rows"] == [{**r, "card": "H200"} for r in run["rows"]] and h200["promoted"]["from"] == "run.json"
     md = open(res["md"]).read()
+    assert "## H200: NVIDIA H200" in md
     for kernel in {r["kernel"] for r in run["rows"]}:
-        assert f"## {kernel}" in md
+        assert f"| {kernel} |" in md and f"- **{kernel}**" in md
     first = run["rows"][0]
     assert f"`{first['config']}`" in md
     # fastest reference is refB (0.9x), others listed with their ratio
@@ -199,7 +205,7 @@ def test_promote_writes_baseline_json_md_and_chart(tmp_root, tmp_path, entries):
 
 def test_markdown_notes_a_skipped_chart(tmp_root, entries, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
-    base = synthetic_run(tmp_root, entries)
+    base = cards.pin(None, synthetic_run(tmp_root, entries), {"at": "now", "from": "run.json"})
     res = promote.write_baseline(base, os.path.join(tmp_root, "bench_suite"))
     assert res["png"] is None and "matplotlib" in res["chart_note"]
     assert "_Chart skipped: matplotlib is not installed" in open(res["md"]).read()
@@ -324,6 +330,124 @@ def test_status_cli_check(tmp_root, tmp_path, entries):
     rostered = set(roster.load_all(tmp_root))
     if set(entries) <= rostered:
         assert cli.main(["status", "--root", tmp_root, "--check", "--baseline", path]) == 0
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Evidence per card
+# ---------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name, key", [
+    ("NVIDIA H100 80GB HBM3", "H100"), ("NVIDIA H200", "H200"), (" NVIDIA H200 ", "H200"),
+    ("NVIDIA H100 PCIe", "NVIDIA H100 PCIe"), ("NVIDIA H100 NVL", "NVIDIA H100 NVL"), (None, "unknown"),
+    ("", "unknown"),
+])
+def test_card_key(name, key):
+    assert cards.card_key(name) == key
+
+
+def test_promote_keeps_the_other_cards_rows(tmp_root, tmp_path, entries):
+    h200, h100 = synthetic_run(tmp_root, entries), synthetic_run(tmp_root, entries, H100, slower=1.4)
+    promote.promote(write(tmp_path, "h200.json", h200), tmp_root, entries)
+    res = promote.promote(write(tmp_path, "h100.json", h100), tmp_root, entries)
+    base = json.load(open(res["json"]))
+    assert list(base["cards"]) == ["H100", "H200"] and res["card"] == "H100"
+    assert [r["us"] for r in base["cards"]["H200"]["rows"]] == [r["us"] for r in h200["rows"]]
+    assert [r["us"] for r in base["cards"]["H100"]["rows"]] == [r["us"] for r in h100["rows"]]
+    assert all(r["card"] == "H100" for r in base["cards"]["H100"]["rows"])
+    again = _mutated(h200, lambda r: [x.update(us=x["us"] * 0.9) for x in r["rows"]])
+    base = promote.promote(write(tmp_path, "again.json", again), tmp_root, entries)["baseline"]
+    assert base["cards"]["H200"]["promoted"]["from"] == "again.json"
+    assert [r["us"] for r in base["cards"]["H200"]["rows"]] == [r["us"] for r in again["rows"]]
+    assert base["cards"]["H100"]["promoted"]["from"] == "h100.json"
+
+
+def test_promote_migrates_a_one_run_baseline(tmp_root, tmp_path, entries):
+    """A format-1 baseline (one promoted run, no cards) keeps its rows under its provenance's card."""
+    old = {**synthetic_run(tmp_root, entries), "promoted": {"at": "2026-12-03T21:53:34Z", "from": "old.json"}}
+    os.makedirs(os.path.join(tmp_root, "bench_suite"))
+    write(os.path.join(tmp_root, "bench_suite"), "baseline.json", old)
+    base = promote.promote(write(tmp_path, "h100.json", synthetic_run(tmp_root, entries, H100)), tmp_root,
+                           entries)["baseline"]
+    assert list(base["cards"]) == ["H100", "H200"] and base["cards"]["H200"]["promoted"]["from"] == "old.json"
+
+
+def test_promote_refuses_a_run_without_a_gpu_name(tmp_root, entries):
+    run = _mutated(synthetic_run(tmp_root, entries), lambda r: r["provenance"]["gpu"].update(name=None))
+    assert any("GPU is unknown" in p for p in promote.problems(run, tmp_root, entries))
+
+
+def _two_card_baseline(tmp_root, entries) -> dict:
+    base = cards.pin(None, synthetic_run(tmp_root, entries), {"at": "t1", "from": "h200.json"})
+    return cards.pin(base, synthetic_run(tmp_root, entries, H100, slower=1.4), {"at": "t2", "from": "h100.json"})
+
+
+def test_ratio_diff_refuses_another_cards_rows(tmp_root, tmp_path, entries, capsys):
+    h200_only = cards.pin(None, synthetic_run(tmp_root, entries), {"at": "t1", "from": "h200.json"})
+    h100_run = synthetic_run(tmp_root, entries, H100, slower=1.4)
+    res = compare.ratio_diff(h200_only, h100_run)
+    assert not res["passed"] and res["rows"] == [] and res["cards"] == []
+    assert "no H100 rows pinned in the before baseline (it holds H200)" in res["refused"]
+    res = compare.ratio_diff(synthetic_run(tmp_root, entries), h100_run)  # two runs on different cards
+    assert not res["passed"] and "no H100 rows in the before run (it holds H200)" in res["refused"]
+    assert cli.main(["ratio_diff", write(tmp_path, "b.json", h200_only), write(tmp_path, "a.json", h100_run)]) == 1
+    assert "REFUSED: nothing compared: no H100 rows pinned" in capsys.readouterr().out
+
+
+def test_ratio_diff_compares_a_run_with_its_own_cards_rows(tmp_root, entries):
+    base = _two_card_baseline(tmp_root, entries)
+    h100_run = synthetic_run(tmp_root, entries, H100, slower=1.4)
+    res = compare.ratio_diff(base, h100_run)
+    assert res["passed"] and res["cards"] == ["H100"] and all(r["card"] == "H100" for r in res["rows"])
+    assert all(abs(r["ratio"] - 1.0) < 1e-9 for r in res["rows"])
+    assert res["not_compared"] == ["no H200 rows in the after run (it holds H100)"]
+    # the H200 rows are 1.4x faster, yet an H200 run only meets them, never the H100 rows
+    assert compare.ratio_diff(base, synthetic_run(tmp_root, entries))["passed"]
+    slow = _mutated(h100_run, lambda r: r["rows"][0].update(us=r["rows"][0]["us"] * 1.05))
+    res = compare.ratio_diff(base, slow, card="H100")
+    assert not res["passed"] and [r["passed"] for r in res["rows"]].count(False) == 1
+    assert compare.ratio_diff(base, h100_run, card="H200")["refused"]
+
+
+def test_status_per_card(tmp_root, tmp_path, entries, capsys):
+    base = _two_card_baseline(tmp_root, entries)
+    rostered = set(roster.load_all(tmp_root)) & set(entries)
+    items = compare.status(tmp_root, base, entries)
+    assert {i["card"] for i in items} == {"H100", "H200"}
+    assert all(i["up_to_date"] for i in items if i["kernel"] in rostered)
+    k0 = base["cards"]["H100"]["rows"][0]["kernel"]
+    base["cards"]["H100"]["rows"][0]["fingerprint"] = "0" * 16
+    by = {(i["card"], i["kernel"]): i for i in compare.status(tmp_root, base, entries)}
+    assert by[("H100", k0)]["stale"] and by[("H200", k0)]["up_to_date"]
+    h200_only = cards.pin(None, synthetic_run(tmp_root, entries), {"at": "t1", "from": "h200.json"})
+    items = compare.status(tmp_root, h200_only, entries, card="H100")
+    assert {i["card"] for i in items} == {"H100"} and all(not i["up_to_date"] for i in items)
+    path = write(tmp_path, "base.json", h200_only)
+    assert cli.main(["status", "--root", tmp_root, "--baseline", path, "--card", "H100", "--check"]) == 1
+    assert "card H100: no H100 rows pinned (the baseline holds H200)" in capsys.readouterr().out
+    if set(entries) <= set(roster.load_all(tmp_root)):
+        assert cli.main(["status", "--root", tmp_root, "--baseline", path, "--card", "H200", "--check"]) == 0
+
+
+def test_baseline_md_has_one_section_per_card(tmp_root, entries):
+    res = promote.write_baseline(_two_card_baseline(tmp_root, entries), os.path.join(tmp_root, "bench_suite"))
+    md = open(res["md"]).read()
+    h100, h200 = md.index("## H100: NVIDIA H100 80GB HBM3"), md.index("## H200: NVIDIA H200")
+    assert md.count("\n## H1") + md.count("\n## H2") == 2
+    assert "| ceilings (H100 run) | copy 3.05 TB/s" in md[h100:h200]  # 4.27 / 1.4: each card its own ceilings
+    assert "| ceilings (H200 run) | copy 4.27 TB/s" in md[h200:]
+    assert "ours µs (H100)" in md[h100:h200] and "ours µs (H200)" in md[h200:]
+
+
+def test_repo_baseline_is_pinned_per_card():
+    with open(os.path.join(ROOT, "bench_suite", "baseline.json")) as f:
+        base = json.load(f)
+    assert cards.is_baseline(base) and base["cards"]
+    for card, run in base["cards"].items():
+        assert card == run["card"] == cards.run_card(run)
+        assert all(r["card"] == card for r in run["rows"]) and run["provenance"]["ceilings"]
+    with open(os.path.join(ROOT, "bench_suite", "baseline.md")) as f:
+        md = f.read()
+    assert all(f"## {card}: " in md for card in base["cards"])
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -47,7 +47,7 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--timeout", type=float, default=900.0, help="per-row kcoral execution limit in seconds")
     r.add_argument("--no-progress", action="store_true")
 
-    p = add("promote", "turn a clean, complete, retry-free run into bench_suite/baseline.{json,md,png}")
+    p = add("promote", "pin a clean, complete, retry-free run as its card's rows of bench_suite/baseline.{json,md,png}")
     p.add_argument("run_json")
 
     d = add("ratio_diff", "compare two runs: fail rows with after/before >= 1.01 or differing provenance")
@@ -56,10 +56,12 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--threshold", type=float, default=1.01)
     d.add_argument("--allow-source-change", action="store_true",
                    help="a changed kernel fingerprint is a note, not a failure (before/after of a kernel edit)")
+    d.add_argument("--card", help="compare only this card's rows (e.g. H100); default: every card both sides hold")
     d.add_argument("--json", action="store_true")
 
-    s = add("status", "registered kernels whose baseline rows are missing or stale")
+    s = add("status", "registered kernels whose baseline rows are missing or stale, per card")
     s.add_argument("--baseline", help="default: bench_suite/baseline.json")
+    s.add_argument("--card", help="only this card (e.g. H100, H200); default: every card the baseline holds")
     s.add_argument("--check", action="store_true", help="exit 1 if anything is missing or stale")
     s.add_argument("--json", action="store_true")
 
@@ -130,15 +132,15 @@ def cmd_promote(a) -> int:
     except PromoteError as e:
         print(str(e), file=sys.stderr)
         return 1
-    print(f"baseline written: {res['json']}, {res['md']}" + (f", {res['png']}" if res["png"] else
-                                                             f" (chart skipped: {res['chart_note']})"))
+    chart = f", {res['png']}" if res["png"] else f" (chart skipped: {res['chart_note']})"
+    print(f"{res['card']} rows pinned; baseline written: {res['json']}, {res['md']}{chart}")
     return 0
 
 
 def cmd_ratio_diff(a) -> int:
     from .compare import format_ratio_diff, load, ratio_diff
 
-    res = ratio_diff(load(a.before), load(a.after), a.threshold, a.allow_source_change)
+    res = ratio_diff(load(a.before), load(a.after), a.threshold, a.allow_source_change, a.card)
     print(json.dumps(res, indent=1) if a.json else format_ratio_diff(res))
     return 0 if res["passed"] else 1
 
@@ -149,8 +151,8 @@ def cmd_status(a) -> int:
     root = _root(a)
     path = a.baseline or os.path.join(root, "bench_suite", "baseline.json")
     base = load(path) if os.path.exists(path) else None
-    items = status(root, base)
-    print(json.dumps(items, indent=1) if a.json else format_status(items, path, base is not None))
+    items = status(root, base, card=a.card)
+    print(json.dumps(items, indent=1) if a.json else format_status(items, path, base))
     return 1 if a.check and not all(i["up_to_date"] for i in items) else 0
 
 

@@ -1,8 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
-"""``promote RUN.json``: a clean, complete, retry-free run with references becomes the pinned baseline.
+"""``promote RUN.json``: a clean, complete, retry-free run with references becomes its card's pinned rows.
 
-Writes ``bench_suite/baseline.json`` (the run plus a ``promoted`` stamp), ``bench_suite/baseline.md``
-generated from it, and ``bench_suite/baseline.png`` (skipped with a note without matplotlib).
+Writes ``bench_suite/baseline.json`` (one promoted run per card, ``cards.py``: the run replaces the rows of
+its own card and every other card's rows stay), ``bench_suite/baseline.md`` generated from it, and
+``bench_suite/baseline.png`` (skipped with a note without matplotlib).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 
-from . import provenance, report
+from . import cards, provenance, report
 from .roster import load_all, select, validate
 from .run import RUN_FORMAT, write_json
 
@@ -42,6 +43,8 @@ def problems(run: dict, root: str, entries=None) -> list[str]:
     rounds = run.get("options", {}).get("rounds", 0)
     if rounds < MIN_ROUNDS:
         out.append(f"the run used {rounds} rounds; a baseline needs at least {MIN_ROUNDS}")
+    if cards.run_card(run) == cards.UNKNOWN:
+        out.append("the run's GPU is unknown (no provenance gpu name): its rows would pin no card")
     git = run.get("provenance", {}).get("git", {})
     if not git.get("commit"):
         out.append(f"the run's source commit is unknown ({git.get('reason', 'no git state')})")
@@ -83,20 +86,26 @@ def problems(run: dict, root: str, entries=None) -> list[str]:
 
 
 def promote(run_path: str, root: str, entries=None) -> dict:
-    """Write baseline.json / .md / .png under ``<root>/bench_suite``; raises ``PromoteError`` listing problems."""
+    """Pin the run's card in baseline.json / .md / .png under ``<root>/bench_suite`` (other cards kept);
+    raises ``PromoteError`` listing problems."""
     with open(run_path) as f:
         run = json.load(f)
     found = problems(run, root, entries)
     if found:
         raise PromoteError(found)
-    base = dict(run)
-    base["promoted"] = {"at": provenance.now(), "from": os.path.basename(run_path)}
     out_dir = os.path.join(root, BASELINE_DIR)
+    json_path = os.path.join(out_dir, "baseline.json")
+    earlier = None
+    if os.path.exists(json_path):
+        with open(json_path) as f:
+            earlier = json.load(f)
+    base = cards.pin(earlier, run, {"at": provenance.now(), "from": os.path.basename(run_path)})
     paths = write_baseline(base, out_dir)
-    return {"baseline": base, **paths}
+    return {"baseline": base, "card": cards.run_card(run), **paths}
 
 
 def write_baseline(base: dict, out_dir: str) -> dict:
+    """baseline.json, and baseline.md / .png generated from it, for a baseline of format 2 (``cards.py``)."""
     json_path = os.path.join(out_dir, "baseline.json")
     md_path = os.path.join(out_dir, "baseline.md")
     png_path = os.path.join(out_dir, "baseline.png")
