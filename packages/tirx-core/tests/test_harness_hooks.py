@@ -6,6 +6,7 @@ Each hook is exercised through the whole check (``harness.check_config``) by fak
 runs torch ops: on CPU tensors here, and on the GPU through ``run_test`` (with its arch gate) where CUDA exists.
 """
 
+import itertools
 import types
 
 import pytest
@@ -20,10 +21,12 @@ DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.i
 
 
 def fake(device: str, prepare, reference, launch, **hooks):
-    """A kernel module of plain torch ops; ``prepare(g, device)`` makes its tensors from a seeded generator."""
+    """A kernel module of plain torch ops; ``prepare(g, device)`` makes its tensors from a generator seeded anew
+    for every call (a graph replay's second ``prepare_data`` draws other values)."""
+    seeds = itertools.count()
+
     def prepare_data(**cfg):
-        g = torch.Generator(device=device).manual_seed(0)
-        return prepare(g, device)
+        return prepare(torch.Generator(device=device).manual_seed(next(seeds)), device)
 
     return types.SimpleNamespace(
         KERNEL_META={"name": "fake", "category": "test", "runtime_cuda_archs": ["sm_90a"], "description": "fake"},
@@ -219,8 +222,8 @@ def test_topk_comparator_accepts_any_tied_choice_and_rejects_wrong_picks(device)
         mod = _topk_module(device, lambda cfg, data, last=last: data["idx"].copy_(
             _stable_topk(data["scores"], 4, last)))
         run(mod)
-        assert not torch.equal(_stable_topk(mod.prepare_data()["scores"], 4, True),
-                               _stable_topk(mod.prepare_data()["scores"], 4, False))  # ties really differ
+    scores = mod.prepare_data()["scores"]
+    assert not torch.equal(_stable_topk(scores, 4, True), _stable_topk(scores, 4, False))  # ties really differ
     run(_topk_module(device, lambda cfg, data: data["idx"].copy_(_stable_topk(data["scores"], 4, True)),
                      ordered=True))
 
@@ -321,6 +324,41 @@ def test_gradients_through_autograd_against_the_fp32_oracle(device):
         run(_grad_module(device, _WrongBackward.apply))
     with pytest.raises(KernelCheckError, match="no output of launch_autograd is differentiable"):
         run(_grad_module(device, lambda x, w: (x * w).detach()))
+
+
+# ------------------------------------------------------------------ graph replay (testing.check_graph_replay)
+
+
+def _replay_modules(device):
+    """One module per hook the replay must honour: in-place, workspace (two launches), integer output."""
+    def prepare_int(g, d):
+        return {"x": torch.randint(0, 100, (64, 16), generator=g, device=d, dtype=torch.int32),
+                "out": torch.empty(64, 16, dtype=torch.int32, device=d)}
+
+    return [_inplace_module(device, lambda cfg, data: data["x"].mul_(data["w"])),
+            _two_launch_module(device, WORKSPACES=("ws",)),
+            fake(device, prepare_int, lambda x, **_: {"out": x + 1},
+                 lambda cfg, data: torch.add(data["x"], 1, out=data["out"]))]
+
+
+def test_refill_for_replay_restores_inputs_and_poisons_fresh_outputs():
+    for mod in _replay_modules("cpu"):
+        data = mod.prepare_data()
+        mod.launch({}, data)  # the captured launch has run once: in-place inputs and workspaces changed
+        fresh = mod.prepare_data()
+        expected = mod.reference(**fresh)
+        outputs = harness.refill_for_replay(mod, data, fresh, expected)
+        for k, v in outputs.items():
+            if k not in getattr(mod, "INPLACE", {}):
+                assert (harness._bits(v) == harness._bits(harness.poison_(v.clone()))).all()
+        mod.launch({}, data)  # the replay
+        harness.check_outputs(mod, outputs, expected, "oracle", {}, fresh)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_check_replay_on_the_gpu():
+    for mod in _replay_modules("cuda"):
+        harness.check_replay(mod, {})
 
 
 # ------------------------------------------------------------------ bench: the FP8 compute ceiling

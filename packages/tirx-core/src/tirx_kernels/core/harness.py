@@ -61,16 +61,22 @@ def _dtype_name(t) -> str:
     return str(t.dtype).replace("torch.", "")
 
 
+def poison_(t):
+    """Fill ``t`` with NaN (or 0x5A bytes for integer dtypes, which have no NaN); returns ``t``."""
+    import torch
+
+    if t.is_floating_point():
+        return t.fill_(float("nan"))
+    t.view(torch.uint8).fill_(0x5A)
+    return t
+
+
 def poison_like(t):
     """Same shape/strides as ``t`` inside a larger buffer poisoned with NaN (or 0x5A bytes for ints)."""
     import torch
 
     span = 1 + sum((s - 1) * st for s, st in zip(t.shape, t.stride())) if t.numel() else 0
-    base = torch.empty(span + 2 * GUARD_ELEMS, dtype=t.dtype, device=t.device)
-    if t.is_floating_point():
-        base.fill_(float("nan"))
-    else:
-        base.view(torch.uint8).fill_(0x5A)
+    base = poison_(torch.empty(span + 2 * GUARD_ELEMS, dtype=t.dtype, device=t.device))
     view = base.as_strided(t.shape, t.stride(), GUARD_ELEMS)
     inside = torch.zeros(base.shape, dtype=torch.bool, device=t.device)
     inside.as_strided(t.shape, t.stride(), GUARD_ELEMS).fill_(True)
@@ -259,6 +265,40 @@ def inplace_outputs(mod, out_names, data: dict) -> dict:
             raise KeyError(f"{mod.KERNEL_META['name']}: INPLACE entry {k!r}: {src!r} needs '{k}' among the "
                            f"reference's outputs and '{src}' among prepare_data's tensors")
     return inplace
+
+
+def refill_for_replay(mod, data: dict, fresh: dict, expected: dict) -> dict:
+    """Make the tensors of ``data`` (captured in a CUDA graph) hold the inputs of ``fresh`` (another
+    ``prepare_data``), in-place targets and workspaces included, and poison its fresh outputs; returns the
+    tensors to check against ``expected`` after the replay."""
+    import torch
+
+    inplace = inplace_outputs(mod, list(expected), fresh)
+    for k, v in fresh.items():
+        if isinstance(v, torch.Tensor) and (k not in expected or k in inplace.values()):
+            data[k].copy_(v)
+    for k in expected:
+        if k not in inplace:
+            poison_(data[k])
+    return {k: data[inplace.get(k, k)] for k in expected}
+
+
+def check_replay(mod, cfg: dict) -> dict:
+    """Capture ``launch`` in a CUDA graph, refill the inputs with new random values, replay, check the outputs."""
+    import torch
+
+    data = mod.prepare_data(**cfg)
+    mod.launch(cfg, data)  # load the artifacts outside the capture
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        mod.launch(cfg, data)
+    fresh = mod.prepare_data(**cfg)
+    expected = mod.reference(**fresh)
+    outputs = refill_for_replay(mod, data, fresh, expected)
+    g.replay()
+    torch.cuda.synchronize()
+    return check_outputs(mod, outputs, expected, "the fp32 oracle (graph replay)", cfg, fresh)
 
 
 def check_gradients(mod, cfg: dict, data: dict) -> dict:
