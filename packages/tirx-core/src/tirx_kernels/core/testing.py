@@ -59,28 +59,10 @@ def check_upstream(kernel: str, label: str) -> None:
 
 def check_graph_replay(kernel: str, label: str) -> None:
     """Capture ``launch`` in a CUDA graph, refill the inputs with new random values, replay, check."""
-    import torch
-
-    from tirx_kernels.core.harness import check_outputs, find_config, full_config
+    from tirx_kernels.core.harness import check_replay, find_config, full_config
 
     mod = load_or_skip(kernel)
-    cfg = full_config(mod, find_config(mod, label))
-    data = mod.prepare_data(**cfg)
-    mod.launch(cfg, data)  # load the artifact outside the capture
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        mod.launch(cfg, data)
-    fresh = mod.prepare_data(**cfg)
-    expected = mod.reference(**fresh)
-    for k, v in fresh.items():
-        if k not in expected and isinstance(v, torch.Tensor):
-            data[k].copy_(v)
-    for k in expected:
-        data[k].fill_(float("nan"))
-    g.replay()
-    torch.cuda.synchronize()
-    check_outputs(mod, {k: data[k] for k in expected}, expected, "the fp32 oracle (graph replay)")
+    check_replay(mod, full_config(mod, find_config(mod, label)))
 
 
 def build_and_check_sass(mod, kernel: str, params: dict) -> str:
