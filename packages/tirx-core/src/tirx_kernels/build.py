@@ -2,7 +2,8 @@
 """Build kernel artifacts (``.so`` + ``manifest.json``) on a machine with apache-tvm and nvcc; no GPU needed.
 
     python -m tirx_kernels.build --kernel rmsnorm [--config L] --out DIR
-    python -m tirx_kernels.build --all --out DIR [--jobs 2]
+    python -m tirx_kernels.build --all --out DIR [--jobs N]          # N: default every core
+    python -m tirx_kernels.build --package tirx-native --out DIR      # the kernels of installed package(s)
     python -m tirx_kernels.build --kernel rmsnorm --params '{"dtype": "bfloat16", "H": 3072}' --out DIR
     python tools/gemm_sweep.py tiles > tiles.jsonl   # one JSON object of compile params per line
     python -m tirx_kernels.build --kernel fp16_bf16_gemm --params-file tiles.jsonl --jobs 2 --out DIR
@@ -13,6 +14,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import json
+import os
 import sys
 import time
 
@@ -47,29 +49,67 @@ def plan(names: list[str], label: str | None = None, extra_params: list[dict] | 
     return list(out.values())
 
 
-def _build_one(item: dict) -> dict:
+MAX_BATCH = 24  # artifacts per translation unit: enough to amortise the host headers, small enough to spread
+
+
+def batches(items: list[dict], jobs: int) -> list[list[dict]]:
+    """``items`` split into build batches: one kernel per batch (its artifacts share a translation unit), each
+    kernel's items in at least ``jobs`` batches where it has that many (so every core has work) and at most
+    ``MAX_BATCH`` per batch; largest batches first."""
+    by_kernel: dict[str, list[dict]] = {}
+    for it in items:
+        by_kernel.setdefault(it["kernel"], []).append(it)
+    out = []
+    for group in by_kernel.values():
+        n = max(min(jobs, len(group)), -(-len(group) // MAX_BATCH))
+        size = -(-len(group) // n)
+        out += [group[i:i + size] for i in range(0, len(group), size)]
+    return sorted(out, key=len, reverse=True)
+
+
+def _build_batch(batch: list[dict]) -> list[dict]:
     t0 = time.time()
-    so, info = artifacts.build_cached(item["module"], item["kernel"], item["params"])
-    return {**info, "so": so, "config_labels": item["labels"], "wall_s": round(time.time() - t0, 2)}
+    first = batch[0]
+    built = artifacts.build_cached_many(first["module"], first["kernel"], [it["params"] for it in batch])
+    wall = round(time.time() - t0, 2)
+    return [{**info, "so": so, "config_labels": it["labels"], "wall_s": wall} for it, (so, info) in zip(batch, built)]
+
+
+def select_kernels(all_kernels: bool, kernels: list[str] | None, packages: list[str] | None) -> list[str]:
+    """Kernel names from ``--all``, ``--kernel`` and ``--package`` (a distribution name, e.g. tirx-native)."""
+    entries = registry.list_kernels()
+    if all_kernels:
+        return [e.name for e in entries]
+    names = list(kernels or [])
+    for pkg in packages or []:
+        want = pkg.replace("_", "-").lower()
+        found = [e.name for e in entries if e.distribution.replace("_", "-").lower() == want]
+        if not found:
+            have = sorted({e.distribution for e in entries})
+            raise SystemExit(f"--package {pkg}: no installed kernel package of that name (installed: {have})")
+        names += [n for n in found if n not in names]
+    return names
+
+
+def _bundle_size(out_dir: str) -> int:
+    return sum(os.path.getsize(os.path.join(out_dir, f)) for f in os.listdir(out_dir))
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tirx_kernels.build", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--kernel", action="append", help="kernel name (repeatable)")
+    ap.add_argument("--package", action="append", help="every kernel of this installed package (repeatable)")
     ap.add_argument("--config", help="only this config label")
     ap.add_argument("--all", action="store_true", help="every installed kernel")
     ap.add_argument("--params", help="explicit compile params as JSON (with one --kernel)")
     ap.add_argument("--params-file", help="explicit compile params, one JSON object per line (with one --kernel)")
     ap.add_argument("--out", required=True, help="bundle directory (manifest.json + .so files)")
-    ap.add_argument("--jobs", type=int, default=1, help="parallel builds")
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="parallel nvcc calls (default: every core)")
     a = ap.parse_args(argv)
-    if a.all:
-        names = [e.name for e in registry.list_kernels()]
-    elif a.kernel:
-        names = a.kernel
-    else:
-        ap.error("give --kernel K or --all")
+    if not (a.all or a.kernel or a.package):
+        ap.error("give --kernel K, --package P or --all")
+    names = select_kernels(a.all, a.kernel, a.package)
     if (a.params or a.params_file) and len(names) != 1:
         ap.error("--params / --params-file need exactly one --kernel")
     if a.params and a.params_file:
@@ -80,16 +120,21 @@ def main(argv=None) -> int:
             extra = [json.loads(line) for line in f if line.strip()]
         if not extra:
             ap.error(f"--params-file {a.params_file}: no params in it")
+    t0 = time.time()
     items = plan(names, a.config, extra)
     built = []
+    # Threads: each batch's time is nvcc's (a subprocess); codegen holds the GIL for ~0.05 s per kernel.
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, a.jobs)) as ex:
-        for res in ex.map(_build_one, items):
-            k = next(iter(res["ptxas"]["kernels"].values()), {})
-            print(f"built {res['kernel']:<20} {artifacts.canonical_params(res['params']):<48} "
-                  f"regs={k.get('registers')} spills={k.get('spill_store_bytes')} {res['wall_s']}s", flush=True)
-            built.append(res)
+        for results in ex.map(_build_batch, batches(items, max(1, a.jobs))):
+            for res in results:
+                k = next(iter(res["ptxas"]["kernels"].values()), {})
+                print(f"built {res['kernel']:<20} {artifacts.canonical_params(res['params']):<48} "
+                      f"regs={k.get('registers')} spills={k.get('spill_store_bytes')} batch={res.get('batch_size', 1)}",
+                      flush=True)
+            built += results
     path = artifacts.write_bundle(a.out, built)
-    print(f"{len(built)} artifacts -> {path}")
+    print(f"{len(built)} artifacts ({len(names)} kernels) -> {path}: {_bundle_size(a.out) / 2**20:.1f} MiB, "
+          f"{time.time() - t0:.0f} s with {a.jobs} jobs")
     return 0
 
 

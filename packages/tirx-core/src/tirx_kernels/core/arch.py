@@ -32,25 +32,31 @@ def _device_arch(index: int) -> tuple[str, str]:
     return arch_of_capability(major, minor), torch.cuda.get_device_name(index)
 
 
+def _device_index(device) -> int:
+    """The CUDA device index ``device`` names (a bare "cuda" or None: torch's current device)."""
+    import torch
+
+    index = None if device is None else torch.device(device).index
+    return torch.cuda.current_device() if index is None else index
+
+
 def current_arch(device=None) -> str:
     """The arch string of ``device`` (default: torch's current CUDA device), e.g. ``"sm_90a"``."""
     import torch
 
     if not torch.cuda.is_available():
         raise NoCudaDeviceError("no CUDA device is available (torch.cuda.is_available() is False)")
-    index = torch.cuda.current_device() if device is None else torch.device(device).index or 0
+    index = _device_index(device)
     return _device_arch(index)[0]
 
 
 def check_arch(meta: dict, device=None) -> str:
     """Raise ``UnsupportedArchError`` unless the device's arch is in ``meta["runtime_cuda_archs"]``."""
-    import torch
-
     arch = current_arch(device)
     allowed = meta["runtime_cuda_archs"]
     if arch not in allowed:
-        index = torch.cuda.current_device() if device is None else torch.device(device).index or 0
+        index = _device_index(device)
         raise UnsupportedArchError(
             f"kernel '{meta['name']}' is verified on {', '.join(allowed)} only; "
-            f"the current device ({_device_arch(index)[1]}) is {arch}")
+            f"device {index} ({_device_arch(index)[1]}) is {arch}")
     return arch

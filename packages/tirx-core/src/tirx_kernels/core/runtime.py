@@ -41,9 +41,10 @@ def candidate_params(module, params: dict) -> list[dict]:
     return out
 
 
-def artifact_path(module, params: dict) -> str:
-    """Where the ``.so`` for (module's kernel, params) comes from: the bundle's specialized artifact, else the
-    bundle's general one (:func:`candidate_params`), else the cache, building it where the compiler exists."""
+def artifact_location(module, params: dict) -> tuple[str, str]:
+    """``(path of the .so, tvm-ffi function name)`` serving (module's kernel, params): the bundle's specialized
+    artifact, else the bundle's general one (:func:`candidate_params`), else the cache, building it where the
+    compiler exists."""
     name = module.KERNEL_META["name"]
     fp = artifacts.fingerprint(module)
     why = "TIRX_KERNELS_ARTIFACTS is not set"
@@ -51,9 +52,9 @@ def artifact_path(module, params: dict) -> str:
     if bundle:
         whys = []
         for cand in candidate_params(module, params):
-            path, w = artifacts.find_in_bundle(bundle, name, cand, fp)
-            if path:
-                return path
+            entry, w = artifacts.find_entry_in_bundle(bundle, name, cand, fp)
+            if entry:
+                return os.path.join(bundle, entry["file"]), entry["function"]
             whys.append(f"{artifacts.canonical_params(cand)}: {w}")
         why = "; ".join(whys)
     if not compiler_available():
@@ -62,12 +63,22 @@ def artifact_path(module, params: dict) -> str:
             f"(fingerprint {fp}): {why}, and apache-tvm is not installed to build one. On a machine with "
             f"apache-tvm and nvcc run: python -m tirx_kernels.build --kernel {name} --out DIR, then set "
             "TIRX_KERNELS_ARTIFACTS=DIR here")
-    return artifacts.build_cached(module, name, params)[0]
+    so, info = artifacts.build_cached(module, name, params)
+    return so, info["function"]
 
 
-def get_function(module, params: dict):
-    """The callable kernel for ``params`` (checks the device arch first, loads once per process)."""
-    check_arch(module.KERNEL_META)
+def artifact_path(module, params: dict) -> str:
+    """The ``.so`` holding (module's kernel, params) (:func:`artifact_location`)."""
+    return artifact_location(module, params)[0]
+
+
+_libs: dict[str, object] = {}
+
+
+def get_function(module, params: dict, device=None):
+    """The callable kernel for ``params`` (checks the arch of ``device``, default torch's current device; loads
+    each ``.so`` once per process)."""
+    check_arch(module.KERNEL_META, device)
     key = (module.__name__, artifacts.canonical_params(params))
     fn = _loaded.get(key)
     if fn is not None:
@@ -77,9 +88,12 @@ def get_function(module, params: dict):
         if fn is None:
             import tvm_ffi
 
-            lib = tvm_ffi.load_module(artifact_path(module, params))
-            _modules.append(lib)
-            fn = lib["main"]
+            path, function = artifact_location(module, params)
+            lib = _libs.get(path)
+            if lib is None:
+                lib = _libs[path] = tvm_ffi.load_module(path)
+                _modules.append(lib)
+            fn = lib[function]
             _loaded[key] = fn
     return fn
 
@@ -98,11 +112,13 @@ class FunctionCache:
         self._bind = bind
         self._fns: dict = {}
 
-    def get(self, key: tuple, params_of):
+    def get(self, key: tuple, params_of, device=None):
+        """``device``: the tensors' device, whose arch is checked on the first call per key (default: torch's
+        current device); put its index in ``key``."""
         fn = self._fns.get(key)
         if fn is None:
             params = params_of()
-            fn = get_function(sys.modules[self._module_name], params)
+            fn = get_function(sys.modules[self._module_name], params, device)
             if self._bind is not None:
                 fn = self._bind(fn, params)
             if len(self._fns) >= self._max:

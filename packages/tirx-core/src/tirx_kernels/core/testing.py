@@ -81,7 +81,7 @@ def build_and_check_sass(mod, kernel: str, params: dict) -> str:
         assert k.get("stack_bytes", 0) == 0, f"{name}: {k['stack_bytes']} bytes of stack frame (local memory)"
     if build.cuobjdump() is None:
         pytest.skip("cuobjdump not installed: pip install nvidia-cuda-cuobjdump==13.2.51 nvidia-cuda-nvdisasm==13.2.86")
-    sass = build.sass(so)
+    sass = build.sass(so, info.get("function"))  # its own kernels only: a batch's .so holds several
     assert not re.search(r"\b(LDL|STL)\b", sass), "local-memory loads/stores in SASS"
     for pattern in mod.sass_expect(**params) if hasattr(mod, "sass_expect") else []:
         assert re.search(pattern, sass), f"SASS of {kernel} {params} lacks {pattern!r}"
