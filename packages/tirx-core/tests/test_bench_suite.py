@@ -243,6 +243,13 @@ def test_promote_refuses_a_kernel_without_roster(tmp_root, entries):
     assert any("rmsnorm has no roster" in p for p in promote.problems(run, tmp_root, entries))
 
 
+def test_promote_refuses_while_the_registry_skips_a_module(tmp_root, entries, monkeypatch):
+    problem = registry.Problem("/x/bad.py", "/x/bad.py: KERNEL_META is missing key 'category'", "bad_kernel")
+    monkeypatch.setattr(registry, "problems", lambda *a, **k: [problem])
+    found = promote.problems(synthetic_run(tmp_root, entries), tmp_root, entries)
+    assert found == ["the registry skipped a module: /x/bad.py: KERNEL_META is missing key 'category'"]
+
+
 def test_promote_cli_exit_codes(tmp_root, tmp_path, entries):
     run = synthetic_run(tmp_root, entries)
     bad = _mutated(run, lambda r: r["rows"][0].update(retries=1))
@@ -608,6 +615,15 @@ class FlakyExecutor:
             return {"kernel": spec["kernel"], "config": spec["config"], "status": "error",
                     "errors": [{"where": "ours", "reason": "CUDA error: transient"}]}
         return {"kernel": spec["kernel"], "config": spec["config"], "status": "ok", "errors": [], "us": 5.0}
+
+
+def test_a_kernel_the_registry_skipped_fails_its_row(monkeypatch):
+    problem = registry.Problem("/x/bad.py", "/x/bad.py: KERNEL_META is missing key 'category'", "bad_kernel")
+    monkeypatch.setattr(registry, "scan", lambda *a, **k: {})
+    monkeypatch.setattr(registry, "problems", lambda *a, **k: [problem])
+    row = run_mod.measure_spec({"kernel": "bad_kernel", "config": "c"})
+    assert row["status"] == "failed" and "skipped its module: /x/bad.py: KERNEL_META" in row["errors"][0]["reason"]
+    assert run_mod.measure_spec({"kernel": "other", "config": "c"})["status"] == "skipped"
 
 
 def test_retries_are_recorded_and_exhausted_retries_fail():

@@ -91,7 +91,12 @@ def measure_spec(spec: dict) -> dict:
         entries = registry.scan()
         entry = entries.get(spec["kernel"])
         if entry is None:
-            out.update(status="skipped", errors=[_error("ours", f"kernel {spec['kernel']} is not installed here")])
+            broken = [p.message for p in registry.problems() if p.kernel == spec["kernel"]]
+            if broken:  # installed but malformed: a fault to fix, not a row this host cannot run
+                out.update(status="failed", errors=[_error("ours", "the registry skipped its module: "
+                                                           + "; ".join(broken))])
+            else:
+                out.update(status="skipped", errors=[_error("ours", f"kernel {spec['kernel']} is not installed here")])
             return out
         out.update(module=entry.module, distribution=entry.distribution, fingerprint=artifacts.fingerprint(entry.path))
         mod = registry.load(spec["kernel"])
