@@ -358,6 +358,28 @@ CONFIGS = [
      "tile": "persistent_128x128x64_s6_g8_ef"},
     {"label": "bf16_512x6144x4096_persistent_128x192_ef", "dtype": "bfloat16", "M": 512, "N": 6144, "K": 4096,
      "tile": "persistent_128x192x64_s4_g8_ef"},
+    # Any M, N, K (docs/gemm.md "Any M, N, K"; the harness's out is contiguous, so odd N means unaligned C rows).
+    # Plain NT, odd N: c_store "stg" on STG_TILE (129 x 1001: one M-tile and a row past it, the 4th N-tile's second
+    # staged round 105 columns in; 257 x 50257: an LM head's N, ragged M; 13 x 1001: a small-M pick, also "stg");
+    # M <= 8: the gemv pick into a padded output (5 x 3 x 7 with odd K, 1 x 1 x 1). Odd K (zero-padded): 1000 x 1032
+    # x 1001 on the table's tile. Variants into a padded output on VARIANT_TILE: NN with odd N (B padded too) and
+    # odd K, alpha/beta reading out through it; NT bias + alpha/beta + fp32 out with N, K odd.
+    {"label": "bf16_129x1001x136_stg", "dtype": "bfloat16", "M": 129, "N": 1001, "K": 136},
+    {"label": "fp16_129x1001x136_stg", "dtype": "float16", "M": 129, "N": 1001, "K": 136},
+    {"label": "bf16_257x50257x136_stg", "dtype": "bfloat16", "M": 257, "N": 50257, "K": 136},
+    {"label": "bf16_13x1001x72_stg", "dtype": "bfloat16", "M": 13, "N": 1001, "K": 72},
+    {"label": "bf16_5x3x7_gemv_padded", "dtype": "bfloat16", "M": 5, "N": 3, "K": 7},
+    {"label": "bf16_1x1x1_gemv_padded", "dtype": "bfloat16", "M": 1, "N": 1, "K": 1},
+    {"label": "bf16_3x1001x1001_gemv_padded", "dtype": "bfloat16", "M": 3, "N": 1001, "K": 1001},
+    {"label": "bf16_1000x1032x1001_odd_k", "dtype": "bfloat16", "M": 1000, "N": 1032, "K": 1001},
+    {"label": "bf16_300x77x72_nn_padded", "dtype": "bfloat16", "M": 300, "N": 77, "K": 72, "layout": "nn",
+     "tile": "persistent_128x256x64_s3_g8"},
+    {"label": "bf16_300x77x73_nn_alpha_beta_padded", "dtype": "bfloat16", "M": 300, "N": 77, "K": 73, "layout": "nn",
+     "epilogue": "alpha_beta", "alpha": 1.5, "beta": 0.75,
+     "tile": "persistent_128x256x64_s3_g8"},
+    {"label": "bf16_2000x1003x1001_alpha_beta_bias_out_fp32", "dtype": "bfloat16", "M": 2000, "N": 1003, "K": 1001,
+     "out_dtype": "float32", "epilogue": "alpha_beta_bias", "bias_dtype": "float32", "alpha": 0.5, "beta": -1.5,
+     "tile": "persistent_128x256x64_s3_g8"},
 ]
 
 # Square sizes and one LLM projection; the persistent/cluster variants side by side in the same run.
@@ -384,6 +406,13 @@ BENCH_CONFIGS = [
     {"label": "bf16_8192x8192x8192_pingpong_128x192_c2", "dtype": "bfloat16", "M": 8192, "N": 8192, "K": 8192,
      "tile": "pingpong_128x192x64_s4_e64_c2_g8"},
     {"label": "bf16_4096x14336x4096", "dtype": "bfloat16", "M": 4096, "N": 14336, "K": 4096},
+    # An LM head's odd N (c_store "stg" on STG_TILE) against the nearest aligned N (the table's tile): within 10 %.
+    {"label": "bf16_4096x50264x4096", "dtype": "bfloat16", "M": 4096, "N": 50264, "K": 4096},
+    {"label": "bf16_4096x50257x4096", "dtype": "bfloat16", "M": 4096, "N": 50257, "K": 4096},
+    {"label": "bf16_4096x50264x4096_s4_e128", "dtype": "bfloat16", "M": 4096, "N": 50264, "K": 4096,
+     "tile": "persistent_128x256x64_s4_e128_g8"},  # STG_TILE with TMA stores: the price of "stg" alone
+    {"label": "bf16_8192x50264x4096", "dtype": "bfloat16", "M": 8192, "N": 50264, "K": 4096},
+    {"label": "bf16_8192x50257x4096", "dtype": "bfloat16", "M": 8192, "N": 50257, "K": 4096},
     {"label": "bf16_128x14336x4096", "dtype": "bfloat16", "M": 128, "N": 14336, "K": 4096},
     # Small M (memory-bound: judge by TB/s of B streamed), the split-K cluster kernel beside the default.
     {"label": "bf16_1x14336x4096_smallm_k2", "dtype": "bfloat16", "M": 1, "N": 14336, "K": 4096,
