@@ -30,6 +30,10 @@ SLAB = THREADS * VECTORS  # chunks per pass over a long row
 # __launch_bounds__(128, n): rows in flight an SM. bf16 at 8 (<= 64 registers): 63, no spills; fp16 at 8 spilled 52 B
 # (its conversions need a few more registers), at 7: 71 registers, no spills.
 MIN_CTAS_PER_SM = {"bfloat16": 8, "float16": 7}
+# x loads skip L1 (the weight, read by every CTA of an SM, stays there) and carry the specialized kernel's L2
+# priorities (rmsnorm.ROW_ACCESS, measured): the first read evict_last (a long row's second read, evict_first,
+# then finds it in L2 more often; H <= 7168 gained 2-4 % with it).
+X_POLICIES = {"x": "evict_last", "reload": "evict_first"}
 _VEC = 8
 _WORDS = 4
 
@@ -45,6 +49,7 @@ def build_general(dtype: str, pdl: str | None = None):
 
     pdl_launch.check_trigger("rmsnorm", pdl)
     scratch_len = reduce.scratch_words(THREADS, 1)
+    access = vector.AccessPolicies("rmsnorm", X_POLICIES)
 
     def misalign(ptr):
         """Elements (0..7) a 2-byte pointer lies past a 16-byte boundary."""
@@ -62,11 +67,11 @@ def build_general(dtype: str, pdl: str | None = None):
                     word = regs[base + e // 2] | (as_u16(buf[row_base + c0 + e]) << T.uint32(16 * (e % 2)))
                     T.buffer_store(regs, word, [base + e // 2])
 
-    def load_chunk(regs, base, buf, row_base, c0, H):  # noqa: N803
+    def load_chunk(regs, base, buf, row_base, c0, H, policy=None):  # noqa: N803
         """One 16-byte load when the chunk lies inside the row (the middle of a row), else scalars."""
         with T.If(full(c0, H)):
             with T.Then():
-                vector.load_v4(regs, base, buf.ptr_to([row_base + c0]))
+                vector.load_v4(regs, base, buf.ptr_to([row_base + c0]), cache="stream", policy=policy)
             with T.Else():
                 load_scalars(regs, base, buf, row_base, c0, H)
 
@@ -108,11 +113,11 @@ def build_general(dtype: str, pdl: str | None = None):
     def full(c0, H):  # noqa: N803
         return T.And(c0 >= 0, c0 + _VEC <= H)
 
-    def load_slab(xr, Xf, x_base, s, tid, ax, chunks, H):  # noqa: N803
+    def load_slab(xr, Xf, x_base, s, tid, ax, chunks, H, policy):  # noqa: N803
         for v in range(VECTORS):
             with T.If(chunk(s, v, tid) < chunks):
                 with T.Then():
-                    load_chunk(xr, v * _WORDS, Xf, x_base, (chunk(s, v, tid) << 3) - ax, H)
+                    load_chunk(xr, v * _WORDS, Xf, x_base, (chunk(s, v, tid) << 3) - ax, H, policy)
                 with T.Else():
                     vector.fill(xr, v * _WORDS, _WORDS)
 
@@ -149,6 +154,8 @@ def build_general(dtype: str, pdl: str | None = None):
         orr = T.alloc_local((_WORDS,), "uint32")
         acc = T.alloc_local((1,), "float32")
         scratch = T.alloc_shared((scratch_len,), "float32")
+        pol = T.alloc_local((access.count,), "uint64")
+        access.create(pol)
         pdl_launch.begin(pdl)
 
         # Row geometry: the chunks are aligned to x's 16-byte boundaries (64-bit row offsets).
@@ -163,7 +170,7 @@ def build_general(dtype: str, pdl: str | None = None):
         # Pass 1: sum of squares in fp32 (a one-slab row stays in xr for pass 2).
         acc[0] = T.float32(0)
         for s in T.serial(slabs):
-            load_slab(xr, Xf, x_base, s, tid, ax, chunks, H)
+            load_slab(xr, Xf, x_base, s, tid, ax, chunks, H, access.operand(pol, "x"))
             acc[0] = acc[0] + T.cuda.uint_as_float(vector.after_all(xr, VECTORS * _WORDS, zero))  # after the loads
             _sum_squares(acc, xr, VECTORS * _WORDS, dtype)
         total = reduce.group_sum(acc[0], tid, THREADS, scratch)
@@ -172,7 +179,7 @@ def build_general(dtype: str, pdl: str | None = None):
         # Pass 2: out = x * rs * w, rounded once (longer rows read their slab again).
         for s in T.serial(slabs):
             if slabs > 1:
-                load_slab(xr, Xf, x_base, s, tid, ax, chunks, H)
+                load_slab(xr, Xf, x_base, s, tid, ax, chunks, H, access.operand(pol, "reload"))
             scale_store_slab(Yf, y_base, Wt, s, tid, ax, ao, d, chunks, H, xr, wr, wn, orr, rs)
         pdl_launch.end(pdl)
 

@@ -190,10 +190,10 @@ def row_access(H: int) -> dict:
 def sass_expect(dtype: str, H: int | None = None, schedule: str = "row", out: str = "reg", **_) -> list[str]:
     """SASS the CPU build test asserts: 16-byte loads of x and weight, 16-byte stores; for "bulk", the bulk
     copies (``UBLKCP.S.G`` global->shared, ``UBLKCP.G.S`` shared->global), mbarrier waits, 16-byte smem
-    accesses and the weight's 16-byte global loads; for "general", 16-byte accesses for the middle of a row and
-    2-byte ones for its unaligned ends."""
+    accesses and the weight's 16-byte global loads; for "general", 16-byte accesses for the middle of a row (x
+    past L1, the weight through it) and 2-byte ones for its unaligned ends."""
     if schedule == "general":
-        return [r"LDG\.E\.128", r"STG\.E\.128", r"LDG\.E\.U16", r"STG\.E\.U16"]
+        return [r"LDG\.E\.NA\.128", r"LDG\.E\.128", r"STG\.E\.128", r"LDG\.E\.U16", r"STG\.E\.U16"]
     if schedule == "bulk":
         stores = [r"STG\.E\.128"] if out == "reg" else [r"STS\.128", r"UBLKCP\.G\.S "]
         return [r"UBLKCP\.S\.G ", r"SYNCS\.PHASECHK\.TRANS64", r"LDS\.128", r"LDG\.E\.128", *stores]
