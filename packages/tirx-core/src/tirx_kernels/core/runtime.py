@@ -175,24 +175,27 @@ class StreamWorkspace:
     stream), so kernels running concurrently on two streams never share it. ``get`` returns a float32 buffer of at
     least ``floats`` elements (contents undefined between calls) and ``n_flags`` int32 flags, zeroed once at
     allocation, that every kernel using them leaves zeroed (``core.lang.grid_flags``: the one reader of a flag puts
-    it back to 0), so a call costs no memset."""
+    it back to 0), so a call costs no memset.
 
-    def __init__(self, n_flags: int, max_sets: int = 16):
+    CUDA-graph safe: a captured graph keeps the addresses it was captured with, so no buffer handed out is ever
+    freed or reused for something else while the process lives. A set outgrown by a larger call is retired (kept
+    alive, never handed out again), sizes round up to powers of two so a stream retires at most ~30 buffers, and
+    the per-stream table is unbounded (one small entry per stream that ever ran a stream-K call)."""
+
+    def __init__(self, n_flags: int):
         self._n_flags = n_flags
-        self._max = max_sets
         self._sets: dict = {}
+        self._retired: list = []
 
     def get(self, device, floats: int):
         import torch
 
         key = (device.index, torch.cuda.current_stream(device).cuda_stream)
         ws, flags = self._sets.get(key, (None, None))
-        if ws is None and len(self._sets) >= self._max:
-            # Bounded (streams come and go). Dropping another stream's set is safe: the caching allocator hands its
-            # blocks out again only to allocations on that stream, after the work queued there.
-            self._sets.clear()
         if ws is None or ws.numel() < floats:
-            ws = torch.empty(floats, dtype=torch.float32, device=device)
+            if ws is not None:
+                self._retired.append(ws)
+            ws = torch.empty(1 << max(floats - 1, 0).bit_length(), dtype=torch.float32, device=device)
             if flags is None:
                 flags = torch.zeros(self._n_flags, dtype=torch.int32, device=device)
             self._sets[key] = (ws, flags)
