@@ -80,3 +80,25 @@ def test_public_ops_are_custom_ops(entry):
     assert "torch.library" in src, "public ops go through torch.library custom ops"
     assert "register_fake" in src, "custom ops need fake implementations for torch.compile"
     assert hasattr(torch.ops, "tirx")
+
+
+def test_harness_hooks_name_real_tensors(entry):
+    """INPLACE / WORKSPACES / GRADIENTS / COMPARATORS name tensors prepare_data returns; a roofline's ceiling is
+    one the bench measures (harness hooks, PROTOCOL.md)."""
+    from tirx_kernels.core import bench
+
+    mod = importlib.import_module(entry.module)
+    for cfg in entry.configs + (entry.bench_configs or []):
+        assert mod.roofline(**harness.full_config(mod, cfg)).get("ceiling", "bf16") in bench.COMPUTE_CEILINGS
+    if getattr(mod, "GRADIENTS", None):
+        assert callable(getattr(mod, "launch_autograd", None)), "GRADIENTS needs launch_autograd(cfg, data)"
+    declared = [*getattr(mod, "INPLACE", {}).values(), *getattr(mod, "INPLACE", {}),
+                *getattr(mod, "WORKSPACES", ()), *getattr(mod, "GRADIENTS", ()), *getattr(mod, "COMPARATORS", {})]
+    if declared:
+        import torch
+
+        if not torch.cuda.is_available():
+            pytest.skip("prepare_data makes CUDA tensors: the names are checked on the GPU")
+        data = mod.prepare_data(**harness.full_config(mod, entry.configs[0]))
+        missing = [n for n in declared if n not in data and n not in mod.reference(**data)]
+        assert not missing, f"{entry.module}: hooks name {missing}, which prepare_data / reference do not return"
