@@ -63,6 +63,11 @@ def test_artifact_params_are_few_and_unique():
 
 def test_schedule_general_pins_the_general_kernel():
     assert mod.compile_params(dtype="bfloat16", H=4096, schedule="general") == GENERAL["bfloat16"]
+    knobs = {"threads_per_row": 128, "vectors_per_thread": 4, "ctas_per_sm": 10}
+    p = mod.compile_params(dtype="float16", H=3001, schedule="general", **knobs, x_policy="evict_last")
+    assert p == {**GENERAL["float16"], **knobs} and mod.general_params(p) == GENERAL["float16"]
+    with pytest.raises(ValueError, match="threads 48"):
+        mod.get_kernel(dtype="bfloat16", schedule="general", threads_per_row=48)
     with pytest.raises(ValueError, match="takes H at run time"):
         mod.get_kernel(dtype="bfloat16", H=4096, schedule="general")
 

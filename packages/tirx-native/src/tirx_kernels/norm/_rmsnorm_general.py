@@ -3,30 +3,30 @@
 artifact per dtype serves every call the specialized kernels (H a compile-time multiple of 8, 16-byte rows) do
 not: odd H, H < 16 or > 16384, rows or a weight that do not start on 16 bytes.
 
-Design: one CTA of ``THREADS`` threads per row. A row is cut into *chunks* of 8 columns aligned to x's 16-byte
-boundaries: chunk ``k`` covers columns ``8 k - ax ..+8``, where ``ax`` (0..7) is how many elements the row
-starts past a 16-byte boundary (a per-row value: base pointer + row * stride). Every chunk wholly inside the
+Design: one CTA of ``threads`` (default 128) threads per row. A row is cut into *chunks* of 8 columns aligned to
+x's 16-byte boundaries: chunk ``k`` covers columns ``8 k - ax ..+8``, where ``ax`` (0..7) is how many elements the
+row starts past a 16-byte boundary (a per-row value: base pointer + row * stride). Every chunk wholly inside the
 row is one 16-byte load; only the first and the last chunk of a row (the unaligned head and tail) take scalar
-2-byte accesses. Thread ``t`` holds chunks ``s * SLAB + v * THREADS + t`` (``v < VECTORS``): consecutive
-threads read consecutive 16 bytes.
+2-byte accesses. Thread ``t`` holds chunks ``s * threads * vectors + v * threads + t`` (``v < vectors``):
+consecutive threads read consecutive 16 bytes.
 - The weight's alignment relative to the row differs per row (``d = (aw - ax) mod 8``, uniform in a CTA):
   with ``d == 0`` a chunk's weight is one 16-byte load, otherwise the two aligned vectors around it, shifted
   by ``d`` elements in registers (selects and funnel shifts; no local memory).
 - The output row's alignment ``ao`` equals ``ax`` for contiguous tensors (or any with the same row layout):
   then each full chunk is one 16-byte store. Where it differs (a CTA-uniform branch) every element is stored
   on its own: correct for any strides, slower, and only for unusual layouts.
-- Rows of up to ``SLAB`` chunks (8185+ elements) are read once and kept in registers (``VECTORS`` vectors a
-  thread). Longer rows take two passes: the sum of squares over every slab, then each slab read again (L2
-  where the row's bytes are still resident, else DRAM) and scaled. Expected on an H100 at 262144: about 2/3 of
-  the copy bandwidth (~2-2.3 TB/s) when the re-read misses L2, not QuACK's ~3 TB/s (a row split over a
-  cluster, reduced through DSMEM, read once); that is the next step for long rows.
+- Rows of up to ``threads * vectors`` chunks (8185+ elements at the defaults) are read once and kept in
+  registers (``vectors`` vectors a thread). Longer rows take two passes: the sum of squares over every slab, then
+  each slab read again (L2 where the row's bytes are still resident, else DRAM) and scaled. Expected on an H100
+  at 262144: about 2/3 of the copy bandwidth (~2-2.3 TB/s) when the re-read misses L2, not QuACK's ~3 TB/s (a
+  row split over a cluster, reduced through DSMEM, read once); that is the next step for long rows.
 """
 
 from __future__ import annotations
 
+# Defaults (sweep knobs: compile params threads_per_row / vectors_per_thread / ctas_per_sm with schedule "general").
 THREADS = 128
 VECTORS = 8  # 16-byte vectors of x a thread holds: 32 registers; 128 x 8 x 8 = 8192 columns in one pass
-SLAB = THREADS * VECTORS  # chunks per pass over a long row
 # __launch_bounds__(128, n): rows in flight an SM. bf16 at 8 (<= 64 registers): 63, no spills; fp16 at 8 spilled 52 B
 # (its conversions need a few more registers), at 7: 71 registers, no spills.
 MIN_CTAS_PER_SM = {"bfloat16": 8, "float16": 7}
@@ -38,8 +38,15 @@ _VEC = 8
 _WORDS = 4
 
 
-def build_general(dtype: str, pdl: str | None = None):
-    """The general kernel (same arguments as the specialized one: ``x, weight, out, eps, zero``)."""
+def build_general(dtype: str, pdl: str | None = None, threads: int = THREADS, vectors: int = VECTORS,
+                  ctas_per_sm: int | None = None):
+    """The general kernel (same arguments as the specialized one: ``x, weight, out, eps, zero``): CTAs of
+    ``threads`` threads (a multiple of 32), ``vectors`` 16-byte vectors of x a thread per pass, launch bounds
+    promising ``ctas_per_sm`` CTAs an SM (default ``MIN_CTAS_PER_SM``)."""
+    if threads % 32 or not 32 <= threads <= 1024 or vectors < 1:
+        raise ValueError(f"rmsnorm general: threads {threads} (a multiple of 32 in [32, 1024]), vectors {vectors}")
+    ctas_per_sm = ctas_per_sm or MIN_CTAS_PER_SM[dtype]
+    slab = threads * vectors  # chunks per pass over a long row
     from tvm.script import tirx as T
 
     from tirx_kernels.core.lang import pdl as pdl_launch
@@ -48,7 +55,7 @@ def build_general(dtype: str, pdl: str | None = None):
     from .rmsnorm import _sum_squares
 
     pdl_launch.check_trigger("rmsnorm", pdl)
-    scratch_len = reduce.scratch_words(THREADS, 1)
+    scratch_len = reduce.scratch_words(threads, 1)
     access = vector.AccessPolicies("rmsnorm", X_POLICIES)
 
     def misalign(ptr):
@@ -108,13 +115,13 @@ def build_general(dtype: str, pdl: str | None = None):
                             T.buffer_store(Yf, T.reinterpret(dtype, half), [row_base + c0 + e])
 
     def chunk(s, v, tid):
-        return s * SLAB + v * THREADS + tid
+        return s * slab + v * threads + tid
 
     def full(c0, H):  # noqa: N803
         return T.And(c0 >= 0, c0 + _VEC <= H)
 
     def load_slab(xr, Xf, x_base, s, tid, ax, chunks, H, policy):  # noqa: N803
-        for v in range(VECTORS):
+        for v in range(vectors):
             with T.If(chunk(s, v, tid) < chunks):
                 with T.Then():
                     load_chunk(xr, v * _WORDS, Xf, x_base, (chunk(s, v, tid) << 3) - ax, H, policy)
@@ -122,7 +129,7 @@ def build_general(dtype: str, pdl: str | None = None):
                     vector.fill(xr, v * _WORDS, _WORDS)
 
     def scale_store_slab(Yf, y_base, Wt, s, tid, ax, ao, d, chunks, H, xr, wr, wn, orr, rs):  # noqa: N803
-        for v in range(VECTORS):
+        for v in range(vectors):
             with T.If(chunk(s, v, tid) < chunks):
                 with T.Then():
                     c0 = (chunk(s, v, tid) << 3) - ax
@@ -143,12 +150,12 @@ def build_general(dtype: str, pdl: str | None = None):
         Wt = T.match_buffer(w_ptr, (H,), dtype, align=2)
         Y = T.match_buffer(y_ptr, (M, H), dtype, strides=(y_stride, 1), align=2)
         T.device_entry()
-        T.attr({"tirx.launch_bounds_min_blocks_per_sm": MIN_CTAS_PER_SM[dtype]})
+        T.attr({"tirx.launch_bounds_min_blocks_per_sm": ctas_per_sm})
         Xf = T.decl_buffer((M * x_stride,), dtype, data=X.data)
         Yf = T.decl_buffer((M * y_stride,), dtype, data=Y.data)
         row = T.cta_id([M])
-        tid = T.thread_id([THREADS])
-        xr = T.alloc_local((VECTORS * _WORDS,), "uint32")
+        tid = T.thread_id([threads])
+        xr = T.alloc_local((vectors * _WORDS,), "uint32")
         wr = T.alloc_local((_WORDS,), "uint32")
         wn = T.alloc_local((2 * _WORDS,), "uint32")
         orr = T.alloc_local((_WORDS,), "uint32")
@@ -165,15 +172,15 @@ def build_general(dtype: str, pdl: str | None = None):
         ao = T.Cast("int32", (T.Cast("int64", misalign(Y.data)) + y_base) & T.int64(7))
         d = (misalign(Wt.data) - ax) & 7  # elements a chunk's weight lies past a 16-byte boundary
         chunks = (H + ax + 7) >> 3
-        slabs = (chunks + SLAB - 1) // SLAB
+        slabs = (chunks + slab - 1) // slab
 
         # Pass 1: sum of squares in fp32 (a one-slab row stays in xr for pass 2).
         acc[0] = T.float32(0)
         for s in T.serial(slabs):
             load_slab(xr, Xf, x_base, s, tid, ax, chunks, H, access.operand(pol, "x"))
-            acc[0] = acc[0] + T.cuda.uint_as_float(vector.after_all(xr, VECTORS * _WORDS, zero))  # after the loads
-            _sum_squares(acc, xr, VECTORS * _WORDS, dtype)
-        total = reduce.group_sum(acc[0], tid, THREADS, scratch)
+            acc[0] = acc[0] + T.cuda.uint_as_float(vector.after_all(xr, vectors * _WORDS, zero))  # after the loads
+            _sum_squares(acc, xr, vectors * _WORDS, dtype)
+        total = reduce.group_sum(acc[0], tid, threads, scratch)
         rs = T.rsqrt(total * (T.float32(1) / T.Cast("float32", H)) + eps)
 
         # Pass 2: out = x * rs * w, rounded once (longer rows read their slab again).

@@ -46,6 +46,7 @@ reduction): 32768x8192 bf16 at 4.04 TB/s (98 % of copy) on the H200, 8192x4096 a
 from __future__ import annotations
 
 import os
+import sys
 
 import torch
 
@@ -120,6 +121,9 @@ BENCH_CONFIGS = [
     {"label": "bf16_8192x3000", "dtype": "bfloat16", "M": 8192, "H": 3000},
     {"label": "bf16_8192x3001", "dtype": "bfloat16", "M": 8192, "H": 3001},
     {"label": "bf16_8192x3000_general", "dtype": "bfloat16", "M": 8192, "H": 3000, "schedule": "general"},
+    # a sweep candidate: 4 vectors a thread (46 registers, 11 CTAs an SM resident vs 8); rows > 4096 take two passes
+    {"label": "bf16_8192x3001_general_v4", "dtype": "bfloat16", "M": 8192, "H": 3001, "schedule": "general",
+     "vectors_per_thread": 4, "ctas_per_sm": 10},
     {"label": "bf16_8192x1544", "dtype": "bfloat16", "M": 8192, "H": 1544},
     {"label": "bf16_1024x262144", "dtype": "bfloat16", "M": 1024, "H": 262144},
 ]
@@ -231,6 +235,7 @@ VARIANT_KEYS = ("schedule", "threads_per_row", "rows_per_cta", "ctas_per_sm", "p
                 "load_cache", "weight_late", "reload_cache", "stages", "out", "x_regs", "load_hint",
                 "x_policy", "reload_policy", "weight_policy", "store_policy", "pdl")
 NUM_SMS = 132  # H200 SXM
+GENERAL_KEYS = ("threads_per_row", "vectors_per_thread", "ctas_per_sm")  # the general kernel's sweep knobs
 
 
 def specialized(H: int) -> bool:
@@ -241,7 +246,7 @@ def specialized(H: int) -> bool:
 def compile_params(**cfg) -> dict:
     """The specialized params where H has them, else (or with ``schedule="general"``) the general params."""
     if cfg.get("schedule") == "general" or not specialized(int(cfg["H"])):
-        return {"dtype": cfg["dtype"], "schedule": "general"}
+        return {"dtype": cfg["dtype"], "schedule": "general", **{k: cfg[k] for k in GENERAL_KEYS if k in cfg}}
     params = {"dtype": cfg["dtype"], "H": int(cfg["H"])}
     params.update({k: cfg[k] for k in VARIANT_KEYS if k in cfg})
     return params
@@ -271,18 +276,22 @@ def get_kernel(dtype: str, H: int | None = None, schedule: str = "row", threads_
                store_cache: str = "default", load_cache: str | None = None, weight_late: bool = False,
                reload_cache: str | None = None, stages: int = 2, out: str = "reg", x_regs: bool = False,
                load_hint: str | None = None, x_policy: str | None = None, reload_policy: str | None = None,
-               weight_policy: str | None = None, store_policy: str | None = None, pdl: str | None = PDL):
+               weight_policy: str | None = None, store_policy: str | None = None, pdl: str | None = PDL,
+               vectors_per_thread: int | None = None):
     """The kernel of ``schedule``; unset plan entries come from ``row_plan`` (the default variant). ``pdl``
     (row and general schedules): programmatic dependent launch, ``core.lang.pdl.TRIGGERS`` or None.
-    ``schedule="general"``: the general kernel (``_rmsnorm_general``; H is a runtime argument, None here)."""
+    ``schedule="general"``: the general kernel (``_rmsnorm_general``; H is a runtime argument, None here), with
+    ``threads_per_row``, ``vectors_per_thread``, ``ctas_per_sm`` as sweep knobs."""
     if dtype not in _DTYPES:
         raise ValueError(f"rmsnorm: dtype {dtype!r} is not one of {sorted(_DTYPES)}")
     if schedule == "general":
         if H is not None:
             raise ValueError(f"rmsnorm: the general kernel takes H at run time, got H={H}")
+        from . import _rmsnorm_general as _general
         from ._rmsnorm_general import build_general
 
-        return build_general(dtype, pdl)
+        return build_general(dtype, pdl, threads_per_row or _general.THREADS, vectors_per_thread or _general.VECTORS,
+                             ctas_per_sm)
     if H % _VEC or not MIN_H <= H <= MAX_H:
         raise ValueError(f"rmsnorm: H={H} must be a multiple of {_VEC} in [{MIN_H}, {MAX_H}]")
     if schedule not in SCHEDULES:
@@ -786,8 +795,8 @@ def reference(x, weight, eps, **_) -> dict:
 
 
 def launch(cfg: dict, data: dict) -> None:
-    if cfg.get("schedule") == "general":  # the general kernel at any H (bench rows compare it with specialized)
-        _run(data["x"], data["weight"], float(data["eps"]), data["out"], force_general=True)
+    if cfg.get("schedule") == "general":  # the general kernel (its knobs too) at any H, to compare with specialized
+        _run(data["x"], data["weight"], float(data["eps"]), data["out"], pinned=compile_params(**cfg))
         return
     rmsnorm(data["x"], data["weight"], data["eps"], out=data["out"])
 
@@ -909,15 +918,20 @@ def _unit_columns(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(1) == 1 else t.as_strided(t.shape, (t.stride(0), 1))
 
 
-def _run(x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor, force_general: bool = False) -> None:
+def _run(x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor,
+         pinned: dict | None = None) -> None:
+    """The kernel on 2-D views; ``pinned``: the params of a general kernel to run (bench rows), else the call picks."""
     H = x.shape[-1]
     x2d = _unit_columns(x.reshape(-1, H))  # a view for any row layout the checks accept (copies only exotic 3-D)
     out2d = _unit_columns(out.view(-1, H))
     weight = weight if weight.stride(0) == 1 else weight.as_strided((H,), (1,))
     if x2d.shape[0] == 0:
         return
+    if pinned is not None:
+        runtime.get_function(sys.modules[__name__], pinned)(x2d, weight, out2d, eps, 0)
+        return
     dtype = str(x.dtype)[6:]
-    general = force_general or uses_general(x2d, weight, out2d)
+    general = uses_general(x2d, weight, out2d)
     fn = _FUNCTIONS.get((x.dtype, H, general, x.get_device()),
                         lambda: general_params({"dtype": dtype}) if general else compile_params(dtype=dtype, H=H))
     fn(x2d, weight, out2d, eps, 0)  # zero: see vector.after_all
