@@ -4,8 +4,11 @@ kernel, one per dtype), that a bundle covers every valid H, the inputs the gener
 (SASS: 16-byte accesses in the middle of a row, 2-byte ones at its ends, no local memory). The GPU test at the end
 checks layouts the CONFIGS rows cannot express (offset views, unaligned weight, > 2**31 elements)."""
 
+import os
 import random
 import re
+import shutil
+import subprocess
 
 import pytest
 import torch
@@ -137,6 +140,29 @@ def test_general_build_sass(dtype):
     first_fma = next(i for i, line in enumerate(lines) if "FFMA" in line or "HFMA2" in line)
     loads = [i for i, line in enumerate(lines) if re.search(r"LDG\.E\.NA\.128", line)]  # x, past L1
     assert len([i for i in loads if i < first_fma]) == 8, (len(loads), first_fma)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_general_kernel_cpu_emulation(dtype, tmp_path):
+    """The generated CUDA of the general kernel, run on the CPU (rmsnorm_general_emu.cpp): 21 layouts against an
+    fp64 oracle, guard elements untouched, every 16-byte access aligned."""
+    gxx = shutil.which("g++")
+    if gxx is None:
+        pytest.skip("g++ not installed")
+    from tirx_kernels.core import build
+
+    src = build.codegen(mod.get_kernel(dtype=dtype, schedule="general"))
+    start = src.index('extern "C" __global__')
+    kernel = src[start:src.index("\n}\n", start) + 3].replace("__shared__ alignas(64)", "static")
+    (tmp_path / "kernel.inc").write_text(kernel)
+    emu = os.path.join(os.path.dirname(__file__), "rmsnorm_general_emu.cpp")
+    exe = tmp_path / "emu"
+    flags = ["-DFP16"] if dtype == "float16" else []
+    subprocess.run([gxx, "-std=c++20", "-O1", "-fno-strict-aliasing", "-pthread", "-w", *flags, "-I", str(tmp_path),
+                    "-o", str(exe), emu], check=True, capture_output=True, text=True)
+    run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr[-3000:]
+    assert run.stdout.count(": ok") == 21, run.stdout
 
 
 # ---------------------------------------------------------------------------------------------------------
