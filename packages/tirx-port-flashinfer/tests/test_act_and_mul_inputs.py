@@ -23,22 +23,34 @@ def _t(*shape, dtype=bf16):
 @pytest.mark.parametrize("x, out, arg, what", [
     (_t(4, 256, dtype=torch.float32), None, "x", "dtype"),
     (_t(4, 256, dtype=torch.int16), None, "x", "dtype"),
-    (_t(4, 264), None, "x", "multiple of 16"),  # d = 132
+    (_t(4, 263), None, "x", "multiple of 2"),  # no gate/up halves
     (_t(4, 512)[:, ::2], None, "x", "unit stride"),
-    (_t(4, 264)[:, :256], None, "x", "multiple of 8"),  # row stride 264 elements is fine ...
-    (_t(4, 260)[:, :256], None, "x", "multiple of 8"),  # ... 260 is not
     (_t(4, 256), _t(4, 256), "out", "shape"),
     (_t(4, 256), _t(5, 128), "out", "shape"),
     (_t(4, 256), _t(4, 128, dtype=torch.float16), "out", "dtype"),
-    (_t(4, 256), _t(4, 132)[:, :128], "out", "multiple of 8"),
     (_t(2, 4, 256), _t(4, 2, 128).transpose(0, 1), "out", "flatten"),
     (_t(4, 256), None, "x", "CUDA"),  # valid except the device
+    # Accepted since the general kernel (valid except the device): any even last dim, any row stride and offset.
+    (_t(4, 264), None, "x", "CUDA"),  # d = 132
+    (_t(4, 2), None, "x", "CUDA"),  # d = 1
+    (_t(4, 264)[:, :256], None, "x", "CUDA"),
+    (_t(4, 260)[:, 1:257], None, "x", "CUDA"),  # rows and data pointer off 16 bytes
+    (_t(4, 256), _t(4, 132)[:, 3:131], "x", "CUDA"),
+    (_t(3, 5, 2 * 4099), None, "x", "CUDA"),
 ])
 def test_rejected_inputs_name_the_argument(op, x, out, arg, what):
-    if what == "multiple of 8" and x.stride(0) == 264:
-        what = "CUDA"  # the accepted stride gets as far as the device check
     with pytest.raises(TirxInputError, match=f"{op}: argument '{arg}': expected .*{what}"):
         OPS[op](x, out=out)
+
+
+def test_big_inputs_get_past_validation():
+    """More than 2**31 elements (64-bit offsets) is valid: only the device check refuses a meta tensor (no
+    storage), as it would any CPU one."""
+    x = torch.empty(2**31 // 8192 + 7, 8192, dtype=bf16, device="meta")
+    with pytest.raises(TirxInputError, match="expected a CUDA tensor"):
+        mod.silu_and_mul(x)
+    with pytest.raises(TirxInputError, match="stride of dim 0 below 2\\*\\*31"):
+        mod.silu_and_mul(torch.empty(2, 8, dtype=bf16, device="meta").as_strided((2, 8), (2**31, 1)))
 
 
 def test_non_tensor():

@@ -7,8 +7,13 @@
 """``out = act(x[..., :d]) * x[..., d:]`` for bf16/fp16 on Hopper, act in {silu, gelu (erf), gelu_tanh}.
 
 Upstream runs one CTA per row (``min(d / 8, 1024)`` threads) with one 16-byte vector of gate and of up
-in flight per thread per loop trip. Here one artifact per (act, dtype, d) serves every row count M and
-any 16-byte row strides of x and out:
+in flight per thread per loop trip. Here a *specialized* artifact per (act, dtype, d), d a multiple of 8, serves
+every row count M and any 16-byte row strides of x and out; a *general* artifact per (act, dtype)
+(``_act_and_mul_general``: d, strides and alignment at run time) serves everything else: any d >= 1, rows or
+pointers off 16 bytes, and a d for which a prebuilt bundle holds no specialized artifact (``general_params``).
+The specialized kernel puts row blocks on blockIdx.y (at most 65535): the public op launches it once per
+``rows_per_launch`` rows (one launch up to 65535 rows at d >= 1024, several only past that, each of >= 400 MB),
+so its generated code is what it was; the general kernel has rows on blockIdx.x.
 - A row of d / 8 output vectors is cut into ``segments`` equal segments of ``threads_per_segment``
   threads x ``vectors_per_thread`` vectors (``tile_plan``: 14336 -> 7 x 256 threads x 1, exact); short
   rows pack several rows per CTA. Each thread loads all its gate and up vectors (2 independent 16-byte
@@ -66,6 +71,24 @@ CONFIGS = [
     {"label": "gelu_tanh_bf16_4096x14336", "act": "gelu_tanh", "dtype": "bfloat16", "M": 4096, "d": 14336},
     {"label": "gelu_tanh_fp16_37x128", "act": "gelu_tanh", "dtype": "float16", "M": 37, "d": 128},
     {"label": "gelu_tanh_fp16_1x4096", "act": "gelu_tanh", "dtype": "float16", "M": 1, "d": 4096},
+    # The general kernel: odd d (unaligned heads and tails, gate/up/out each off 16 bytes by a per-row amount),
+    # tiny rows packed many a CTA, and an aligned d forced onto it.
+    {"label": "silu_bf16_37x1", "act": "silu", "dtype": "bfloat16", "M": 37, "d": 1},
+    {"label": "gelu_fp16_4099x3", "act": "gelu", "dtype": "float16", "M": 4099, "d": 3},
+    {"label": "gelu_tanh_bf16_37x5121", "act": "gelu_tanh", "dtype": "bfloat16", "M": 37, "d": 5121},
+    {"label": "silu_fp16_5x14335", "act": "silu", "dtype": "float16", "M": 5, "d": 14335},
+    {"label": "silu_bf16_333x100", "act": "silu", "dtype": "bfloat16", "M": 333, "d": 100},
+    {"label": "gelu_bf16_37x4096_general", "act": "gelu", "dtype": "bfloat16", "M": 37, "d": 4096,
+     "schedule": "general"},
+    # Row counts past the 65535 blocks of grid y (the specialized kernel in several launches) ...
+    {"label": "silu_bf16_65536x1024", "act": "silu", "dtype": "bfloat16", "M": 65536, "d": 1024},
+    {"label": "silu_bf16_200000x1024", "act": "silu", "dtype": "bfloat16", "M": 200000, "d": 1024},
+    {"label": "silu_bf16_65536x4096", "act": "silu", "dtype": "bfloat16", "M": 65536, "d": 4096},
+    {"label": "silu_bf16_200000x4096", "act": "silu", "dtype": "bfloat16", "M": 200000, "d": 4096},
+    {"label": "silu_bf16_200000x1023", "act": "silu", "dtype": "bfloat16", "M": 200000, "d": 1023},
+    # ... and past 2**31 input elements (64-bit offsets; ~4.3 GB of x, ~25 GB with the fp32 oracle).
+    {"label": "silu_bf16_262151x4096_big", "act": "silu", "dtype": "bfloat16", "M": 262151, "d": 4096},
+    {"label": "silu_bf16_262214x4095_big", "act": "silu", "dtype": "bfloat16", "M": 262214, "d": 4095},
 ]
 
 # The issue's row (32768 x 2x14336 -> 14336, torch.compile 4.37 TB/s on ANCHORS.md) and the other two acts.
@@ -74,6 +97,16 @@ BENCH_CONFIGS = [
     {"label": "gelu_tanh_bf16_4096x14336", "act": "gelu_tanh", "dtype": "bfloat16", "M": 4096, "d": 14336},
     {"label": "gelu_fp16_4096x14336", "act": "gelu", "dtype": "float16", "M": 4096, "d": 14336},
     {"label": "silu_bf16_4096x4096", "act": "silu", "dtype": "bfloat16", "M": 4096, "d": 4096},
+    # The general kernel: an odd d against the nearest aligned d (specialized), and at an aligned d against the
+    # specialized kernel (the goal: odd within 10 %, general close to specialized).
+    {"label": "silu_bf16_8192x5120", "act": "silu", "dtype": "bfloat16", "M": 8192, "d": 5120},
+    {"label": "silu_bf16_8192x5121", "act": "silu", "dtype": "bfloat16", "M": 8192, "d": 5121},
+    {"label": "silu_bf16_8192x5120_general", "act": "silu", "dtype": "bfloat16", "M": 8192, "d": 5120,
+     "schedule": "general"},
+    {"label": "silu_bf16_8192x14336", "act": "silu", "dtype": "bfloat16", "M": 8192, "d": 14336},
+    {"label": "silu_bf16_8192x14335", "act": "silu", "dtype": "bfloat16", "M": 8192, "d": 14335},
+    {"label": "silu_bf16_8192x14336_general", "act": "silu", "dtype": "bfloat16", "M": 8192, "d": 14336,
+     "schedule": "general"},
 ]
 
 DEFAULTS = {"act": "silu", "dtype": "bfloat16"}
@@ -110,9 +143,13 @@ PDL = "end"
 MIN_CTA_THREADS = 128
 
 
-def sass_expect(act: str, dtype: str, d: int, schedule: str = "tile", out: str = "reg", **_) -> list[str]:
+def sass_expect(act: str, dtype: str, d: int | None = None, schedule: str = "tile", out: str = "reg",
+                **_) -> list[str]:
     """SASS the CPU build test asserts: 16-byte loads of gate/up, 16-byte stores; for "bulk", the bulk copies
-    (``UBLKCP.S.G`` / ``UBLKCP.G.S``), the mbarrier ring and 16-byte smem accesses."""
+    (``UBLKCP.S.G`` / ``UBLKCP.G.S``), the mbarrier ring and 16-byte smem accesses; for "general", also the
+    2-byte stores of a row's unaligned head and tail."""
+    if schedule == "general":
+        return [r"LDG\.E\.128", r"STG\.E\.128", r"STG\.E\.U16"]
     if schedule == "bulk":
         stores = [r"STG\.E\.128"] if out == "reg" else [r"STS\.128", r"UBLKCP\.G\.S "]
         return [r"UBLKCP\.S\.G ", r"SYNCS\.PHASECHK\.TRANS64", r"SYNCS\.ARRIVE", r"LDS\.128", *stores]
@@ -132,13 +169,15 @@ def tile_plan(d: int) -> dict:
             "vectors_per_thread": -(-nvec // (segments * tps)), "rows_per_cta": max(1, MIN_CTA_THREADS // tps)}
 
 
-# Schedule variants (sweeps pin them through compile params; the public op uses the default, "tile").
+# Schedule variants (sweeps pin them through compile params; the public op uses "tile", or "general" where "tile"
+# does not apply).
 # "tile": one (row, segment) tile per CTA, the grid covers every tile (``build_kernel``).
+# "general": d, strides and alignment at run time, one artifact per (act, dtype) (``_act_and_mul_general``).
 # "persistent": grid min(tiles, ctas_per_sm * NUM_SMS), tiles strided by the grid; with ``pipeline`` the
 # next tile's loads are issued before the current tile's math and stores (``build_kernel_persistent``).
 # "bulk": persistent CTAs, (row, column chunk) tiles bulk-copied into a shared-memory ring by a producer warp
 # (``build_kernel_bulk``; its keys ``chunk``, ``stages``, ``out``, ``load_hint``, and ``vectors_per_thread``).
-SCHEDULES = ("tile", "persistent", "bulk")
+SCHEDULES = ("tile", "persistent", "bulk", "general")
 TILE_KEYS = ("segments", "threads_per_segment", "vectors_per_thread", "rows_per_cta")
 BULK_KEYS = ("chunk", "stages", "out", "load_hint")
 VARIANT_KEYS = ("schedule", *TILE_KEYS, "ctas_per_sm", "pipeline", "store_cache", "load_cache", *BULK_KEYS,
@@ -147,16 +186,56 @@ NUM_SMS = 132  # H200 SXM
 
 
 def compile_params(**cfg) -> dict:
+    """The specialized kernel's params for d a multiple of 8 (contiguous rows then start on 16 bytes), else the
+    general kernel's; a config may pin a schedule (``"schedule": "general"``) and the sweep keys."""
+    if cfg.get("schedule") == "general" or int(cfg["d"]) % _VEC:
+        return general_params(cfg)
     params = {"act": cfg["act"], "dtype": cfg["dtype"], "d": int(cfg["d"])}
     params.update({k: cfg[k] for k in VARIANT_KEYS if k in cfg})
     return params
+
+
+def general_params(params: dict) -> dict:
+    """The general artifact, which serves every call any act_and_mul params serve (same arguments)."""
+    return {"act": params["act"], "dtype": params["dtype"], "schedule": "general"}
+
+
+# Bundle specializations (``artifact_params``): every catalog intermediate width (all multiples of 8) for 3 acts x
+# 2 dtypes would be 45 x 6 = 270 artifacts; bf16 with silu and gelu_tanh (the gated MLPs of the catalog's models)
+# is 90, and every other call runs the general artifact.
+BUNDLE_ACTS = ("silu", "gelu_tanh")
+BUNDLE_DTYPES = ("bfloat16",)
+
+
+def artifact_params() -> list[dict]:
+    """The general kernel for every (act, dtype), and the specialized one for every catalog intermediate width
+    (``core.model_dims``) in ``BUNDLE_ACTS`` x ``BUNDLE_DTYPES``."""
+    from tirx_kernels.core import model_dims
+
+    out = [general_params({"act": a, "dtype": t}) for a in ACTS for t in _DTYPES]
+    out += [compile_params(act=a, dtype=t, d=d) for a in BUNDLE_ACTS for t in BUNDLE_DTYPES
+            for d in model_dims.intermediate_sizes() if d % _VEC == 0]
+    return out
+
+
+def rows_per_launch(params: dict) -> int:
+    """Rows one launch of ``params``' kernel may take: the specialized kernel's row blocks are on blockIdx.y
+    (<= 65535); the general kernel's on blockIdx.x (< 2**31, int32 row indices)."""
+    if params.get("schedule") == "general":
+        return GENERAL_MAX_ROWS
+    plan = {**tile_plan(params["d"]), **{k: params[k] for k in TILE_KEYS if k in params}}
+    return MAX_GRID_Y * plan["rows_per_cta"]
+
+
+MAX_GRID_Y = 65535
+GENERAL_MAX_ROWS = 2**31 - 1 - 256  # row = block * rows_per_cta + r stays in int32
 
 
 # ---------------------------------------------------------------------------------------------------------
 # The TIRx function
 # ---------------------------------------------------------------------------------------------------------
 
-def get_kernel(act: str, dtype: str, d: int, schedule: str = "tile", ctas_per_sm: int | None = None,
+def get_kernel(act: str, dtype: str, d: int | None = None, schedule: str = "tile", ctas_per_sm: int | None = None,
                pipeline: bool = True, store_cache: str = "default", load_cache: str = LOAD_CACHE,
                load_policy: str | None = LOAD_POLICY, store_policy: str | None = STORE_POLICY,
                pdl: str | None = PDL, **tiling):
@@ -167,7 +246,13 @@ def get_kernel(act: str, dtype: str, d: int, schedule: str = "tile", ctas_per_sm
         raise ValueError(f"act_and_mul: act {act!r} is not one of {ACTS}")
     if dtype not in _DTYPES:
         raise ValueError(f"act_and_mul: dtype {dtype!r} is not one of {sorted(_DTYPES)}")
-    if d % _VEC or d <= 0:
+    if schedule == "general":
+        if d is not None or ctas_per_sm is not None or tiling:
+            raise ValueError("act_and_mul: the general schedule takes no d (a runtime size), ctas_per_sm or tiling")
+        from ._act_and_mul_general import build_general
+
+        return build_general(act, dtype, load_policy, store_policy, pdl)
+    if d is None or d % _VEC or d <= 0:
         raise ValueError(f"act_and_mul: d={d} must be a positive multiple of {_VEC}")
     if schedule not in SCHEDULES:
         raise ValueError(f"act_and_mul: schedule {schedule!r} is not one of {SCHEDULES}")
@@ -634,6 +719,10 @@ def reference(x, act, **_) -> dict:
 
 
 def launch(cfg: dict, data: dict) -> None:
+    if cfg.get("schedule") == "general":  # the general kernel where the public op would pick the specialized one
+        _check_inputs(f"{data['act']}_and_mul", data["x"], data["out"])
+        _run(data["x"], data["act"], data["out"], general=True)
+        return
     _PUBLIC[data["act"]](data["x"], out=data["out"])
 
 
@@ -688,18 +777,21 @@ def _fail(op: str, name: str, expected: str, got: str) -> None:
     raise checks.TirxInputError(f"{op}: argument '{name}': expected {expected}, got {got}")
 
 
+_INT32_MAX = 2**31 - 1
+
+
 def _check_row_strides(op: str, name: str, t: torch.Tensor) -> None:
     for dim in range(t.dim() - 1):
-        if t.shape[dim] > 1:
-            checks.multiple_of(op, name, t.stride(dim), _VEC, f"stride of dim {dim}: rows start on 16 bytes")
+        if t.shape[dim] > 1 and abs(t.stride(dim)) > _INT32_MAX:
+            _fail(op, name, f"a stride of dim {dim} below 2**31 elements (the kernels take 32-bit row strides)",
+                  f"strides {tuple(t.stride())}")
 
 
 def _check_inputs(op: str, x, out) -> None:
     checks.tensor(op, "x", x, dtypes=tuple(_DTYPES.values()), ndim=tuple(range(1, 9)), cuda=False)
-    checks.multiple_of(op, "x", x.shape[-1], 2 * _VEC,
-                       "the last dim is 2*d with d a multiple of 8: gate and up are read in 16-byte vectors")
-    if x.numel() >= 2**31:
-        _fail(op, "x", "fewer than 2**31 elements (32-bit indexing)", f"shape {tuple(x.shape)}")
+    checks.multiple_of(op, "x", x.shape[-1], 2, "the last dim is 2*d: gate and up halves")
+    if x.shape[-1] > _INT32_MAX:
+        _fail(op, "x", "a last dim below 2**31 (32-bit column indices)", f"shape {tuple(x.shape)}")
     _check_row_strides(op, "x", x)
     if out is not None:
         checks.tensor(op, "out", out, shape=(*x.shape[:-1], x.shape[-1] // 2), cuda=False)
@@ -728,7 +820,8 @@ def _act_and_mul(op: str, act: str, x: torch.Tensor, out: torch.Tensor | None) -
 
 
 def silu_and_mul(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """``silu(x[..., :d]) * x[..., d:]`` in fp32, rounded to x's dtype; x (..., 2d) bf16/fp16, d % 8 == 0."""
+    """``silu(x[..., :d]) * x[..., d:]`` in fp32, rounded to x's dtype; x (..., 2d) bf16/fp16, any d >= 1, any
+    row count and row strides (unit stride in the last dim)."""
     return _act_and_mul("silu_and_mul", "silu", x, out)
 
 
@@ -745,19 +838,37 @@ def gelu_tanh_and_mul(x: torch.Tensor, out: torch.Tensor | None = None) -> torch
 _PUBLIC = {"silu": silu_and_mul, "gelu": gelu_and_mul, "gelu_tanh": gelu_tanh_and_mul}
 
 
-def _run(x: torch.Tensor, act: str, out: torch.Tensor) -> None:
+def _rows_on_16_bytes(t: torch.Tensor) -> bool:
+    """Whether every row of the 2-D ``t`` starts on 16 bytes (what the specialized kernel reads and writes)."""
+    return t.data_ptr() % 16 == 0 and (t.shape[0] <= 1 or t.stride(0) % _VEC == 0)
+
+
+def _run(x: torch.Tensor, act: str, out: torch.Tensor, general: bool = False) -> None:
+    """``out = act(gate) * up``: the specialized kernel where d is a multiple of 8 and every row of x and out
+    starts on 16 bytes (unless ``general``), else the general one; ``rows_per_launch`` rows a launch."""
     if act not in ACTS:
         raise checks.TirxInputError(f"act_and_mul: argument 'act': expected one of {ACTS}, got {act!r}")
-    x2d = x.reshape(-1, x.shape[-1])  # a view for any row layout the checks accept
+    x2d = x.reshape(-1, x.shape[-1])  # a view for any row layout the checks accept (else a copy of the input)
     out2d = out.view(-1, out.shape[-1])
     M, d = out2d.shape
     if M == 0 or d == 0:
         return
-    op = f"{act}_and_mul"
-    checks.aligned(op, "x", x2d)
-    checks.aligned(op, "out", out2d)
-    fn = _FUNCTIONS.get((act, x.dtype, d, x.get_device()), lambda: compile_params(act=act, dtype=str(x.dtype)[6:], d=d))
-    fn(x2d, out2d, 0)
+    general = general or d % _VEC != 0 or not (_rows_on_16_bytes(x2d) and _rows_on_16_bytes(out2d))
+    dtype = str(x.dtype)[6:]
+
+    def params():
+        return compile_params(act=act, dtype=dtype, d=d, **({"schedule": "general"} if general else {}))
+
+    fn = _FUNCTIONS.get((act, x.dtype, d, general, x.get_device()), params)
+    step = _ROWS_PER_LAUNCH.get((d, general)) or _ROWS_PER_LAUNCH.setdefault((d, general), rows_per_launch(params()))
+    if M <= step:
+        fn(x2d, out2d, 0)
+        return
+    for r in range(0, M, step):  # only past 65535 row blocks: each launch moves >= 400 MB
+        fn(x2d[r:r + step], out2d[r:r + step], 0)
+
+
+_ROWS_PER_LAUNCH: dict = {}
 
 
 _FUNCTIONS = runtime.FunctionCache(__name__)

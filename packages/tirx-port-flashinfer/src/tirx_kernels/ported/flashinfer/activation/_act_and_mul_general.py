@@ -1,0 +1,174 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The general act_and_mul kernel: d, the row strides and every pointer's alignment are runtime values, so one
+artifact per (act, dtype) serves every call the specialized kernels (d a compile-time multiple of 8, 16-byte
+rows) do not: odd d, d missing from a bundle, rows or pointers off 16 bytes.
+
+Design: a row's output is cut into *chunks* of 8 columns aligned to out's 16-byte boundaries: chunk ``k`` covers
+columns ``c0 = 8 k - ao ..+8``, where ``ao`` (0..7) is how many elements the out row starts past a 16-byte
+boundary (base pointer + row * stride: a per-row value). One thread computes one chunk and stores it with one
+16-byte store; only the first and the last chunk of a row (the unaligned head and tail) store element by element.
+- Gate and up of a chunk lie ``sg = (ag - ao) mod 8`` and ``su`` elements past their own 16-byte boundaries
+  (``ag`` / ``au``: the gate / up row's misalignment, ``au = ag + d``; for an odd d the three differ). A source
+  with shift 0 is one 16-byte load; otherwise the two aligned vectors around the chunk are loaded (the second one
+  is the next thread's first: an L1 hit, DRAM bytes unchanged) and shifted down by the shift in registers (two
+  word selects and a 16-bit funnel per word; no local memory). Each aligned vector is loaded only where it holds
+  an element of the row: it then lies in the same 16-byte block, so in mapped memory, even at the row's ends.
+- Row layout by ``cmax`` (the chunks of the longest row): rows of up to 128 chunks are packed ``256 / L`` a CTA
+  (``L``: the next power of two, lanes of a row); longer rows are cut into ``segs = ceil(cmax / 256)`` segments
+  of ``width`` lanes (balanced, whole warps). Rows go on blockIdx.x (< 2**31), segments on blockIdx.y with a
+  grid-stride loop past 65535 (d > 134M), so no grid dimension passes its limit; row offsets are 64-bit.
+- The same arguments as the specialized kernel (``x, out, zero``): a bundle serves a specialized call with this
+  artifact unchanged (``general_params``). L2 evict_last loads, PDL and ``vector.after_all`` as the specialized
+  kernel (``act_and_mul.LOAD_POLICY`` / ``PDL``).
+"""
+
+from __future__ import annotations
+
+THREADS = 256
+PACK_CHUNKS = 128  # rows of at most this many chunks share a CTA (lanes a power of two)
+MAX_GRID_Y = 65535
+_VEC = 8
+_WORDS = 4
+
+
+def lanes_log2(cmax):
+    """log2 of the lanes a row gets, ``ceil(log2(min(cmax, 256)))`` (Python ints or TIR expressions)."""
+    from tvm.script import tirx as T
+
+    if isinstance(cmax, int):
+        return sum(int(cmax > 1 << i) for i in range(8))
+    return sum(T.Cast("int32", cmax > (1 << i)) for i in range(8))
+
+
+def plan(d: int, rows_aligned: bool = True) -> dict:
+    """The launch geometry for ``d`` (the kernel's expressions in Python, for tests): ``cmax`` chunks planned a
+    row (``d / 8`` where d and out's row stride are multiples of 8, else ``ceil((d + 7) / 8)``, the most any
+    alignment gives), ``rows_per_cta``, ``segments``, ``width`` lanes a segment, ``grid(M)`` -> (x, y)."""
+    cmax = d >> 3 if d % _VEC == 0 and rows_aligned else (d + 14) >> 3
+    lg = lanes_log2(cmax)
+    segs = (cmax + THREADS - 1) // THREADS
+    width = min(1 << lg, 32 * -(-cmax // (32 * segs)))
+    rows = THREADS >> lg
+    return {"cmax": cmax, "rows_per_cta": rows, "segments": segs, "width": width,
+            "grid": lambda M: ((M + rows - 1) >> (8 - lg), min(segs, MAX_GRID_Y))}
+
+
+def shift_down(dst, src, tmp, s):
+    """``dst[0:4]`` <- the 16 bytes starting ``s`` (0..7, runtime) 16-bit elements into ``src[0:8]`` (two
+    16-byte vectors): select by 2 words, by 1 word (through ``tmp[0:6]``), then a 16-bit funnel (15 selects and
+    4 funnels, no dynamic indexing: a runtime register index would put the words in local memory)."""
+    from tvm.script import tirx as T
+
+    for i in range(6):
+        T.buffer_store(tmp, T.if_then_else((s & 4) != 0, src[i + 2], src[i]), [i])
+    for i in range(5):
+        T.buffer_store(tmp, T.if_then_else((s & 2) != 0, tmp[i + 1], tmp[i]), [i])
+    for j in range(_WORDS):
+        odd = (tmp[j] >> T.uint32(16)) | (tmp[j + 1] << T.uint32(16))
+        T.buffer_store(dst, T.if_then_else((s & 1) != 0, odd, tmp[j]), [j])
+
+
+def build_general(act: str, dtype: str, load_policy: str | None, store_policy: str | None, pdl: str | None):
+    """The general kernel for (act, dtype)."""
+    from tvm.script import tirx as T
+
+    from tirx_kernels.core.lang import pdl as pdl_launch
+    from tirx_kernels.core.lang import vector
+
+    from .act_and_mul import _act_vector
+
+    pdl_launch.check_trigger("act_and_mul", pdl)
+    access = vector.AccessPolicies("act_and_mul", {"load": load_policy, "store": store_policy})
+
+    def misalign(ptr):
+        """Elements (0..7) a 2-byte pointer lies past a 16-byte boundary."""
+        return T.Cast("int32", (T.reinterpret("uint64", ptr) >> T.uint64(1)) & T.uint64(7))
+
+    def row_misalign(ptr, base):
+        return T.Cast("int32", (T.Cast("int64", misalign(ptr)) + base) & T.int64(7))
+
+    def max_chunks(d, y_stride):
+        """Chunks the launch plans a row for (host and device): ``cmax`` of :func:`plan`. Rows of d / 8 chunks
+        whose out pointer is off 16 bytes have d / 8 + 1: lane 0 of segment 0 takes the last one (the loop)."""
+        return T.if_then_else(T.And((d & 7) == 0, (y_stride & 7) == 0), d >> 3, (d + 14) >> 3)
+
+    def load_source(regs, Xf, x_base, off, c0, s, d, policy):  # noqa: N803
+        """``regs[0:8]`` <- the aligned vectors around the chunk at ``c0`` of the source starting ``off``
+        elements into the row, ``s`` elements past a boundary; each only where it holds a row element."""
+        start = x_base + T.Cast("int64", off) + T.Cast("int64", c0 - s)
+        vector.load_v4(regs, 0, Xf.ptr_to([start]), c0 + _VEC - s > 0, policy=policy)
+        vector.load_v4(regs, _WORDS, Xf.ptr_to([start + _VEC]), T.And(s > 0, c0 + _VEC - s < d), policy=policy)
+
+    def store_chunk(Yf, y_base, c0, d, orr, policy):  # noqa: N803
+        with T.If(T.And(c0 >= 0, c0 + _VEC <= d)):
+            with T.Then():
+                vector.store_v4(Yf.ptr_to([y_base + T.Cast("int64", c0)]), orr, 0, policy=policy)
+            with T.Else():  # the row's unaligned head or tail
+                for e in range(_VEC):
+                    with T.If(T.And(c0 + e >= 0, c0 + e < d)):
+                        with T.Then():
+                            half = T.Cast("uint16", orr[e // 2] >> T.uint32(16 * (e % 2)))
+                            T.buffer_store(Yf, T.reinterpret(dtype, half), [y_base + T.Cast("int64", c0 + e)])
+
+    @T.prim_func
+    def act_and_mul(x_ptr: T.handle, y_ptr: T.handle, zero: T.int32):
+        M = T.int32()
+        d = T.int32()
+        x_stride = T.int32()
+        y_stride = T.int32()
+        Y = T.match_buffer(y_ptr, (M, d), dtype, strides=(y_stride, 1), align=2)
+        X = T.match_buffer(x_ptr, (M, 2 * d), dtype, strides=(x_stride, 1), align=2)
+        T.device_entry()
+        Xf = T.decl_buffer((M * x_stride,), dtype, data=X.data)
+        Yf = T.decl_buffer((M * y_stride,), dtype, data=Y.data)
+        row_block, seg0 = T.cta_id([(M + (THREADS >> lanes_log2(max_chunks(d, y_stride))) - 1)
+                                    >> (8 - lanes_log2(max_chunks(d, y_stride))),
+                                    T.min((max_chunks(d, y_stride) + THREADS - 1) // THREADS, MAX_GRID_Y)])
+        tid = T.thread_id([THREADS])
+        gw = T.alloc_local((2 * _WORDS,), "uint32")
+        uw = T.alloc_local((2 * _WORDS,), "uint32")
+        gr = T.alloc_local((_WORDS,), "uint32")
+        ur = T.alloc_local((_WORDS,), "uint32")
+        sw = T.alloc_local((6,), "uint32")
+        orr = T.alloc_local((_WORDS,), "uint32")
+        tmp = T.alloc_local((2 * _WORDS,), "float32")
+        dep = T.alloc_local((1,), "uint32")
+        pol = T.alloc_local((access.count,), "uint64")
+        access.create(pol)
+        pdl_launch.begin(pdl)  # nothing global before this: the previous kernel may still write x or read out
+
+        # Launch geometry (the host computes the same expressions for the grid).
+        cmax = max_chunks(d, y_stride)
+        lg = lanes_log2(cmax)
+        segs = (cmax + THREADS - 1) // THREADS
+        grid_y = T.min(segs, MAX_GRID_Y)
+        # Lanes of a segment: whole warps, balanced over the segments; all of a packed row's lanes (the chunk
+        # stride of the loop below, which a row with one chunk more than planned takes a second time).
+        width = T.min(1 << lg, (cmax + 32 * segs - 1) // (32 * segs) * 32)
+        row = row_block * (THREADS >> lg) + (tid >> lg)
+        lane = tid & ((1 << lg) - 1)
+
+        # Row geometry: chunks aligned to out's 16-byte boundaries; 64-bit row offsets.
+        x_base = T.Cast("int64", row) * T.Cast("int64", x_stride)
+        y_base = T.Cast("int64", row) * T.Cast("int64", y_stride)
+        ag = row_misalign(X.data, x_base)
+        ao = row_misalign(Y.data, y_base)
+        sg = (ag - ao) & 7
+        su = (ag + d - ao) & 7
+        chunks = (ao + d + 7) >> 3
+        k0 = seg0 * width + lane
+        stride = grid_y * width
+        if T.And(row < M, lane < width):
+            for it in T.serial(T.max(chunks - k0 + stride - 1, 0) // stride):
+                c0 = ((k0 + it * stride) << 3) - ao
+                load_source(gw, Xf, x_base, 0, c0, sg, d, access.operand(pol, "load"))
+                load_source(uw, Xf, x_base, d, c0, su, d, access.operand(pol, "load"))
+                # Every word depends on every load (``zero`` is 0): all loads issue before any math.
+                dep[0] = vector.after_all(gw, 2 * _WORDS, zero) | vector.after_all(uw, 2 * _WORDS, zero)
+                shift_down(gr, gw, sw, sg)
+                shift_down(ur, uw, sw, su)
+                _act_vector(act, dtype, orr, gr, ur, 0, tmp, dep[0])
+                store_chunk(Yf, y_base, c0, d, orr, access.operand(pol, "store"))
+        pdl_launch.end(pdl)
+
+    return pdl_launch.launch(act_and_mul, pdl)
