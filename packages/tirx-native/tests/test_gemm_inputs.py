@@ -115,7 +115,7 @@ def test_protocol_literals():
     labels = [c["label"] for c in lit["CONFIGS"]]
     assert len(labels) == len(set(labels))
     for c in lit["CONFIGS"]:
-        assert c["K"] % 8 == 0 and c["N"] % 8 == 0, c["label"]
+        assert min(c["M"], c["N"], c["K"]) >= 1, c["label"]  # any size (odd N / K: test_gemm_any_shape.py)
     r = mod.roofline(dtype="bfloat16", M=2, N=3, K=4)
     assert r == {"bytes": (8 + 12 + 6) * 2, "flops": 48}
 

@@ -66,6 +66,9 @@ Design:
   read it within one K-step, so its lines are dead once read; ``evict_first`` lets them leave L2 before the dirty
   lines a producer kernel (or the bench's cold-L2 fill) left there, which otherwise are written back while the GEMM
   streams its operands from DRAM (measured: ``docs/gemm.md`` section 16).
+- ``c_store="stg"`` (the plain NT kernel, tiles of whole 64-column boxes): C rows of any alignment (odd N, where a
+  tensor map of C cannot exist): each round's staging tile is read back row by row and written with 16-bit
+  ``st.global`` clipped at M and N (``store_staged_rows``) instead of TMA stores; no tensor map of C.
 - Every shared buffer, barriers included, in one ``T.SMEMPool`` (1024-aligned only then).
 
 Variants (compile parameters; the defaults build exactly the plain kernel above):
