@@ -965,6 +965,31 @@ def compile_params(**cfg) -> dict:
     return {**p, **launch}
 
 
+def call_samples(rng) -> list[dict]:
+    """Calls the public ops can see (PROTOCOL.md; core's bundle-resolution test): the catalog's projections (hidden x
+    intermediate both ways, square, the LM heads of the catalog and GPT-2's odd 50257) at decode-to-prefill M, random
+    and odd M, N, K, and every variant (layout, out_dtype, epilogue, bias_dtype) at random shapes, both dtypes."""
+    from tirx_kernels.core import model_dims
+
+    hidden, inter = model_dims.hidden_sizes(), model_dims.intermediate_sizes()
+    vocab = model_dims.vocab_sizes() + [50257]
+    ms = [1, 3, 8, 13, 16, 37, 64, 100, 128, 200, 256, 512, 777, 1024, 2048, 4096, 8192]
+
+    def size():
+        return rng.choice([rng.randint(1, 64), rng.randint(1, 5000), 8 * rng.randint(1, 2000)])
+
+    out = []
+    for dtype in _DTYPES:
+        for h in hidden:
+            for n, k in ((rng.choice(inter), h), (h, rng.choice(inter)), (rng.choice(vocab), h), (h, h)):
+                out.append({"dtype": dtype, "M": rng.choice(ms), "N": n, "K": k})
+        out += [{"dtype": dtype, "M": size(), "N": size(), "K": size()} for _ in range(20)]
+        for v in variant_combinations(dtype):
+            ab = {"alpha": 0.5, "beta": rng.choice([0.0, 2.0])} if "alpha" in v["epilogue"] else {}
+            out.append({"dtype": dtype, "M": size(), "N": size(), "K": size(), **v, **ab})
+    return out
+
+
 # ---------------------------------------------------------------------------------------------------------
 # The TIRx function
 # ---------------------------------------------------------------------------------------------------------
