@@ -3,7 +3,7 @@
 // function to kernel.inc): one std::thread per CUDA thread, one CTA (row) at a time, the few PTX builtins it calls
 // emulated below. 16-byte accesses abort when misaligned, so the test proves the head/tail peeling, the weight's
 // shifted loads and the store-path choice for layouts a GPU run would need many configs for, on a machine without
-// one. Build with -DFP16 for the float16 kernel. Exit status: the number of failed cases (0: all pass).
+// one. Build with -DFP16 for the float16 kernel, -DTHREADS=n for CTAs of n threads. Exit status: the number of failed cases (0: all pass).
 #include <barrier>
 #include <cassert>
 #include <cmath>
@@ -65,6 +65,9 @@ static float tvm_builtin_cuda_warp_reduce_sum_32(float v) {
   g_bar->arrive_and_wait();
   return s;
 }
+#ifndef THREADS  // the kernel's CTA size (-DTHREADS=64 for a threads_per_row=64 build)
+#define THREADS 128
+#endif
 static float rsqrtf(float x) { return 1.0f / sqrtf(x); }
 #ifdef FP16  // fp16 conversions through the compiler's _Float16 (round to nearest even, as cvt.rn)
 typedef _Float16 half;
@@ -104,7 +107,7 @@ static int run_case(int M, int H, long x_off, long xs, long w_off, long o_off, l
   ELEM* X = (ELEM*)(xb + x_off);
   ELEM* W = (ELEM*)(wb + w_off);
   ELEM* Y = (ELEM*)(ob + o_off);
-  const int threads = 128;
+  const int threads = THREADS;
   std::barrier<> bar(threads);
   g_bar = &bar;
   for (int b = 0; b < M; ++b) {

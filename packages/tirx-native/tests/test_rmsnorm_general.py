@@ -142,8 +142,13 @@ def test_general_build_sass(dtype):
     assert len([i for i in loads if i < first_fma]) == 8, (len(loads), first_fma)
 
 
-@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-def test_general_kernel_cpu_emulation(dtype, tmp_path):
+@pytest.mark.parametrize("dtype, knobs", [
+    ("bfloat16", {}),
+    ("float16", {}),
+    ("bfloat16", {"threads_per_row": 64, "ctas_per_sm": 16}),  # sweep candidates (BENCH_CONFIGS)
+    ("bfloat16", {"vectors_per_thread": 4, "ctas_per_sm": 10}),
+])
+def test_general_kernel_cpu_emulation(dtype, knobs, tmp_path):
     """The generated CUDA of the general kernel, run on the CPU (rmsnorm_general_emu.cpp): 21 layouts against an
     fp64 oracle, guard elements untouched, every 16-byte access aligned."""
     gxx = shutil.which("g++")
@@ -151,13 +156,14 @@ def test_general_kernel_cpu_emulation(dtype, tmp_path):
         pytest.skip("g++ not installed")
     from tirx_kernels.core import build
 
-    src = build.codegen(mod.get_kernel(dtype=dtype, schedule="general"))
+    src = build.codegen(mod.get_kernel(dtype=dtype, schedule="general", **knobs))
     start = src.index('extern "C" __global__')
     kernel = src[start:src.index("\n}\n", start) + 3].replace("__shared__ alignas(64)", "static")
     (tmp_path / "kernel.inc").write_text(kernel)
     emu = os.path.join(os.path.dirname(__file__), "rmsnorm_general_emu.cpp")
     exe = tmp_path / "emu"
     flags = ["-DFP16"] if dtype == "float16" else []
+    flags.append(f"-DTHREADS={knobs.get('threads_per_row', _rmsnorm_general.THREADS)}")
     subprocess.run([gxx, "-std=c++20", "-O1", "-fno-strict-aliasing", "-pthread", "-w", *flags, "-I", str(tmp_path),
                     "-o", str(exe), emu], check=True, capture_output=True, text=True)
     run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=300)

@@ -121,9 +121,13 @@ BENCH_CONFIGS = [
     {"label": "bf16_8192x3000", "dtype": "bfloat16", "M": 8192, "H": 3000},
     {"label": "bf16_8192x3001", "dtype": "bfloat16", "M": 8192, "H": 3001},
     {"label": "bf16_8192x3000_general", "dtype": "bfloat16", "M": 8192, "H": 3000, "schedule": "general"},
-    # a sweep candidate: 4 vectors a thread (46 registers, 11 CTAs an SM resident vs 8); rows > 4096 take two passes
+    # sweep candidates of the general kernel's shape (default: 128 threads x 8 vectors, 8 CTAs an SM): 4 vectors
+    # (46 registers, 11 CTAs an SM; rows > 4096 take two passes), 64 threads (63 registers, 16 CTAs: 16 rows in
+    # flight an SM; rows > 4096 take two passes)
     {"label": "bf16_8192x3001_general_v4", "dtype": "bfloat16", "M": 8192, "H": 3001, "schedule": "general",
      "vectors_per_thread": 4, "ctas_per_sm": 10},
+    {"label": "bf16_8192x3001_general_t64", "dtype": "bfloat16", "M": 8192, "H": 3001, "schedule": "general",
+     "threads_per_row": 64, "ctas_per_sm": 16},
     {"label": "bf16_8192x1544", "dtype": "bfloat16", "M": 8192, "H": 1544},
     {"label": "bf16_1024x262144", "dtype": "bfloat16", "M": 1024, "H": 262144},
 ]
