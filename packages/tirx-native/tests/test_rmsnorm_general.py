@@ -171,6 +171,16 @@ def test_general_kernel_cpu_emulation(dtype, knobs, tmp_path):
     assert run.stdout.count(": ok") == 21, run.stdout
 
 
+@pytest.mark.parametrize("H, skipped", [(4096, set()), (3001, {"quack"}), (65537, {"liger", "quack"}),
+                                        (262144, {"liger"})])
+def test_library_baselines_skip_shapes_they_cannot_take(H, skipped):
+    baselines = mod.get_baselines(dtype="bfloat16", M=3, H=H)
+    for name in ("liger", "quack"):
+        if name in skipped:
+            with pytest.raises(ImportError, match=f"{name} does not take this shape"):
+                baselines[name]()
+
+
 # ---------------------------------------------------------------------------------------------------------
 # GPU: layouts the harness rows cannot express (run by the lead on the GPU host)
 # ---------------------------------------------------------------------------------------------------------
