@@ -94,7 +94,7 @@ def test_general_plan_examples():
                                                 "grid": None}
     assert gen.plan(14335)["cmax"] == 1793 and gen.plan(14336, rows_aligned=False)["cmax"] == 1793
     p = gen.plan(5121)
-    assert (p["cmax"], p["segments"], p["width"]) == (641, 3, 224)
+    assert (p["cmax"], p["segments"], p["width"]) == (641, 3, 256)
     assert gen.plan(1024)["rows_per_cta"] == 2 and gen.plan(3)["rows_per_cta"] == 128
     assert gen.plan(1)["rows_per_cta"] == 256  # one chunk (two columns at most) a row
 
@@ -110,7 +110,6 @@ def _replay_general(M, d, x_off, x_stride, y_off, y_stride, max_grid_y=GRID_Y_MA
     lg = gen.lanes_log2(cmax)
     segs = (cmax + 255) // 256
     grid_y = min(segs, max_grid_y)
-    width = min(1 << lg, (cmax + 32 * segs - 1) // (32 * segs) * 32)
     gx, gy = (M + (256 >> lg) - 1) >> (8 - lg), grid_y
     if max_grid_y == GRID_Y_MAX:
         assert gen.plan(d, y_stride % 8 == 0)["grid"](M) == (gx, gy)
@@ -126,15 +125,14 @@ def _replay_general(M, d, x_off, x_stride, y_off, y_stride, max_grid_y=GRID_Y_MA
             for tid in range(256):
                 row = bx * (256 >> lg) + (tid >> lg)
                 lane = tid & ((1 << lg) - 1)
-                if not (row < M and lane < width):
+                if row >= M:
                     continue
                 xb, yb = x_off + row * x_stride, y_off + row * y_stride  # element addresses of the rows
                 ag, ao = xb & 7, yb & 7
                 sg, su = (ag - ao) & 7, (ag + d - ao) & 7
                 chunks = (ao + d + 7) >> 3
-                k0, stride = by * width + lane, grid_y * width
-                for it in range(max(chunks - k0 + stride - 1, 0) // stride):
-                    c0 = ((k0 + it * stride) << 3) - ao
+                for k in range((by << lg) + lane, chunks, grid_y << lg):
+                    c0 = (k << 3) - ao
                     words = {}
                     for name, base, s in (("g", xb, sg), ("u", xb + d, su)):
                         w = [None] * 16

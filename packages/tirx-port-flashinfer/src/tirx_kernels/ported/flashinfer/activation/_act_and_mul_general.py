@@ -15,7 +15,8 @@ boundary (base pointer + row * stride: a per-row value). One thread computes one
   an element of the row: it then lies in the same 16-byte block, so in mapped memory, even at the row's ends.
 - Row layout by ``cmax`` (the chunks of the longest row): rows of up to 128 chunks are packed ``256 / L`` a CTA
   (``L``: the next power of two, lanes of a row); longer rows are cut into ``segs = ceil(cmax / 256)`` segments
-  of ``width`` lanes (balanced, whole warps). Rows go on blockIdx.x (< 2**31), segments on blockIdx.y with a
+  of 256 lanes (the last one's idle warps exit at once; balancing the segments gives the same CTA and active-warp
+  counts, for a division before the first load). Rows go on blockIdx.x (< 2**31), segments on blockIdx.y with a
   grid-stride loop past 65535 (d > 134M), so no grid dimension passes its limit; row offsets are 64-bit.
 - The same arguments as the specialized kernel (``x, out, zero``): a bundle serves a specialized call with this
   artifact unchanged (``general_params``). L2 evict_last loads, PDL and ``vector.after_all`` as the specialized
@@ -31,12 +32,16 @@ _VEC = 8
 _WORDS = 4
 
 
-def lanes_log2(cmax):
-    """log2 of the lanes a row gets, ``ceil(log2(min(cmax, 256)))`` (Python ints or TIR expressions)."""
-    from tvm.script import tirx as T
-
+def lanes_log2(cmax, device: bool = False):
+    """log2 of the lanes a row gets, ``ceil(log2(min(cmax, 256)))`` (Python ints or TIR expressions). In device code
+    one FLO (``clz``), where a chain of 8 compares put ~25 dependent ops before the first load; the host's C
+    codegen has no clz: the compares there."""
     if isinstance(cmax, int):
         return sum(int(cmax > 1 << i) for i in range(8))
+    from tvm.script import tirx as T
+
+    if device:
+        return T.min(32 - T.clz(cmax - 1), 8)
     return sum(T.Cast("int32", cmax > (1 << i)) for i in range(8))
 
 
@@ -47,7 +52,7 @@ def plan(d: int, rows_aligned: bool = True) -> dict:
     cmax = d >> 3 if d % _VEC == 0 and rows_aligned else (d + 14) >> 3
     lg = lanes_log2(cmax)
     segs = (cmax + THREADS - 1) // THREADS
-    width = min(1 << lg, 32 * -(-cmax // (32 * segs)))
+    width = 1 << lg
     rows = THREADS >> lg
     return {"cmax": cmax, "rows_per_cta": rows, "segments": segs, "width": width,
             "grid": lambda M: ((M + rows - 1) >> (8 - lg), min(segs, MAX_GRID_Y))}
@@ -133,18 +138,16 @@ def build_general(act: str, dtype: str, load_policy: str | None, store_policy: s
         orr = T.alloc_local((_WORDS,), "uint32")
         tmp = T.alloc_local((2 * _WORDS,), "float32")
         dep = T.alloc_local((1,), "uint32")
+        k = T.alloc_local((1,), "int32")
         pol = T.alloc_local((access.count,), "uint64")
         access.create(pol)
         pdl_launch.begin(pdl)  # nothing global before this: the previous kernel may still write x or read out
 
         # Launch geometry (the host computes the same expressions for the grid).
         cmax = max_chunks(d, y_stride)
-        lg = lanes_log2(cmax)
+        lg = lanes_log2(cmax, device=True)
         segs = (cmax + THREADS - 1) // THREADS
         grid_y = T.min(segs, MAX_GRID_Y)
-        # Lanes of a segment: whole warps, balanced over the segments; all of a packed row's lanes (the chunk
-        # stride of the loop below, which a row with one chunk more than planned takes a second time).
-        width = T.min(1 << lg, (cmax + 32 * segs - 1) // (32 * segs) * 32)
         row = row_block * (THREADS >> lg) + (tid >> lg)
         lane = tid & ((1 << lg) - 1)
 
@@ -156,19 +159,20 @@ def build_general(act: str, dtype: str, load_policy: str | None, store_policy: s
         sg = (ag - ao) & 7
         su = (ag + d - ao) & 7
         chunks = (ao + d + 7) >> 3
-        k0 = seg0 * width + lane
-        stride = grid_y * width
-        if T.And(row < M, lane < width):
-            for it in T.serial(T.max(chunks - k0 + stride - 1, 0) // stride):
-                c0 = ((k0 + it * stride) << 3) - ao
-                load_source(gw, Xf, x_base, 0, c0, sg, d, access.operand(pol, "load"))
-                load_source(uw, Xf, x_base, d, c0, su, d, access.operand(pol, "load"))
-                # Every word depends on every load (``zero`` is 0): all loads issue before any math.
-                dep[0] = vector.after_all(gw, 2 * _WORDS, zero) | vector.after_all(uw, 2 * _WORDS, zero)
-                shift_down(gr, gw, sw, sg)
-                shift_down(ur, uw, sw, su)
-                _act_vector(act, dtype, orr, gr, ur, 0, tmp, dep[0])
-                store_chunk(Yf, y_base, c0, d, orr, access.operand(pol, "store"))
+        # Chunk k of the row; one trip but where the row has one chunk more than planned (lane 0 of segment 0
+        # takes it: d and out's stride multiples of 8, out's pointer not) or segments past grid y (d > 134M).
+        k[0] = (seg0 << lg) + lane
+        while T.And(row < M, k[0] < chunks):
+            c0 = (k[0] << 3) - ao
+            load_source(gw, Xf, x_base, 0, c0, sg, d, access.operand(pol, "load"))
+            load_source(uw, Xf, x_base, d, c0, su, d, access.operand(pol, "load"))
+            # Every word depends on every load (``zero`` is 0): all loads issue before any math.
+            dep[0] = vector.after_all(gw, 2 * _WORDS, zero) | vector.after_all(uw, 2 * _WORDS, zero)
+            shift_down(gr, gw, sw, sg)
+            shift_down(ur, uw, sw, su)
+            _act_vector(act, dtype, orr, gr, ur, 0, tmp, dep[0])
+            store_chunk(Yf, y_base, c0, d, orr, access.operand(pol, "store"))
+            k[0] = k[0] + (grid_y << lg)
         pdl_launch.end(pdl)
 
     return pdl_launch.launch(act_and_mul, pdl)
