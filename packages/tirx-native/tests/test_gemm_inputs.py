@@ -288,3 +288,15 @@ def test_stream_k_workspace_sizes():
     assert mod.workspace_floats("persistent_128x224x64_s4_g8_sk") == 132 * 128 * 224
     assert mod.workspace_floats("persistent_128x256x64_s4_e128_g8") == 0
     assert mod.workspace_floats("smallm_64x128x64_s8_k2") == 0
+
+
+def test_stream_k_refuses_a_gpu_that_cannot_hold_all_its_ctas():
+    """Stream-K CTAs wait on each other (issue 29): on fewer SMs than the tile's num_sms, refuse, never hang."""
+    from tirx_kernels.core import checks
+    from tirx_kernels.gemm import fp16_bf16_gemm as g
+
+    sk = next(t for t, c in g.TILE_CONFIGS.items() if c.get("stream_k"))
+    g.check_stream_k_residency(sk, 132)  # an H100 / H200 SXM holds them all
+    with pytest.raises(checks.TirxInputError, match="114 SMs"):
+        g.check_stream_k_residency(sk, 114)  # H100 PCIe
+    g.check_stream_k_residency("persistent_128x256x64_s4_e128_g8", 16)  # no inter-CTA waits: any SM count

@@ -1383,12 +1383,31 @@ def workspace_floats(tile: str) -> int:
     return cfg["num_sms"] * cfg["block_m"] * cfg["block_n"]
 
 
+def check_stream_k_residency(tile: str, sm_count: int) -> None:
+    """Stream-K CTAs wait on each other's partials (flags), so all ``num_sms`` of them must be resident at once:
+    on a part with fewer SMs (H100 PCIe: 114; H20; a MIG slice) the launch would deadlock. Refuse instead."""
+    need = TILE_CONFIGS[tile].get("num_sms", 0)
+    if TILE_CONFIGS[tile].get("stream_k") and sm_count < need:
+        raise checks.TirxInputError(
+            f"gemm: argument 'tile': expected a tile whose CTAs all fit this GPU ({sm_count} SMs), got stream-K tile "
+            f"{tile!r}, which needs {need} CTAs resident at once")
+
+
 def _with_workspace(fn, params: dict):
-    """``fn`` itself, or for a stream-K tile ``fn`` with this device and stream's workspace and flags appended."""
+    """``fn`` itself, or for a stream-K tile ``fn`` with this device and stream's workspace and flags appended
+    (after checking, once per device, that the device can hold every CTA of the tile at once)."""
     floats = workspace_floats(params["tile"])
     if not floats:
         return fn
-    return lambda a, *args: fn(a, *args, *_WORKSPACE.get(a.device, floats))
+    checked: set = set()
+
+    def call(a, *args):
+        if a.device.index not in checked:
+            check_stream_k_residency(params["tile"], torch.cuda.get_device_properties(a.device).multi_processor_count)
+            checked.add(a.device.index)
+        return fn(a, *args, *_WORKSPACE.get(a.device, floats))
+
+    return call
 
 
 _FUNCTIONS = runtime.FunctionCache(__name__, bind=_with_workspace)
@@ -1473,7 +1492,7 @@ def _launch(op: str, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, tile: 
     # What picks the kernel: the tile (choose_tile of M, N, K unless pinned), the variant and the C store; the device
     # for the arch check. One dict lookup per call after the first (runtime.FunctionCache).
     fn = _FUNCTIONS.get((layout, a.dtype, out.dtype, bias_dtype, epilogue, M, N, K, tile, store, a.get_device()),
-                        params_of)
+                        params_of, a.device)
     args = [a, b, out]
     if bias is not None:
         args.append(bias)
