@@ -263,7 +263,7 @@ def test_gpu_any_alignment_and_stride(d, dtype):
     oracle's values where out is, the NaN poison untouched everywhere else."""
     torch.manual_seed(d)
     act = ("silu", "gelu", "gelu_tanh")[d % 3]
-    atol, rtol = (2e-2, 2e-2) if dtype == torch.bfloat16 else (2e-3, 2e-3)
+    atol, rtol = (2e-2, 1.6e-2) if dtype == torch.bfloat16 else (2e-3, 4e-3)  # the harness's, atol absolute
     M = 33
     for x_off, x_pad, y_off, y_pad in [(0, 0, 0, 0), (1, 3, 0, 0), (0, 0, 3, 1), (5, 7, 2, 9), (7, 8, 7, 8)]:
         xbuf = torch.randn(M, x_off + 2 * d + x_pad, device="cuda").to(dtype)
@@ -281,8 +281,9 @@ def test_gpu_any_alignment_and_stride(d, dtype):
 
 
 @gpu
-def test_gpu_general_equals_specialized_bitwise():
-    """At an aligned d the general kernel computes what the specialized one does, bit for bit."""
+def test_gpu_general_matches_specialized():
+    """At an aligned d the general kernel computes what the specialized one does (the same fp32 expressions: at
+    most one bf16 unit apart, where nvcc contracts differently)."""
     x = torch.randn(257, 2 * 4096, device="cuda").to(torch.bfloat16)
     for act in mod.ACTS:
         a = torch.empty(257, 4096, device="cuda", dtype=torch.bfloat16)
@@ -290,7 +291,7 @@ def test_gpu_general_equals_specialized_bitwise():
         mod._run(x, act, a)
         mod._run(x, act, b, general=True)
         torch.cuda.synchronize()
-        assert torch.equal(a, b), act
+        torch.testing.assert_close(a, b, atol=0, rtol=2**-7, msg=act)
 
 
 @gpu
