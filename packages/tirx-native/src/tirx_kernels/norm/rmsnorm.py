@@ -271,6 +271,17 @@ def artifact_params() -> list[dict]:
             [general_params({"dtype": dtype})] + [compile_params(dtype=dtype, H=H) for H in sizes]]
 
 
+def call_samples(rng) -> list[dict]:
+    """Calls the public op can see (PROTOCOL.md; core's bundle-resolution test): every catalog hidden size and head
+    dim, random H up to 262144 (odd ones among them), both dtypes, decode-to-prefill M."""
+    from tirx_kernels.core import model_dims
+
+    sizes = model_dims.hidden_sizes() + model_dims.head_dims()
+    sizes += [rng.randint(1, 64) for _ in range(5)] + [rng.randint(1, 20000) for _ in range(10)]
+    sizes += [8 * rng.randint(2, 2048) for _ in range(10)] + [rng.randint(16385, 262144) for _ in range(3)]
+    return [{"dtype": dtype, "M": rng.choice([1, 37, 4096]), "H": H} for dtype in _DTYPES for H in sizes]
+
+
 # ---------------------------------------------------------------------------------------------------------
 # The TIRx function
 # ---------------------------------------------------------------------------------------------------------
