@@ -750,6 +750,10 @@ def get_baselines(**cfg) -> dict:
         return lambda data: {"out": compiled(data["x"])}
 
     def flashinfer():
+        if int(cfg.get("d", _VEC)) % _VEC:
+            # FlashInfer 0.7.4 raises ValueError unless a row of x is a 16-byte multiple (d % 4 == 0), and at
+            # d % 8 == 4 its 16-byte load of up at x + d faults (misaligned address), ending the CUDA context.
+            raise ImportError(f"flashinfer's act_and_mul reads d % 8 == 0 only (d={cfg['d']})")
         import flashinfer.activation
 
         fn = getattr(flashinfer.activation, f"{act}_and_mul")
