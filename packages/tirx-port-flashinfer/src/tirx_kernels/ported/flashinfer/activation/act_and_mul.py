@@ -218,6 +218,17 @@ def artifact_params() -> list[dict]:
     return out
 
 
+def call_samples(rng) -> list[dict]:
+    """Calls the public ops can see (PROTOCOL.md; core's bundle-resolution test): every catalog intermediate width
+    (whole and tensor-parallel shards), random and odd d up to 40000, every act and dtype."""
+    from tirx_kernels.core import model_dims
+
+    ds = model_dims.intermediate_sizes() + [rng.randint(1, 64) for _ in range(4)]
+    ds += [rng.randint(1, 40000) for _ in range(8)] + [8 * rng.randint(1, 5000) for _ in range(4)]
+    return [{"act": act, "dtype": dtype, "M": rng.choice([1, 37, 8192]), "d": d}
+            for act in ACTS for dtype in _DTYPES for d in ds]
+
+
 def rows_per_launch(params: dict) -> int:
     """Rows one launch of ``params``' kernel may take: the specialized kernel's row blocks are on blockIdx.y
     (<= 65535); the general kernel's on blockIdx.x (< 2**31, int32 row indices)."""
