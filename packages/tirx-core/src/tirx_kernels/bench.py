@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Benchmark installed kernels on the current GPU (cold L2, median, interleaved rounds).
 
-    python -m tirx_kernels.bench --kernel rmsnorm [--config L] [--with-references] [--json]
+    python -m tirx_kernels.bench --kernel rmsnorm [--config L ...] [--with-references] [--json]
 
 Prints µs, TFLOP/s or TB/s, % of the measured ceiling (copy bandwidth or cuBLAS bf16), and each
 reference's µs with ref/ours (> 1: ours is faster).
@@ -29,7 +29,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tirx_kernels.bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--kernel", action="append", required=True, help="kernel name (repeatable)")
-    ap.add_argument("--config", help="only this config label")
+    ap.add_argument("--config", action="append",
+                    help="only this config label (repeatable; with several kernels, each kernel's labels that exist)")
     ap.add_argument("--with-references", action="store_true", help="also time every available reference")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
@@ -47,7 +48,12 @@ def _bench(a) -> list[dict]:
     rows = []
     for name in a.kernel:
         mod = registry.load(name)
-        configs = [find_config(mod, a.config, bench=True)] if a.config else bench_configs(mod)
+        if a.config:
+            labels = [c["label"] for c in bench_configs(mod)] + [c["label"] for c in mod.CONFIGS]
+            wanted = [lb for lb in a.config if lb in labels] if len(a.kernel) > 1 else a.config
+            configs = [find_config(mod, lb, bench=True) for lb in wanted]
+        else:
+            configs = bench_configs(mod)
         if not a.json:
             print(f"== {name}: label, ours, rate, % of ceiling, references (ref/ours)", flush=True)
         for c in configs:
