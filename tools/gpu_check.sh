@@ -3,7 +3,7 @@
 # One full GPU evidence run on a host staged with ../shared/gpu/stage (run from the repo root there):
 # correctness of every (kernel, config), graphs/torch.compile, compute-sanitizer on small configs, and
 # the bench with references. Logs go to $OUT (or ./gpu-logs); a short table is printed last.
-#   bash tools/gpu_check.sh [test|sanitize|bench|gemm-sweep|c2x2|micro|all] [bench kernels...]
+#   bash tools/gpu_check.sh [test|sanitize|general|bench|gemm-sweep|c2x2|micro|all] [bench kernels...]
 # gemm-sweep needs every tile in the bundle: build them with `python tools/gemm_sweep.py tiles` + build --params.
 # The wgmma layer micro-kernels (test_lang_wgmma_numerics.py) run from build/lang-micro: build it on the CPU
 # machine with `python packages/tirx-core/tests/test_lang_wgmma_gpu.py build/lang-micro` and carry it.
@@ -77,6 +77,17 @@ if [ "$what" = all ] || [ "$what" = micro ]; then
   timeout 200 compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m pytest -q -p no:cacheprovider \
     -k "ring or multicast" packages/tirx-core/tests/test_lang_tma_numerics.py >> "$OUT/sanitizer.log" 2>&1
   echo "memcheck micro ring/multicast rc=$?" | tee -a "$OUT/sanitizer.log"
+fi
+if [ "$what" = all ] || [ "$what" = sanitize ] || [ "$what" = general ]; then
+  # The general (any-size) kernels and the GEMM's odd-shape paths: head/tail accesses, shifted weight / gate / up
+  # loads (16-byte reads that may pass a tensor's end inside its last 16-byte block), st.global C stores, padding.
+  for kc in "rmsnorm bf16_37x3001_strided_odd" "rmsnorm fp16_37x7_strided_odd" "rmsnorm bf16_3x262144" \
+            "act_and_mul gelu_tanh_bf16_37x5121" "act_and_mul gelu_fp16_4099x3" \
+            "fp16_bf16_gemm bf16_129x1001x136_stg" "fp16_bf16_gemm bf16_300x77x73_nn_alpha_beta_padded"; do
+    set -- $kc
+    timeout 120 compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 python3 -m tirx_kernels.test \
+      --kernel "$1" --config "$2" >> "$OUT/sanitizer.log" 2>&1; echo "memcheck $1 $2 rc=$?" | tee -a "$OUT/sanitizer.log"
+  done
 fi
 if [ "$what" = c2x2 ]; then
   # The 2 x 2-cluster and 112-column tiles against the rest (packages/tirx-native/docs/gemm.md section 17): how
