@@ -51,7 +51,7 @@ def test_mark_written_bumps_the_version_counter():
 def test_function_cache_loads_once_per_key_and_stays_bounded(monkeypatch):
     loads = []
 
-    def fake_get_function(module, params):
+    def fake_get_function(module, params, device=None):
         loads.append(params)
         return ("fn", params["n"])
 

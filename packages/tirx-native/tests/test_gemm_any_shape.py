@@ -24,7 +24,7 @@ class _CpuKernel:
         self.calls = []
         self.compute = True
 
-    def get(self, key, params_of):
+    def get(self, key, params_of, device=None):
         params = params_of()
 
         def fn(a, b, c, *rest):
