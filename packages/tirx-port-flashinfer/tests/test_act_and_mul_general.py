@@ -248,121 +248,18 @@ def test_general_builds(act, dtype):
 
 # ------------------------------------------------------------------------------------------------ CPU emulation
 
-# The generated device code of the general kernel, compiled for the CPU with stand-ins for the CUDA builtins and
-# PTX wrappers it calls (a 16-byte access is checked for alignment and for staying inside the allocation), run for
-# every block and thread of the host's grid; every out element against an fp64 oracle, everything else unchanged.
-_EMU_PRELUDE = r"""
-// CPU stand-ins for the CUDA builtins and PTX wrappers the general kernel's device code calls.
-#include <algorithm>
-#include <cmath>
-#include <cstdint>
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
-typedef unsigned int uint;
-typedef uint16_t nv_bfloat16;
-struct Dim3 { int x, y, z; };
-static Dim3 threadIdx, blockIdx;
-#define __global__
-#define __launch_bounds__(...)
-#define __restrict__
-using std::max;
-using std::min;
-static int __shfl_sync(unsigned, int v, int, int) { return v; }
-static int __clz(int v) { return v == 0 ? 32 : __builtin_clz((unsigned)v); }
-static const char* g_lo; static const char* g_hi;  // the allocation holding x and out
-static long g_bad = 0;
-static void check_vec(const void* p) {
-  const char* c = (const char*)p;
-  if (((uintptr_t)c) % 16 || c < g_lo || c + 16 > g_hi) {
-    if (g_bad++ < 5) fprintf(stderr, "bad vector access at %ld\n", (long)(c - g_lo));
-  }
-}
-static void tvm_builtin_ptx_createpolicy_fractional_fractional_L2__evict_last_b64(uint64_t& p) { p = 0; }
-static void tvm_builtin_ptx_griddepcontrol_wait() {}
-static void tvm_builtin_ptx_griddepcontrol_launch_dependents() {}
-static void tvm_builtin_ptx_ld_vec_global_L2__cache_hint_v4_b32(uint32_t& a, uint32_t& b, uint32_t& c, uint32_t& d,
-                                                                const void* p, uint64_t) {
-  check_vec(p); uint32_t w[4]; memcpy(w, p, 16); a = w[0]; b = w[1]; c = w[2]; d = w[3];
-}
-static void tvm_builtin_ptx_st_vec_global_v4_b32(const void* p, uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
-  check_vec(p); uint32_t w[4] = {a, b, c, d}; memcpy((void*)p, w, 16);
-}
-static uint32_t bf16_rn(float f) { uint32_t u; memcpy(&u, &f, 4); return (u + 0x7fff + ((u >> 16) & 1)) >> 16; }
-static void tvm_builtin_ptx_cvt_bf16x2_f32_rn_bf16x2_f32(uint32_t& d, float hi, float lo) {
-  d = bf16_rn(lo) | (bf16_rn(hi) << 16);
-}
-static float tvm_builtin_uint_as_float(unsigned b) { float f; memcpy(&f, &b, 4); return f; }
-static float tvm_builtin_cuda_fdividef(float a, float b) { return a / b; }
-static void tvm_builtin_ptx_tanh_approx_f32(float& d, float a) { d = tanhf(a); }
-"""
-
-_EMU_DRIVER = r"""
-// Runs the kernel for every block and thread of the launch grid on a layout given in argv; checks every out
-// element against an fp64 oracle and that nothing outside out changed.
-static float bf(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }
-int main(int argc, char** argv) {
-  long M = atol(argv[1]), d = atol(argv[2]), x_off = atol(argv[3]), x_stride = atol(argv[4]);
-  long y_off = atol(argv[5]), y_stride = atol(argv[6]); int act = atoi(argv[7]);  // 0 silu, 2 gelu_tanh
-  long x_len = x_off + (M - 1) * x_stride + 2 * d, y_len = y_off + (M - 1) * y_stride + d;
-  long x_elems = (x_len + 7) / 8 * 8, total = x_elems + (y_len + 7) / 8 * 8 + 8;
-  uint16_t* mem = (uint16_t*)aligned_alloc(64, total * 2 + 64);
-  for (long i = 0; i < total; ++i) mem[i] = 0x7fc1;  // NaN poison
-  uint16_t* X = mem; uint16_t* Y = mem + x_elems;
-  g_lo = (const char*)mem; g_hi = (const char*)(mem + total);
-  srand(7);
-  for (long r = 0; r < M; ++r) for (long c = 0; c < 2 * d; ++c)
-    X[x_off + r * x_stride + c] = (uint16_t)(bf16_rn(((rand() % 2001) - 1000) / 250.0f));
-  uint16_t* snapshot = (uint16_t*)malloc(total * 2); memcpy(snapshot, mem, total * 2);
-  // The host's launch geometry (the generated host code's expressions).
-  long cmax = (d % 8 == 0 && y_stride % 8 == 0) ? d / 8 : (d + 14) / 8;
-  int lg = 0; while (lg < 8 && (1L << lg) < cmax) ++lg;
-  long gx = (M + (256 >> lg) - 1) >> (8 - lg), gy = std::min((cmax + 255) / 256, 65535L);
-  for (long bx = 0; bx < gx; ++bx) for (long by = 0; by < gy; ++by) for (int t = 0; t < 256; ++t) {
-    blockIdx = {(int)bx, (int)by, 0}; threadIdx = {t, 0, 0};
-    act_and_mul_kernel((nv_bfloat16*)(X + x_off), (nv_bfloat16*)(Y + y_off), (int)M, (int)(d & 7),
-                       (int)(y_stride & 7), (int)(d >> 3), (int)((d + 14) >> 3), (int)d, (int)x_stride,
-                       (int)y_stride, 0);
-  }
-  long bad = 0, wrote_outside = 0;
-  for (long i = 0; i < total; ++i) {
-    long yi = i - x_elems - y_off; long r = yi >= 0 ? yi / y_stride : -1, c = yi >= 0 ? yi % y_stride : -1;
-    bool in_out = yi >= 0 && r < M && c < d;
-    if (!in_out) { if (mem[i] != snapshot[i]) ++wrote_outside; continue; }
-    double g = bf(X[x_off + r * x_stride + c]), u = bf(X[x_off + r * x_stride + d + c]);
-    double a = act == 0 ? g / (1 + exp(-g)) : 0.5 * g * (1 + tanh(0.7978845608028654 * (g + 0.044715 * g * g * g)));
-    double want = a * u, got = bf(mem[i]);
-    if (!(fabs(got - want) <= 1e-2 * fabs(want) + 1e-3) && bad++ < 5)
-      fprintf(stderr, "row %ld col %ld got %g want %g\n", r, c, got, want);
-  }
-  printf("%s bad=%ld outside=%ld vector_faults=%ld\n", bad || wrote_outside || g_bad ? "FAIL" : "OK", bad,
-         wrote_outside, g_bad);
-  return bad || wrote_outside || g_bad ? 1 : 0;
-}
-"""
-
-
 @pytest.fixture(scope="module")
-def emulated(tmp_path_factory):
+def emulated():
+    """The general kernel's generated CUDA compiled for the CPU (``core.emulate``), per activation."""
     pytest.importorskip("tvm", reason="apache-tvm is needed to generate the kernel")
     import shutil
-    import subprocess
 
-    from tirx_kernels.core import build
+    from tirx_kernels.core import emulate
 
     if shutil.which("g++") is None:
         pytest.skip("no g++ to compile the emulation")
-    out = {}
-    for act in ("silu", "gelu_tanh"):
-        src = build.codegen(mod.get_kernel(**mod.general_params({"act": act, "dtype": "bfloat16"})))
-        decl = src.index('extern "C" __global__ void __launch_bounds__(256) act_and_mul_kernel(')
-        start = src.index('extern "C" __global__', decl + 1)  # the definition, after the declaration
-        kernel = src[start:src.index("\n}\n", start) + 3]
-        path = tmp_path_factory.mktemp("emu") / f"{act}.cpp"
-        path.write_text(_EMU_PRELUDE + kernel + _EMU_DRIVER)
-        subprocess.run(["g++", "-O1", "-std=c++17", "-w", "-o", str(path.with_suffix("")), str(path)], check=True)
-        out[act] = str(path.with_suffix(""))
-    return out
+    return {act: emulate.compile(mod.get_kernel(**mod.general_params({"act": act, "dtype": "bfloat16"})))
+            for act in ("silu", "gelu_tanh")}
 
 
 @pytest.mark.parametrize("act", ["silu", "gelu_tanh"])
@@ -373,11 +270,22 @@ def emulated(tmp_path_factory):
     (3, 5121, 0, 10242, 0, 5121), (2, 14335, 7, 28670, 5, 14335),
 ])
 def test_general_kernel_emulated(emulated, act, M, d, x_off, x_stride, y_off, y_stride):
-    import subprocess
-
-    args = [emulated[act], *map(str, (M, d, x_off, x_stride, y_off, y_stride, {"silu": 0, "gelu_tanh": 2}[act]))]
-    res = subprocess.run(args, capture_output=True, text=True)
-    assert res.returncode == 0 and res.stdout.startswith("OK"), res.stdout + res.stderr
+    """The launch the host code makes (its grid and scalar arguments), on buffers that end with their last
+    element: every out element against the fp32 oracle, nothing else written, no access outside an allocation,
+    every 16-byte access aligned."""
+    g = torch.Generator().manual_seed(d)
+    xb = torch.randn(x_off + (M - 1) * x_stride + 2 * d, generator=g).to(torch.bfloat16)
+    x = xb.as_strided((M, 2 * d), (x_stride, 1), x_off)
+    yb = torch.full((y_off + (M - 1) * y_stride + d,), float("nan"), dtype=torch.bfloat16)
+    out = yb.as_strided((M, d), (y_stride, 1), y_off)
+    x_before = xb.clone()
+    gx, gy = gen.plan(d, y_stride % 8 == 0)["grid"](M)
+    emulated[act](x, out, M, d & 7, y_stride & 7, d >> 3, (d + 14) >> 3, d, x_stride, y_stride, 0,
+                  grid=(gx, gy), block=(gen.THREADS,)).check()
+    torch.testing.assert_close(out.float(), _oracle(act, x), atol=1e-3, rtol=1e-2)
+    written = torch.zeros_like(yb, dtype=torch.bool)
+    written.as_strided((M, d), (y_stride, 1), y_off).fill_(True)
+    assert yb[~written].isnan().all() and torch.equal(xb, x_before)
 
 
 # ------------------------------------------------------------------------------------------------ GPU
