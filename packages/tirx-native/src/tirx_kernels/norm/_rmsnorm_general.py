@@ -50,17 +50,13 @@ def build_general(dtype: str, pdl: str | None = None, threads: int = THREADS, ve
     from tvm.script import tirx as T
 
     from tirx_kernels.core.lang import pdl as pdl_launch
-    from tirx_kernels.core.lang import reduce, vector
+    from tirx_kernels.core.lang import reduce, rowwise, vector
 
     from .rmsnorm import _sum_squares
 
     pdl_launch.check_trigger("rmsnorm", pdl)
     scratch_len = reduce.scratch_words(threads, 1)
     access = vector.AccessPolicies("rmsnorm", X_POLICIES)
-
-    def misalign(ptr):
-        """Elements (0..7) a 2-byte pointer lies past a 16-byte boundary."""
-        return T.Cast("int32", (T.reinterpret("uint64", ptr) >> T.uint64(1)) & T.uint64(7))
 
     def as_u16(value):
         return T.Cast("uint32", T.reinterpret("uint16", value))
@@ -108,17 +104,12 @@ def build_general(dtype: str, pdl: str | None = None, threads: int = THREADS, ve
             with T.Then():
                 vector.store_v4(Yf.ptr_to([row_base + c0]), orr, 0)
             with T.Else():
-                for e in range(_VEC):
-                    with T.If(T.And(c0 + e >= 0, c0 + e < H)):
-                        with T.Then():
-                            half = T.Cast("uint16", orr[e // 2] >> T.uint32(16 * (e % 2)))
-                            T.buffer_store(Yf, T.reinterpret(dtype, half), [row_base + c0 + e])
+                rowwise.store_elements(Yf, row_base, c0, H, orr, dtype)
 
     def chunk(s, v, tid):
         return s * slab + v * threads + tid
 
-    def full(c0, H):  # noqa: N803
-        return T.And(c0 >= 0, c0 + _VEC <= H)
+    full = rowwise.chunk_inside
 
     def load_slab(xr, Xf, x_base, s, tid, ax, chunks, H, policy):  # noqa: N803
         for v in range(vectors):
@@ -168,9 +159,9 @@ def build_general(dtype: str, pdl: str | None = None, threads: int = THREADS, ve
         # Row geometry: the chunks are aligned to x's 16-byte boundaries (64-bit row offsets).
         x_base = T.Cast("int64", row) * T.Cast("int64", x_stride)
         y_base = T.Cast("int64", row) * T.Cast("int64", y_stride)
-        ax = T.Cast("int32", (T.Cast("int64", misalign(X.data)) + x_base) & T.int64(7))
-        ao = T.Cast("int32", (T.Cast("int64", misalign(Y.data)) + y_base) & T.int64(7))
-        d = (misalign(Wt.data) - ax) & 7  # elements a chunk's weight lies past a 16-byte boundary
+        ax = rowwise.row_misalign(X.data, x_base)
+        ao = rowwise.row_misalign(Y.data, y_base)
+        d = (rowwise.misalign(Wt.data) - ax) & 7  # elements a chunk's weight lies past a 16-byte boundary
         chunks = (H + ax + 7) >> 3
         slabs = (chunks + slab - 1) // slab
 

@@ -11,8 +11,9 @@ boundary (base pointer + row * stride: a per-row value). One thread computes one
   (``ag`` / ``au``: the gate / up row's misalignment, ``au = ag + d``; for an odd d the three differ). A source
   with shift 0 is one 16-byte load; otherwise the two aligned vectors around the chunk are loaded (the second one
   is the next thread's first: an L1 hit, DRAM bytes unchanged) and shifted down by the shift in registers (two
-  word selects and a 16-bit funnel per word; no local memory). Each aligned vector is loaded only where it holds
-  an element of the row: it then lies in the same 16-byte block, so in mapped memory, even at the row's ends.
+  word selects and a 16-bit funnel per word: ``rowwise.shift_down``; no local memory). Each aligned vector is
+  loaded only where it holds an element of the row: it then lies in the same 16-byte block, so in mapped memory,
+  even at the row's ends.
 - Row layout by ``cmax`` (the chunks of the longest row): rows of up to 128 chunks are packed ``256 / L`` a CTA
   (``L``: the next power of two, lanes of a row); longer rows are cut into ``segs = ceil(cmax / 256)`` segments
   of 256 lanes (the last one's idle warps exit at once; balancing the segments gives the same CTA and active-warp
@@ -59,39 +60,17 @@ def plan(d: int, rows_aligned: bool = True) -> dict:
             "grid": lambda M: ((M + rows - 1) >> (8 - lg), min(segs, MAX_GRID_Y))}
 
 
-def shift_down(dst, src, tmp, s):
-    """``dst[0:4]`` <- the 16 bytes starting ``s`` (0..7, runtime) 16-bit elements into ``src[0:8]`` (two
-    16-byte vectors): select by 2 words, by 1 word (through ``tmp[0:6]``), then a 16-bit funnel (15 selects and
-    4 funnels, no dynamic indexing: a runtime register index would put the words in local memory)."""
-    from tvm.script import tirx as T
-
-    for i in range(6):
-        T.buffer_store(tmp, T.if_then_else((s & 4) != 0, src[i + 2], src[i]), [i])
-    for i in range(5):
-        T.buffer_store(tmp, T.if_then_else((s & 2) != 0, tmp[i + 1], tmp[i]), [i])
-    for j in range(_WORDS):
-        odd = (tmp[j] >> T.uint32(16)) | (tmp[j + 1] << T.uint32(16))
-        T.buffer_store(dst, T.if_then_else((s & 1) != 0, odd, tmp[j]), [j])
-
-
 def build_general(act: str, dtype: str, load_policy: str | None, store_policy: str | None, pdl: str | None):
     """The general kernel for (act, dtype)."""
     from tvm.script import tirx as T
 
     from tirx_kernels.core.lang import pdl as pdl_launch
-    from tirx_kernels.core.lang import vector
+    from tirx_kernels.core.lang import rowwise, vector
 
     from .act_and_mul import _act_vector
 
     pdl_launch.check_trigger("act_and_mul", pdl)
     access = vector.AccessPolicies("act_and_mul", {"load": load_policy, "store": store_policy})
-
-    def misalign(ptr):
-        """Elements (0..7) a 2-byte pointer lies past a 16-byte boundary."""
-        return T.Cast("int32", (T.reinterpret("uint64", ptr) >> T.uint64(1)) & T.uint64(7))
-
-    def row_misalign(ptr, base):
-        return T.Cast("int32", (T.Cast("int64", misalign(ptr)) + base) & T.int64(7))
 
     def max_chunks(d, y_stride):
         """Chunks the launch plans a row for (host and device): ``cmax`` of :func:`plan`. Rows of d / 8 chunks
@@ -106,15 +85,11 @@ def build_general(act: str, dtype: str, load_policy: str | None, store_policy: s
         vector.load_v4(regs, _WORDS, Xf.ptr_to([start + _VEC]), T.And(s > 0, c0 + _VEC - s < d), policy=policy)
 
     def store_chunk(Yf, y_base, c0, d, orr, policy):  # noqa: N803
-        with T.If(T.And(c0 >= 0, c0 + _VEC <= d)):
+        with T.If(rowwise.chunk_inside(c0, d)):
             with T.Then():
                 vector.store_v4(Yf.ptr_to([y_base + T.Cast("int64", c0)]), orr, 0, policy=policy)
             with T.Else():  # the row's unaligned head or tail
-                for e in range(_VEC):
-                    with T.If(T.And(c0 + e >= 0, c0 + e < d)):
-                        with T.Then():
-                            half = T.Cast("uint16", orr[e // 2] >> T.uint32(16 * (e % 2)))
-                            T.buffer_store(Yf, T.reinterpret(dtype, half), [y_base + T.Cast("int64", c0 + e)])
+                rowwise.store_elements(Yf, y_base, c0, d, orr, dtype)
 
     @T.prim_func
     def act_and_mul(x_ptr: T.handle, y_ptr: T.handle, zero: T.int32):
@@ -155,8 +130,8 @@ def build_general(act: str, dtype: str, load_policy: str | None, store_policy: s
         # Row geometry: chunks aligned to out's 16-byte boundaries; 64-bit row offsets.
         x_base = T.Cast("int64", row) * T.Cast("int64", x_stride)
         y_base = T.Cast("int64", row) * T.Cast("int64", y_stride)
-        ag = row_misalign(X.data, x_base)
-        ao = row_misalign(Y.data, y_base)
+        ag = rowwise.row_misalign(X.data, x_base)
+        ao = rowwise.row_misalign(Y.data, y_base)
         sg = (ag - ao) & 7
         su = (ag + d - ao) & 7
         chunks = (ao + d + 7) >> 3
@@ -170,8 +145,8 @@ def build_general(act: str, dtype: str, load_policy: str | None, store_policy: s
             load_source(uw, Xf, x_base, d, c0, su, d, access.operand(pol, "load"))
             # Every word depends on every load (``zero`` is 0): all loads issue before any math.
             dep[0] = vector.after_all(gw, 2 * _WORDS, zero) | vector.after_all(uw, 2 * _WORDS, zero)
-            shift_down(gr, gw, sw, sg)
-            shift_down(ur, uw, sw, su)
+            rowwise.shift_down(gr, gw, sw, sg)
+            rowwise.shift_down(ur, uw, sw, su)
             _act_vector(act, dtype, orr, gr, ur, 0, tmp, dep[0])
             store_chunk(Yf, y_base, c0, d, orr, access.operand(pol, "store"))
             k[0] = k[0] + (grid_y << lg)
