@@ -102,12 +102,17 @@ CALLS = {
 
 
 def _module(kernel: str):
-    if kernel == "rmsnorm":
-        from tirx_kernels.norm import rmsnorm as mod
-    elif kernel == "fp16_bf16_gemm":
+    """The module that builds ``kernel``'s variants: for rmsnorm and act_and_mul the one in tools/sweeps/ (the
+    product's schedules, and the sweep-only ones that left the product modules)."""
+    if kernel == "fp16_bf16_gemm":
         from tirx_kernels.gemm import fp16_bf16_gemm as mod
+
+        return mod
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    if kernel == "rmsnorm":
+        from sweeps import rmsnorm_variants as mod
     else:
-        from tirx_kernels.ported.flashinfer.activation import act_and_mul as mod
+        from sweeps import act_and_mul_variants as mod
     return mod
 
 

@@ -1,83 +1,16 @@
 # SPDX-License-Identifier: Apache-2.0
-"""act_and_mul's sweep-only "bulk" schedule (tools/sweep_variants.py round 7): its plan and input validation,
-and builds of representative configs with their SASS facts (1-D bulk copies, the full/empty mbarrier ring,
-16-byte smem accesses, no local memory, registers within the promised residency). Its numerics are checked on
-the GPU host by the sweep's fp32 oracle (``sweep_variants.py run``)."""
+"""act_and_mul's product schedules against the sweep: the sweep lists the public op's kernel first, the default
+kernel's L2 policy and PDL launch, and the schedules that left the module stay out of it (the sweep-only ones:
+tools/sweeps/act_and_mul_variants.py, test_act_and_mul_sweep_schedules.py)."""
 
 import pytest
 
-from tirx_kernels.core import artifacts, testing
+from tirx_kernels.core import testing
 from tirx_kernels.ported.flashinfer.activation import act_and_mul as mod
 
 
-@pytest.mark.parametrize("d, kw, chunk, consumers, ctas", [
-    (14336, {}, 2048, 128, 6),  # 7 chunks a row, 8 KB a stage
-    (14336, {"vectors_per_thread": 1, "stages": 4}, 2048, 256, 3),
-    (14336, {"chunk": 3584, "stages": 3}, 3584, 224, 4),
-    (14336, {"chunk": 7168, "vectors_per_thread": 4, "stages": 2}, 7168, 224, 3),  # 4 x 57 KB > 228 KB
-    (4096, {}, 2048, 128, 6),
-    (1536, {}, 1536, 96, 8),
-])
-def test_bulk_plan(d, kw, chunk, consumers, ctas):
-    plan = mod.bulk_plan(d, **kw)
-    assert (plan["chunk"], plan["consumers"], plan["ctas_per_sm"]) == (chunk, consumers, ctas)
-    assert plan["threads"] == consumers + 32 and plan["stage_bytes"] == 4 * chunk
-
-
-@pytest.mark.parametrize("d, kw, match", [
-    (128, {}, "no column chunk"),  # 16 vectors: not even one warp of 2 vectors a thread
-    (14336, {"chunk": 1000}, "must divide d"),
-    (14336, {"chunk": 2048, "vectors_per_thread": 3}, "must divide d"),  # 2048 is no multiple of 3 warps' columns
-    (14336, {"chunk": 14336, "stages": 5}, "exceed the 232448 B"),
-    (14336, {"stages": 8, "ctas_per_sm": 6}, "do not fit one SM"),
-    (14336, {"stages": 0}, "stages 0"),
-    (14336, {"vectors_per_thread": 0}, "vectors_per_thread 0"),
-    (14336, {"out": "tma"}, "out 'tma'"),
-])
-def test_bulk_plan_rejects(d, kw, match):
-    with pytest.raises(ValueError, match=match):
-        mod.bulk_plan(d, **kw)
-
-
-def test_bulk_schedule_input_validation():
-    with pytest.raises(ValueError, match="unknown compile params for schedule 'bulk'"):
-        mod.get_kernel("silu", "bfloat16", 14336, schedule="bulk", segments=2)
-    with pytest.raises(ValueError, match="multiple of 8"):
-        mod.get_kernel("silu", "bfloat16", 14340, schedule="bulk")
-    params = mod.compile_params(act="silu", dtype="bfloat16", d=14336, schedule="bulk", chunk=2048, stages=4,
-                                out="bulk", load_hint="L2::evict_first", M=32768)
-    assert params == {"act": "silu", "dtype": "bfloat16", "d": 14336, "schedule": "bulk", "chunk": 2048, "stages": 4,
-                      "out": "bulk", "load_hint": "L2::evict_first"}
-
-
-pytest.importorskip("tvm", reason="apache-tvm is needed to build kernels")
-
-BUILDS = [
-    {"act": "silu", "dtype": "bfloat16", "d": 14336, "schedule": "bulk", "stages": 4, "ctas_per_sm": 6},
-    {"act": "silu", "dtype": "bfloat16", "d": 14336, "schedule": "bulk", "stages": 4, "ctas_per_sm": 6, "out": "bulk"},
-    {"act": "gelu_tanh", "dtype": "float16", "d": 4096, "schedule": "bulk", "chunk": 1024, "vectors_per_thread": 1,
-     "stages": 3, "load_hint": "L2::evict_first"},
-]
-
-
-@pytest.mark.parametrize("params", BUILDS, ids=["silu-14336-reg", "silu-14336-bulk", "gelu_tanh-fp16-4096-hint"])
-def test_bulk_builds(params):
-    sass = testing.build_and_check_sass(mod, "act_and_mul", params)  # no spills, no stack, no LDL/STL, sass_expect
-    kw = {k: params[k] for k in ("chunk", "vectors_per_thread", "stages", "ctas_per_sm", "out") if k in params}
-    plan = mod.bulk_plan(params["d"], **kw)
-    _, info = artifacts.build_cached(mod, "act_and_mul", params)
-    (kernel,) = info["ptxas"]["kernels"].values()
-    assert kernel["registers"] * plan["threads"] * plan["ctas_per_sm"] <= 65536, kernel  # all CTAs resident
-    assert "LDG.E" not in sass  # gate and up arrive only through the bulk copies
-    assert "SYNCS.ARRIVE.TRANS64.A1T0" in sass  # the consumers' plain arrive on an empty barrier
-    if params.get("load_hint"):
-        assert "desc[" in sass  # UBLKCP.S.G with the L2 cache-policy operand
-    if params.get("out") == "bulk":
-        assert "DEPBAR.LE SB0" in sass and "STG.E" not in sass
-
-
-def test_sweep_lists_the_default_first_and_valid_bulk_plans():
-    """Each act_and_mul shape's first sweep variant is the op's default; any bulk variant has a valid plan."""
+def test_sweep_lists_the_default_first():
+    """Each act_and_mul shape's first sweep variant is the op's default."""
     sweep = testing.load_tool("sweep_variants", __file__)
     variants = [cfg for _, k, cfg in sweep.VARIANTS if k == "act_and_mul"]
     seen = set()
@@ -87,12 +20,12 @@ def test_sweep_lists_the_default_first_and_valid_bulk_plans():
             assert mod.compile_params(**cfg) == mod.compile_params(act=cfg["act"], dtype=cfg["dtype"], d=cfg["d"])
             seen.add(key)
     assert seen, "the sweep lists no act_and_mul variant: keep the default one beside the references"
-    for cfg in variants:
-        params = mod.compile_params(**cfg)
-        if params.get("schedule") != "bulk":
-            continue
-        mod.bulk_plan(params["d"], params["chunk"], stages=params["stages"], ctas_per_sm=params["ctas_per_sm"],
-                      out=params.get("out", "reg"))
+
+
+def test_lost_schedules_left_the_product():
+    assert mod.SCHEDULES == ("tile", "general") and not hasattr(mod, "build_kernel_bulk")
+    with pytest.raises(ValueError, match="schedule 'persistent' is not one of"):
+        mod.get_kernel("silu", "bfloat16", 4096, schedule="persistent")
 
 
 def test_default_kernel_reads_evict_last_and_is_a_programmatic_dependent_launch():
