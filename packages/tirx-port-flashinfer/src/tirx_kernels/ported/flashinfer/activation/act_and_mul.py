@@ -44,6 +44,7 @@ import os
 import torch
 
 from tirx_kernels.core import checks, runtime
+from tirx_kernels.core.op import OutOp
 
 KERNEL_META = {
     "name": "act_and_mul",
@@ -510,14 +511,7 @@ def _check_inputs(op: str, x, out) -> None:
 
 def _act_and_mul(op: str, act: str, x: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
     _check_inputs(op, x, out)
-    if runtime.direct_call(x, out):
-        # Eager: the kernel straight away, not through the custom op (its dispatch costs more host time than a
-        # small activation runs: runtime.direct_call).
-        return runtime.run_direct(lambda dst: _run(x, act, dst), out, lambda: _new_out(x))
-    if out is None:
-        return torch.ops.tirx.act_and_mul(x, act)
-    torch.ops.tirx.act_and_mul_out(x, act, out)
-    return out
+    return _OP(x, act, out=out)  # eager: the kernel straight away (runtime.direct_call), else the custom op
 
 
 def silu_and_mul(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -575,30 +569,12 @@ _ROWS_PER_LAUNCH: dict = {}
 _FUNCTIONS = runtime.FunctionCache(__name__)
 
 
-def _new_out(x: torch.Tensor) -> torch.Tensor:
+def _new_out(x: torch.Tensor, act: str | None = None) -> torch.Tensor:
     return torch.empty((*x.shape[:-1], x.shape[-1] // 2), dtype=x.dtype, device=x.device)
 
 
-@torch.library.custom_op("tirx::act_and_mul", mutates_args=())
-def _act_and_mul_op(x: torch.Tensor, act: str) -> torch.Tensor:
-    out = _new_out(x)
-    _run(x, act, out)
-    return out
-
-
-@_act_and_mul_op.register_fake
-def _(x, act):
-    return x.new_empty((*x.shape[:-1], x.shape[-1] // 2))
-
-
-@torch.library.custom_op("tirx::act_and_mul_out", mutates_args=("out",))
-def _act_and_mul_out_op(x: torch.Tensor, act: str, out: torch.Tensor) -> None:
-    _run(x, act, out)
-
-
-@_act_and_mul_out_op.register_fake
-def _(x, act, out):
-    return None
+# tirx::act_and_mul(x, act) and tirx::act_and_mul_out(x, act, out), their fakes and the eager direct path.
+_OP = OutOp("act_and_mul", {"x": torch.Tensor, "act": str}, run=_run, new_out=_new_out)
 
 
 from tirx_kernels.core import harness  # noqa: E402
