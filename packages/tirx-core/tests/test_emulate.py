@@ -65,6 +65,14 @@ def test_kernel_signature_parsed():
         ("int", "e", False)]
     with pytest.raises(TypeError, match="takes 5 arguments"):
         kern(1, grid=(1,), block=(64,))
+    with pytest.raises(TypeError, match=r"missing \['e'\], unknown \['f'\]"):
+        kern(X=1, Y=2, M=3, n=4, f=5, grid=(1,), block=(64,))
+
+
+def test_arguments_by_name():
+    x, y, M, n = _inputs()
+    emulate.compile(_ROWSUM)(grid=(M,), block=(64,), e=0, n=n, M=M, Y=y, X=x).check()
+    torch.testing.assert_close(y[:, 0], x.sum(1), rtol=1e-5, atol=1e-4)
 
 
 def test_planted_out_of_bounds_write_is_caught():

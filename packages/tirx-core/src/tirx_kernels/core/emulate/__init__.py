@@ -8,6 +8,7 @@ API (stable: other kernels' tests use it)::
 
     kern = emulate.compile(func)            # a TIRx PrimFunc, or generated CUDA source (str); name= picks a kernel
     rep = kern(x, w, out, H, M, 1e-6, grid=(M,), block=(128,))   # the kernel's arguments, in its order
+    rep = kern(grid=(M,), block=(128,), X_ptr=x, ...)        # or by the generated parameter names (kern.params)
     rep.check()                              # raises EmulationError unless the run was clean
     # or in one call: emulate.launch(func, args, grid=..., block=...) -> Report
 
@@ -192,9 +193,18 @@ class Kernel:
     def __init__(self, name: str, params: list[_Param], exe: Path):
         self.name, self.params, self.exe = name, params, exe
 
-    def __call__(self, *args, grid, block, timeout: float = 600) -> Report:
+    def __call__(self, *args, grid, block, timeout: float = 600, **named) -> Report:
         import torch
 
+        if named:
+            if args:
+                raise TypeError(f"{self.name}: arguments by position or by name, not both")
+            missing = [p.name for p in self.params if p.name not in named]
+            extra = sorted(set(named) - {p.name for p in self.params})
+            if missing or extra:
+                raise TypeError(f"{self.name}: missing {missing}, unknown {extra}; parameters "
+                                f"{[p.name for p in self.params]}")
+            args = tuple(named[p.name] for p in self.params)
         if len(args) != len(self.params):
             raise TypeError(f"{self.name} takes {len(self.params)} arguments, got {len(args)}")
         grid, block = (tuple(grid) + (1, 1))[:3], (tuple(block) + (1, 1))[:3]

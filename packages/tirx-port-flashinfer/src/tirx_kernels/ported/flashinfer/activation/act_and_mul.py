@@ -569,7 +569,7 @@ _ROWS_PER_LAUNCH: dict = {}
 _FUNCTIONS = runtime.FunctionCache(__name__)
 
 
-def _new_out(x: torch.Tensor, act: str | None = None) -> torch.Tensor:
+def _new_out(x: torch.Tensor, act: str) -> torch.Tensor:
     return torch.empty((*x.shape[:-1], x.shape[-1] // 2), dtype=x.dtype, device=x.device)
 
 
