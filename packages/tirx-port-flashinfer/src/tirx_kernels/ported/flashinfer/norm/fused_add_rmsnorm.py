@@ -1,0 +1,529 @@
+# SPDX-License-Identifier: Apache-2.0
+# Port of FlashInfer's fused_add_rmsnorm and gemma_fused_add_rmsnorm.
+# Upstream: flashinfer (https://github.com/flashinfer-ai/flashinfer), include/flashinfer/norm.cuh
+# (FusedAddRMSNormKernel) and python/flashinfer/norm.py, release v0.7.4
+# (commit 77039051b0be921788dc2784ec41423b558878ec).
+# Written anew in TIRx: same semantics (fp32 sum and statistics, the residual rounded once), different structure.
+"""In place on bf16/fp16 rows: ``residual <- input + residual``, then ``input <- rmsnorm(input + residual) * w``
+(Gemma: ``* (1 + w)``).
+
+Semantics as upstream: ``x = float(input) + float(residual)`` in fp32; the residual gets ``x`` rounded to the
+dtype; the sum of squares and the output use the *unrounded* fp32 ``x`` (upstream keeps it in shared memory
+between its two loops), the output rounded once. input and residual are (..., H) with unit column stride and
+any row strides (FlashInfer takes a row stride for each), weight (H,).
+
+Two kinds of artifact with the same arguments (``input, residual, weight, eps, zero``):
+- specialized, per (dtype, gemma, H) for H % 8 == 0 in [16, 16384], rows and weight on 16 bytes: a row is spread
+  over ``threads_per_row`` threads holding ``vectors_per_thread`` 16-byte vectors of input, residual and weight
+  in registers, every load issued before any math (``vector.after_all``); both tensors read once and written
+  once. Rows of <= 32 threads are packed several to a CTA and reduced with shuffles; wider rows take one CTA
+  and one shared-memory exchange (``reduce.group_sum``). x is recomputed from the held words after the
+  reduction (one fp32 add) rather than kept as fp32: half the registers.
+- general, per (dtype, gemma): H, strides and alignment at run time, one CTA of ``GENERAL_THREADS`` per row,
+  element-wise (2-byte, coalesced) accesses in two passes: the sum of squares, then x recomputed from the
+  unmodified input and residual (the first pass writes nothing), the residual and the output stored. Serves
+  odd H, H > 16384, unaligned rows or weight, and any H a bundle holds no specialized artifact for.
+Both launch as programmatic dependents (``core.lang.pdl``, as FlashInfer launches its norms on Hopper), so
+``enable_pdl`` is accepted for FlashInfer's signature and has no effect.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from tirx_kernels.core import checks, runtime
+
+KERNEL_META = {
+    "name": "flashinfer_fused_add_rmsnorm",
+    "category": "ported.flashinfer",
+    "runtime_cuda_archs": ["sm_90a"],
+    "description": "In-place residual add + RMSNorm (and Gemma's (1 + w) form), fp32 statistics, bf16/fp16",
+    "upstream": {"project": "flashinfer", "url": "https://github.com/flashinfer-ai/flashinfer",
+                 "commit": "77039051b0be921788dc2784ec41423b558878ec"},
+    "reference_requirements": [
+        {"package": "flashinfer-python", "import": "flashinfer", "specifier": "==0.7.4", "baseline": "flashinfer"},
+    ],
+    "public_ops": ["fused_add_rmsnorm", "gemma_fused_add_rmsnorm"],
+}
+
+# FlashInfer's test sizes (tests/utils/test_norm.py: H in {111, 500, 1024, 3072, 4096, 8192, 16384}, M in {1, 19,
+# 99, 989}), both variants and dtypes; odd H and strided rows run the general kernel.
+CONFIGS = [
+    {"label": "bf16_989x4096", "dtype": "bfloat16", "M": 989, "H": 4096},
+    {"label": "bf16_19x8192", "dtype": "bfloat16", "M": 19, "H": 8192},
+    {"label": "bf16_1x16384", "dtype": "bfloat16", "M": 1, "H": 16384},
+    {"label": "bf16_99x1024", "dtype": "bfloat16", "M": 99, "H": 1024},
+    {"label": "fp16_99x3072", "dtype": "float16", "M": 99, "H": 3072},
+    {"label": "fp16_19x500", "dtype": "float16", "M": 19, "H": 500},
+    {"label": "bf16_989x111", "dtype": "bfloat16", "M": 989, "H": 111},
+    {"label": "gemma_bf16_99x4096", "dtype": "bfloat16", "M": 99, "H": 4096, "gemma": True},
+    {"label": "gemma_fp16_1x111", "dtype": "float16", "M": 1, "H": 111, "gemma": True},
+    {"label": "gemma_fp16_989x16384", "dtype": "float16", "M": 989, "H": 16384, "gemma": True},
+    {"label": "gemma_bf16_19x3072", "dtype": "bfloat16", "M": 19, "H": 3072, "gemma": True},
+    {"label": "bf16_37x128", "dtype": "bfloat16", "M": 37, "H": 128},
+    {"label": "bf16_19x4096_strided", "dtype": "bfloat16", "M": 19, "H": 4096, "input_row_stride": 4608,
+     "residual_row_stride": 4160},
+    {"label": "fp16_19x500_strided_odd", "dtype": "float16", "M": 19, "H": 500, "input_row_stride": 503},
+    {"label": "bf16_3x20001", "dtype": "bfloat16", "M": 3, "H": 20001},
+    {"label": "bf16_19x1", "dtype": "bfloat16", "M": 19, "H": 1},
+]
+
+BENCH_CONFIGS = [
+    {"label": "bf16_32768x8192", "dtype": "bfloat16", "M": 32768, "H": 8192},
+    {"label": "bf16_8192x4096", "dtype": "bfloat16", "M": 8192, "H": 4096},
+    {"label": "bf16_32x4096", "dtype": "bfloat16", "M": 32, "H": 4096},
+    {"label": "gemma_bf16_8192x4096", "dtype": "bfloat16", "M": 8192, "H": 4096, "gemma": True},
+    {"label": "bf16_8192x4095", "dtype": "bfloat16", "M": 8192, "H": 4095},
+]
+
+DEFAULTS = {"dtype": "bfloat16", "eps": 1e-6, "gemma": False}
+
+# input is overwritten with the normalized rows, residual with the sum (PROTOCOL.md, INPLACE).
+INPLACE = {"input": "input", "residual": "residual"}
+
+_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+_VEC = 8  # 16-bit elements per 16-byte vector
+_WORDS = 4  # 32-bit words per 16-byte vector
+MIN_H, MAX_H = 16, 16384  # the specialized kernels (H % 8 == 0 too)
+MAX_GENERAL_H = 2**30  # int32 column indices in the general kernel
+MAX_ROWS = MAX_STRIDE = 2**31 - 1  # int32 row count and strides; row offsets are 64-bit
+MIN_CTA_THREADS = 128  # rows of <= 32 threads are packed into CTAs of at least this many threads
+GENERAL_THREADS = 256
+# (max H, 16-byte vectors a thread holds of each of input, residual and weight): 12 words a vector, so 4 vectors
+# (48 words) is the most that keeps a full SM's 2048 threads resident at <= 64 registers... of which ptxas needs
+# some for addresses: 4 only above 4096, where a row of 2 vectors would need > 256 threads.
+VECTORS_PER_THREAD = [(256, 1), (4096, 2), (MAX_H, 4)]
+PDL = "end"
+
+
+def specialized(H: int) -> bool:
+    """Whether H has specialized kernels (calls whose rows and weight start on 16 bytes use them)."""
+    return H % _VEC == 0 and MIN_H <= H <= MAX_H
+
+
+def row_plan(H: int) -> dict:
+    """``threads_per_row`` (a power of two up to 32, else whole warps), ``vectors_per_thread``, ``rows_per_cta``."""
+    nvec = H // _VEC
+    target = next(v for max_h, v in VECTORS_PER_THREAD if H <= max_h)
+    want = -(-nvec // target)
+    tpr = max(2, 1 << (want - 1).bit_length()) if want <= 32 else 32 * -(-want // 32)
+    return {"threads_per_row": tpr, "vectors_per_thread": -(-nvec // tpr),
+            "rows_per_cta": max(1, MIN_CTA_THREADS // tpr)}
+
+
+def compile_params(**cfg) -> dict:
+    """The specialized params where H has them (unless ``schedule="general"``), else the general ones."""
+    gemma = bool(cfg.get("gemma", False))
+    if cfg.get("schedule") == "general" or not specialized(int(cfg["H"])):
+        return {"dtype": cfg["dtype"], "gemma": gemma, "schedule": "general"}
+    return {"dtype": cfg["dtype"], "gemma": gemma, "H": int(cfg["H"])}
+
+
+def general_params(params: dict) -> dict:
+    """The general artifact: it serves every call any params of the same (dtype, gemma) serve."""
+    return {"dtype": params["dtype"], "gemma": bool(params.get("gemma", False)), "schedule": "general"}
+
+
+def artifact_params() -> list[dict]:
+    """The general kernel of each (dtype, gemma) and the specialized one of every catalog hidden size."""
+    from tirx_kernels.core import model_dims
+
+    sizes = sorted({H for H in model_dims.hidden_sizes() if specialized(H)})
+    return [p for dtype in _DTYPES for gemma in (False, True) for p in
+            [general_params({"dtype": dtype, "gemma": gemma})]
+            + [compile_params(dtype=dtype, gemma=gemma, H=H) for H in sizes]]
+
+
+def call_samples(rng) -> list[dict]:
+    """Calls the public ops can see (PROTOCOL.md): catalog hidden sizes, random and odd H up to 65536, both
+    variants and dtypes."""
+    from tirx_kernels.core import model_dims
+
+    sizes = model_dims.hidden_sizes() + [rng.randint(1, 64) for _ in range(4)]
+    sizes += [rng.randint(1, 20000) for _ in range(8)] + [8 * rng.randint(2, 2048) for _ in range(6)]
+    sizes += [rng.randint(16385, 65536) for _ in range(2)]
+    return [{"dtype": dtype, "gemma": gemma, "M": rng.choice([1, 19, 4096]), "H": H}
+            for dtype in _DTYPES for gemma in (False, True) for H in sizes]
+
+
+def sass_expect(dtype: str, gemma: bool = False, H: int | None = None, schedule: str | None = None,
+                **_) -> list[str]:
+    """SASS the CPU build test asserts: 16-byte loads and stores (specialized), 2-byte ones (general)."""
+    if schedule == "general":
+        return [r"LDG\.E\.U16", r"STG\.E\.U16"]
+    return [r"LDG\.E(\.[A-Z]+)*\.128", r"STG\.E\.128"]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The TIRx functions
+# ---------------------------------------------------------------------------------------------------------
+
+def get_kernel(dtype: str, gemma: bool = False, H: int | None = None, schedule: str | None = None,
+               pdl: str | None = PDL):
+    if dtype not in _DTYPES:
+        raise ValueError(f"fused_add_rmsnorm: dtype {dtype!r} is not one of {sorted(_DTYPES)}")
+    if schedule == "general":
+        if H is not None:
+            raise ValueError(f"fused_add_rmsnorm: the general kernel takes H at run time, got H={H}")
+        return build_general(dtype, gemma, pdl)
+    if schedule is not None:
+        raise ValueError(f"fused_add_rmsnorm: schedule {schedule!r} is not None or 'general'")
+    if H is None or not specialized(H):
+        raise ValueError(f"fused_add_rmsnorm: H={H} must be a multiple of {_VEC} in [{MIN_H}, {MAX_H}]")
+    return build_kernel(dtype, gemma, H, pdl=pdl, **row_plan(H))
+
+
+def _weight_factor(T, w, gemma: bool):
+    """The fp32 factor of a weight element: ``w`` or Gemma's ``1 + w``."""
+    return T.float32(1) + w if gemma else w
+
+
+def build_kernel(dtype: str, gemma: bool, H: int, threads_per_row: int, vectors_per_thread: int,
+                 rows_per_cta: int, pdl: str | None = PDL):
+    """The specialized kernel (H a compile-time multiple of 8; rows and weight on 16 bytes)."""
+    from tvm.script import tirx as T
+
+    from tirx_kernels.core.lang import pdl as pdl_launch
+    from tirx_kernels.core.lang import reduce, vector
+
+    pdl_launch.check_trigger("fused_add_rmsnorm", pdl)
+    tpr, vpt = threads_per_row, vectors_per_thread
+    threads = tpr * rows_per_cta
+    scratch_len = max(1, reduce.scratch_words(tpr, rows_per_cta))
+    inv_h = 1.0 / H
+
+    def vector_pred(v, lane, row_ok):
+        """None where vector ``v`` of every lane is inside the row (and the row exists), else the test."""
+        col_ok = (v * tpr + lane) * _VEC < H if (v + 1) * tpr * _VEC > H else None
+        if row_ok is None or col_ok is None:
+            return col_ok if row_ok is None else row_ok
+        return T.And(row_ok, col_ok)
+
+    def row_pred(row, M):  # noqa: N803
+        """None when every CTA row exists (one row per CTA), else ``row < M`` for the tail CTA."""
+        return None if rows_per_cta == 1 else row < M
+
+    def load_row(regs, buf, base, lane, row_ok):
+        for v in range(vpt):
+            pred = vector_pred(v, lane, row_ok)
+            if pred is not None:
+                vector.fill(regs, v * _WORDS, _WORDS)  # masked vectors add 0 to the sum of squares
+            vector.load_v4(regs, v * _WORDS, buf.ptr_to([base + (v * tpr + lane) * _VEC]), pred)
+
+    def sums(xr, rr, i):
+        """The fp32 sums ``input + residual`` of packed word ``i`` (low, high)."""
+        a_lo, a_hi = vector.unpack2(xr[i], dtype)
+        b_lo, b_hi = vector.unpack2(rr[i], dtype)
+        return a_lo + b_lo, a_hi + b_hi
+
+    def add_store_residual(Rf, r_base, lane, row_ok, xr, rr, orr, acc):  # noqa: N803
+        """x = input + residual in fp32: ``acc[0] +=`` its squares; the residual stored rounded."""
+        for v in range(vpt):
+            for j in range(_WORDS):
+                lo, hi = sums(xr, rr, v * _WORDS + j)
+                T.buffer_store(acc, acc[0] + lo * lo + hi * hi, [0])
+                vector.pack2(orr, j, lo, hi, dtype)
+            vector.store_v4(Rf.ptr_to([r_base + (v * tpr + lane) * _VEC]), orr, 0, vector_pred(v, lane, row_ok))
+
+    def scale_store(Xf, x_base, lane, row_ok, xr, rr, wr, orr, rs):  # noqa: N803
+        """input <- x * rs * w (the unrounded x, recomputed from the held words), rounded once."""
+        for v in range(vpt):
+            for j in range(_WORDS):
+                lo, hi = sums(xr, rr, v * _WORDS + j)
+                w_lo, w_hi = vector.unpack2(wr[v * _WORDS + j], dtype)
+                vector.pack2(orr, j, lo * rs * _weight_factor(T, w_lo, gemma),
+                             hi * rs * _weight_factor(T, w_hi, gemma), dtype)
+            vector.store_v4(Xf.ptr_to([x_base + (v * tpr + lane) * _VEC]), orr, 0, vector_pred(v, lane, row_ok))
+
+    @T.prim_func
+    def fused_add_rmsnorm(x_ptr: T.handle, r_ptr: T.handle, w_ptr: T.handle, eps: T.float32, zero: T.int32):
+        M = T.int32()
+        x_stride = T.int32()
+        r_stride = T.int32()
+        X = T.match_buffer(x_ptr, (M, H), dtype, strides=(x_stride, 1), align=16)
+        R = T.match_buffer(r_ptr, (M, H), dtype, strides=(r_stride, 1), align=16)
+        Wt = T.match_buffer(w_ptr, (H,), dtype, align=16)
+        T.device_entry()
+        # Flat views indexed row * stride + col (TIRx drops match_buffer strides from device indexing).
+        Xf = T.decl_buffer((M * x_stride,), dtype, data=X.data)
+        Rf = T.decl_buffer((M * r_stride,), dtype, data=R.data)
+        cta = T.cta_id([(M + rows_per_cta - 1) // rows_per_cta])
+        tid = T.thread_id([threads])
+        xr = T.alloc_local((vpt * _WORDS,), "uint32")
+        rr = T.alloc_local((vpt * _WORDS,), "uint32")
+        wr = T.alloc_local((vpt * _WORDS,), "uint32")
+        orr = T.alloc_local((_WORDS,), "uint32")
+        acc = T.alloc_local((1,), "float32")
+        scratch = T.alloc_shared((scratch_len,), "float32")
+        pdl_launch.begin(pdl)  # nothing global before this: the previous kernel may still write the rows
+
+        row = cta * rows_per_cta + tid // tpr
+        lane = tid % tpr
+        x_base = T.Cast("int64", row) * T.Cast("int64", x_stride)
+        r_base = T.Cast("int64", row) * T.Cast("int64", r_stride)
+        load_row(wr, Wt, 0, lane, None)
+        load_row(xr, Xf, x_base, lane, row_pred(row, M))
+        load_row(rr, Rf, r_base, lane, row_pred(row, M))
+        acc[0] = T.cuda.uint_as_float(vector.after_all(wr, vpt * _WORDS, zero))  # 0.0, after the weight
+
+        add_store_residual(Rf, r_base, lane, row_pred(row, M), xr, rr, orr, acc)  # the sum of squares in acc
+        total = reduce.group_sum(acc[0], tid, tpr, scratch)
+        rs = T.rsqrt(total * T.float32(inv_h) + eps)
+
+        scale_store(Xf, x_base, lane, row_pred(row, M), xr, rr, wr, orr, rs)
+        pdl_launch.end(pdl)
+
+    return pdl_launch.launch(fused_add_rmsnorm, pdl)
+
+
+def build_general(dtype: str, gemma: bool, pdl: str | None = PDL, threads: int = GENERAL_THREADS):
+    """The general kernel: H, strides and alignment at run time; one CTA per row, element-wise, two passes."""
+    from tvm.script import tirx as T
+
+    from tirx_kernels.core.lang import pdl as pdl_launch
+    from tirx_kernels.core.lang import reduce, vector
+
+    pdl_launch.check_trigger("fused_add_rmsnorm", pdl)
+    scratch_len = reduce.scratch_words(threads, 1)
+
+    def element(buf, idx):
+        """fp32 value of one 2-byte element (through its bits, as the vector path unpacks)."""
+        return vector.unpack2(T.Cast("uint32", T.reinterpret("uint16", buf[idx])), dtype)[0]
+
+    def store_half(buf, idx, word):
+        """The low 16 bits of ``word`` (a rounded bf16/fp16) stored as one element."""
+        T.buffer_store(buf, T.reinterpret(dtype, T.Cast("uint16", word)), [idx])
+
+    @T.prim_func
+    def fused_add_rmsnorm(x_ptr: T.handle, r_ptr: T.handle, w_ptr: T.handle, eps: T.float32, zero: T.int32):
+        M = T.int32()
+        H = T.int32()
+        x_stride = T.int32()
+        r_stride = T.int32()
+        X = T.match_buffer(x_ptr, (M, H), dtype, strides=(x_stride, 1), align=2)
+        R = T.match_buffer(r_ptr, (M, H), dtype, strides=(r_stride, 1), align=2)
+        Wt = T.match_buffer(w_ptr, (H,), dtype, align=2)
+        T.device_entry()
+        Xf = T.decl_buffer((M * x_stride,), dtype, data=X.data)
+        Rf = T.decl_buffer((M * r_stride,), dtype, data=R.data)
+        row = T.cta_id([M])
+        tid = T.thread_id([threads])
+        acc = T.alloc_local((1,), "float32")
+        pair = T.alloc_local((1,), "uint32")
+        scratch = T.alloc_shared((scratch_len,), "float32")
+        pdl_launch.begin(pdl)
+
+        x_base = T.Cast("int64", row) * T.Cast("int64", x_stride)
+        r_base = T.Cast("int64", row) * T.Cast("int64", r_stride)
+        trips = (H + (threads - 1)) // threads
+        # Pass 1: the sum of squares of x = input + residual; nothing is written, so pass 2 reads the same values.
+        acc[0] = T.float32(0)
+        for i in T.serial(trips):
+            c = i * threads + tid
+            if c < H:
+                x = element(Xf, x_base + T.Cast("int64", c)) + element(Rf, r_base + T.Cast("int64", c))
+                acc[0] = acc[0] + x * x
+        total = reduce.group_sum(acc[0], tid, threads, scratch)
+        rs = T.rsqrt(total * (T.float32(1) / T.Cast("float32", H)) + eps)
+        # Pass 2: each thread rewrites the elements it read (no other thread touches them).
+        for i in T.serial(trips):
+            c = i * threads + tid
+            if c < H:
+                x = element(Xf, x_base + T.Cast("int64", c)) + element(Rf, r_base + T.Cast("int64", c))
+                w = element(Wt, T.Cast("int64", c))
+                vector.pack2(pair, 0, x, x * rs * _weight_factor(T, w, gemma), dtype)  # one cvt for both
+                store_half(Rf, r_base + T.Cast("int64", c), pair[0])
+                store_half(Xf, x_base + T.Cast("int64", c), pair[0] >> T.uint32(16))
+        pdl_launch.end(pdl)
+
+    return pdl_launch.launch(fused_add_rmsnorm, pdl)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Protocol: data, oracle, byte/FLOP model, baselines
+# ---------------------------------------------------------------------------------------------------------
+
+def _generator() -> torch.Generator:
+    seed = int(os.environ["TIRX_SEED"]) if "TIRX_SEED" in os.environ else int.from_bytes(os.urandom(8), "little") >> 1
+    g = torch.Generator(device="cuda")
+    g.manual_seed(seed)
+    return g
+
+
+def _rows(M: int, H: int, row_stride: int | None, t: torch.dtype, g) -> torch.Tensor:
+    return torch.randn(M, row_stride or H, generator=g, device="cuda", dtype=torch.float32).to(t)[:, :H]
+
+
+def prepare_data(dtype: str, M: int, H: int, eps: float = 1e-6, gemma: bool = False,
+                 input_row_stride: int | None = None, residual_row_stride: int | None = None, **_) -> dict:
+    g = _generator()
+    t = _DTYPES[dtype]
+    return {"input": _rows(M, H, input_row_stride, t, g), "residual": _rows(M, H, residual_row_stride, t, g),
+            "weight": torch.randn(H, generator=g, device="cuda", dtype=torch.float32).to(t), "eps": eps,
+            "gemma": bool(gemma)}
+
+
+def reference(input, residual, weight, eps, gemma=False, **_) -> dict:  # noqa: A002
+    """fp32 oracle: the residual is the sum rounded to the dtype; the output uses the unrounded sum."""
+    x = input.float() + residual.float()
+    w = weight.float() + 1 if gemma else weight.float()
+    return {"input": x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w,
+            "residual": x.to(residual.dtype).float()}
+
+
+def launch(cfg: dict, data: dict) -> None:
+    op = gemma_fused_add_rmsnorm if data["gemma"] else fused_add_rmsnorm
+    op(data["input"], data["residual"], data["weight"], data["eps"])
+
+
+def roofline(dtype: str, M: int, H: int, **_) -> dict:
+    elem = 2
+    return {"bytes": 4 * M * H * elem + H * elem, "flops": 5 * M * H}
+
+
+def get_baselines(**cfg) -> dict:
+    """Baselines get copies of input and residual (they work in place too) and return both results."""
+    gemma = bool(cfg.get("gemma", False))
+
+    def _torch_fn(inp, res, w, eps):
+        x = inp.float() + res.float()
+        wf = w.float() + 1 if gemma else w.float()
+        return (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * wf).to(inp.dtype), x.to(res.dtype)
+
+    def torch_eager():
+        return lambda d: dict(zip(("input", "residual"), _torch_fn(d["input"], d["residual"], d["weight"], d["eps"])))
+
+    def torch_compile():
+        fn = torch.compile(_torch_fn, dynamic=False)
+        return lambda d: dict(zip(("input", "residual"), fn(d["input"], d["residual"], d["weight"], d["eps"])))
+
+    def flashinfer():
+        import flashinfer.norm
+
+        op = flashinfer.norm.gemma_fused_add_rmsnorm if gemma else flashinfer.norm.fused_add_rmsnorm
+
+        def fn(d):
+            inp, res = d["input"].clone(), d["residual"].clone()
+            op(inp, res, d["weight"], d["eps"])
+            return {"input": inp, "residual": res}
+        return fn
+
+    return {"torch": torch_eager, "torch.compile": torch_compile, "flashinfer": flashinfer}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Public ops
+# ---------------------------------------------------------------------------------------------------------
+
+def _fail(op: str, name: str, expected: str, got: str) -> None:
+    raise checks.TirxInputError(f"{op}: argument '{name}': expected {expected}, got {got}")
+
+
+def _check_rows(op: str, name: str, t: torch.Tensor) -> None:
+    """In place: the rows must be a view (no copy), row count and strides int32."""
+    H = t.shape[-1]
+    try:
+        t.view(-1, H)
+    except RuntimeError:
+        _fail(op, name, "leading dims that flatten to rows without a copy (it is written in place)",
+              f"shape {tuple(t.shape)} strides {tuple(t.stride())}")
+    if H > 1 and t.stride(-1) != 1:
+        _fail(op, name, "a unit stride in the last dim", f"strides {tuple(t.stride())}")
+    rows = t.numel() // max(1, H)
+    if rows > MAX_ROWS:
+        _fail(op, name, f"at most {MAX_ROWS} rows (the leading dims' product)", str(rows))
+    for d in range(t.dim() - 1):
+        if t.shape[d] > 1 and not 0 < t.stride(d) <= MAX_STRIDE:
+            _fail(op, name, f"strides of the leading dims in [1, {MAX_STRIDE}]", f"strides {tuple(t.stride())}")
+
+
+def _check_inputs(op: str, input, residual, weight, eps) -> None:  # noqa: A002
+    checks.tensor(op, "input", input, dtypes=tuple(_DTYPES.values()), ndim=tuple(range(1, 9)), cuda=False)
+    H = input.shape[-1]
+    checks.in_range(op, "input", H, 1, MAX_GENERAL_H)
+    checks.tensor(op, "residual", residual, shape=tuple(input.shape), cuda=False)
+    checks.tensor(op, "weight", weight, shape=(H,), cuda=False)
+    checks.same_dtype(op, "input", input, residual=residual, weight=weight)
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)):
+        _fail(op, "eps", "a float", type(eps).__name__)
+    _check_rows(op, "input", input)
+    _check_rows(op, "residual", residual)
+    checks.tensor(op, "input", input, cuda=True)
+    checks.same_device(op, "input", input, residual=residual, weight=weight)
+
+
+def _fused_add(op: str, gemma: bool, input, residual, weight, eps) -> None:  # noqa: A002
+    _check_inputs(op, input, residual, weight, eps)
+    if runtime.direct_call(input, residual, weight):
+        # Eager: the kernel straight away (a custom op's dispatch costs more host time than a small norm runs).
+        _run(input, residual, weight, float(eps), gemma)
+        runtime.mark_written(input)
+        runtime.mark_written(residual)
+        return
+    torch.ops.tirx.flashinfer_fused_add_rmsnorm(input, residual, weight, float(eps), gemma)
+
+
+def fused_add_rmsnorm(input: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,  # noqa: A002
+                      eps: float = 1e-6, enable_pdl: bool | None = None) -> None:
+    """In place: ``residual <- input + residual`` (rounded), ``input <- x * rsqrt(mean(x**2) + eps) * weight``
+    with ``x`` the fp32 sum. input, residual (..., H) bf16/fp16, any row strides, weight (H,). ``enable_pdl``:
+    FlashInfer's argument, accepted; the kernels always launch as programmatic dependents."""
+    _fused_add("fused_add_rmsnorm", False, input, residual, weight, eps)
+
+
+def gemma_fused_add_rmsnorm(input: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,  # noqa: A002
+                            eps: float = 1e-6, enable_pdl: bool | None = None) -> None:
+    """As ``fused_add_rmsnorm`` with Gemma's weight form: ``input <- x * rsqrt(mean(x**2) + eps) * (1 + weight)``."""
+    _fused_add("gemma_fused_add_rmsnorm", True, input, residual, weight, eps)
+
+
+def _aligned_rows(t: torch.Tensor) -> bool:
+    """Rows (2-D) start on 16 bytes: what the specialized kernels read and write with 16-byte vectors."""
+    return t.data_ptr() % 16 == 0 and (t.shape[0] <= 1 or t.stride(0) % _VEC == 0)
+
+
+def uses_general(x2d: torch.Tensor, r2d: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether a call runs the general kernel: H has no specialized kernel, or a row or the weight is off 16 B."""
+    return not (specialized(x2d.shape[1]) and _aligned_rows(x2d) and _aligned_rows(r2d)
+                and weight.data_ptr() % 16 == 0)
+
+
+def _unit_columns(t: torch.Tensor) -> torch.Tensor:
+    """A 2-D view with column stride 1 (a size-1 last dim may have any stride; the kernel's checks want 1)."""
+    return t if t.stride(1) == 1 else t.as_strided(t.shape, (t.stride(0), 1))
+
+
+def _run(input, residual, weight, eps: float, gemma: bool) -> None:  # noqa: A002
+    H = input.shape[-1]
+    x2d = _unit_columns(input.view(-1, H))
+    r2d = _unit_columns(residual.view(-1, H))
+    weight = weight if weight.stride(0) == 1 else weight.as_strided((H,), (1,))
+    if x2d.shape[0] == 0:
+        return
+    dtype = str(input.dtype)[6:]
+    general = uses_general(x2d, r2d, weight)
+    fn = _FUNCTIONS.get((input.dtype, H, gemma, general, input.get_device()),
+                        lambda: general_params({"dtype": dtype, "gemma": gemma}) if general
+                        else compile_params(dtype=dtype, gemma=gemma, H=H), input.device)
+    fn(x2d, r2d, weight, eps, 0)  # zero: see vector.after_all
+
+
+_FUNCTIONS = runtime.FunctionCache(__name__)
+
+
+@torch.library.custom_op("tirx::flashinfer_fused_add_rmsnorm", mutates_args=("input", "residual"))
+def _fused_add_rmsnorm_op(input: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,  # noqa: A002
+                          eps: float, gemma: bool) -> None:
+    _run(input, residual, weight, eps, gemma)
+
+
+@_fused_add_rmsnorm_op.register_fake
+def _(input, residual, weight, eps, gemma):  # noqa: A002
+    return None
+
+
+from tirx_kernels.core import harness  # noqa: E402
+
+run_test, run_bench = harness.bind(__name__)
