@@ -48,6 +48,7 @@ import sys
 import torch
 
 from tirx_kernels.core import checks, runtime
+from tirx_kernels.core.op import OutOp
 
 KERNEL_META = {
     "name": "rmsnorm",
@@ -601,14 +602,7 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, out: torch
     ``out`` (same shape and dtype, any row strides) when given.
     """
     _check_inputs(x, weight, eps, out)
-    if runtime.direct_call(x, weight, out):
-        # Eager: the kernel straight away, not through the custom op (its dispatch costs more host time than a
-        # small norm runs: runtime.direct_call).
-        return runtime.run_direct(lambda dst: _run(x, weight, float(eps), dst), out, lambda: _new_out(x))
-    if out is None:
-        return torch.ops.tirx.rmsnorm(x, weight, float(eps))
-    torch.ops.tirx.rmsnorm_out(x, weight, float(eps), out)
-    return out
+    return _CUSTOM_OP(x, weight, float(eps), out=out)  # eager: the kernel directly (runtime.direct_call)
 
 
 def _aligned_rows(t: torch.Tensor) -> bool:
@@ -651,30 +645,12 @@ def _run(x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor,
 _FUNCTIONS = runtime.FunctionCache(__name__)
 
 
-def _new_out(x: torch.Tensor) -> torch.Tensor:
+def _new_out(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return torch.empty(x.shape, dtype=x.dtype, device=x.device)
 
 
-@torch.library.custom_op("tirx::rmsnorm", mutates_args=())
-def _rmsnorm_op(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    out = _new_out(x)
-    _run(x, weight, eps, out)
-    return out
-
-
-@_rmsnorm_op.register_fake
-def _(x, weight, eps):
-    return x.new_empty(x.shape)
-
-
-@torch.library.custom_op("tirx::rmsnorm_out", mutates_args=("out",))
-def _rmsnorm_out_op(x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor) -> None:
-    _run(x, weight, eps, out)
-
-
-@_rmsnorm_out_op.register_fake
-def _(x, weight, eps, out):
-    return None
+# tirx::rmsnorm(x, weight, eps) and tirx::rmsnorm_out(x, weight, eps, out), their fakes and the eager direct path.
+_CUSTOM_OP = OutOp("rmsnorm", {"x": torch.Tensor, "weight": torch.Tensor, "eps": float}, run=_run, new_out=_new_out)
 
 
 from tirx_kernels.core import harness  # noqa: E402

@@ -511,7 +511,7 @@ def _check_inputs(op: str, x, out) -> None:
 
 def _act_and_mul(op: str, act: str, x: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
     _check_inputs(op, x, out)
-    return _OP(x, act, out=out)  # eager: the kernel straight away (runtime.direct_call), else the custom op
+    return _CUSTOM_OP(x, act, out=out)  # eager: the kernel straight away (runtime.direct_call), else the custom op
 
 
 def silu_and_mul(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -574,7 +574,7 @@ def _new_out(x: torch.Tensor, act: str) -> torch.Tensor:
 
 
 # tirx::act_and_mul(x, act) and tirx::act_and_mul_out(x, act, out), their fakes and the eager direct path.
-_OP = OutOp("act_and_mul", {"x": torch.Tensor, "act": str}, run=_run, new_out=_new_out)
+_CUSTOM_OP = OutOp("act_and_mul", {"x": torch.Tensor, "act": str}, run=_run, new_out=_new_out)
 
 
 from tirx_kernels.core import harness  # noqa: E402
