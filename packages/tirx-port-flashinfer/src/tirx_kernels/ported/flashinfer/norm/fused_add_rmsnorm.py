@@ -48,8 +48,8 @@ KERNEL_META = {
     "public_ops": ["fused_add_rmsnorm", "gemma_fused_add_rmsnorm"],
 }
 
-# FlashInfer's test sizes (tests/utils/test_norm.py: H in {111, 500, 1024, 3072, 4096, 8192, 16384}, M in {1, 19,
-# 99, 989}), both variants and dtypes; odd H and strided rows run the general kernel.
+# FlashInfer's test sizes (tests/utils/test_norm.py: H in {111, 500, 1024, 3072, 3584, 4096, 8192, 16384}, M in {1,
+# 19, 99, 989}), both variants and dtypes; odd H and strided rows run the general kernel.
 CONFIGS = [
     {"label": "bf16_989x4096", "dtype": "bfloat16", "M": 989, "H": 4096},
     {"label": "bf16_19x8192", "dtype": "bfloat16", "M": 19, "H": 8192},
@@ -62,6 +62,7 @@ CONFIGS = [
     {"label": "gemma_fp16_1x111", "dtype": "float16", "M": 1, "H": 111, "gemma": True},
     {"label": "gemma_fp16_989x16384", "dtype": "float16", "M": 989, "H": 16384, "gemma": True},
     {"label": "gemma_bf16_19x3072", "dtype": "bfloat16", "M": 19, "H": 3072, "gemma": True},
+    {"label": "fp16_989x3584", "dtype": "float16", "M": 989, "H": 3584},
     {"label": "bf16_37x128", "dtype": "bfloat16", "M": 37, "H": 128},
     {"label": "bf16_19x4096_strided", "dtype": "bfloat16", "M": 19, "H": 4096, "input_row_stride": 4608,
      "residual_row_stride": 4160},

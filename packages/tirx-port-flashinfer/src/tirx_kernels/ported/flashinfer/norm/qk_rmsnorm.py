@@ -52,6 +52,7 @@ CONFIGS = [
     {"label": "gemma_bf16_99x7x256", "dtype": "bfloat16", "B": 99, "N": 7, "H": 256, "gemma": True},
     {"label": "gemma_fp16_1x16x128", "dtype": "float16", "B": 1, "N": 16, "H": 128, "gemma": True},
     {"label": "bf16_19x4x512", "dtype": "bfloat16", "B": 19, "N": 4, "H": 512},
+    {"label": "bf16_989x16x128", "dtype": "bfloat16", "B": 989, "N": 16, "H": 128},
     {"label": "bf16_19x8x128_qkv_slice", "dtype": "bfloat16", "B": 19, "N": 8, "H": 128, "batch_stride": 2048},
     {"label": "gemma_bf16_19x7x96_head_stride", "dtype": "bfloat16", "B": 19, "N": 7, "H": 96, "gemma": True,
      "batch_stride": 1000, "head_stride": 136},
@@ -63,6 +64,8 @@ BENCH_CONFIGS = [
     {"label": "bf16_8192x32x128", "dtype": "bfloat16", "B": 8192, "N": 32, "H": 128},
     {"label": "bf16_8192x8x128", "dtype": "bfloat16", "B": 8192, "N": 8, "H": 128},
     {"label": "bf16_32x32x128", "dtype": "bfloat16", "B": 32, "N": 32, "H": 128},
+    {"label": "gemma_bf16_32x32x128", "dtype": "bfloat16", "B": 32, "N": 32, "H": 128, "gemma": True},
+    {"label": "fp16_16x64x128", "dtype": "float16", "B": 16, "N": 64, "H": 128},
     {"label": "bf16_8192x16x256", "dtype": "bfloat16", "B": 8192, "N": 16, "H": 256},
     {"label": "bf16_8192x32x64", "dtype": "bfloat16", "B": 8192, "N": 32, "H": 64},
 ]
