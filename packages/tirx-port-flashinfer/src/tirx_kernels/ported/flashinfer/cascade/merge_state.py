@@ -1,0 +1,829 @@
+# SPDX-License-Identifier: Apache-2.0
+# Port of FlashInfer's attention-state merges (merge_state, merge_state_in_place, merge_states).
+# Upstream: flashinfer (https://github.com/flashinfer-ai/flashinfer), include/flashinfer/attention/cascade.cuh
+# (MergeStateKernel, MergeStateInPlaceKernel, MergeStatesKernel), attention/state.cuh (state_t) and
+# python/flashinfer/cascade.py, release v0.7.4 (commit 77039051b0be921788dc2784ec41423b558878ec).
+# Written anew in TIRx: same semantics (fp32 math, one rounding of v), different kernel structure.
+"""Merging partial attention states (v, base-2 log-sum-exp s) of disjoint key sets, bf16/fp16 v, fp32 s.
+
+``w_k = exp2(s_k - max_j s_j)``, ``v = sum_k w_k v_k / sum_k w_k``, ``s = max_j s_j + log2(sum_k w_k)``.
+
+One artifact per (op, dtype) serves every call: S, H, D and every stride are run-time arguments. A row (one
+position, one head) is ``2**log2_tpr`` consecutive threads of a 128-thread CTA (the power of two >= D / 8;
+D = 64 .. 1024 in multiples of 8 takes 8 .. 128 lanes), one 16-byte vector of every state a thread, so a CTA
+holds ``128 >> log2_tpr`` whole rows; only the in-place op needs that (a row's lanes all read s before lane 0
+writes it: one ``__syncthreads`` between), the others just use it. Each thread issues its LSE loads and all its
+16-byte vector loads before any math (``vector.after_all``); merge_states takes 4 states a loop trip.
+Offsets are 64-bit (position x stride + head x stride); a call of more than ~2**31 rows runs in several launches.
+
+-inf LSE (an empty key set): its weight is 0. Where every state of a row is -inf, v = 0 and s = -inf (what
+FlashInfer's merge_states gives for zero states; its two-state kernels give NaN there, ``-inf - -inf``, and its
+merge_states gives NaN whenever the first state is -inf: those edge rows skip the FlashInfer comparison).
+Launched as a programmatic dependent (``core.lang.pdl``), as the other row kernels.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from tirx_kernels.core import checks, harness, runtime
+
+KERNEL_META = {
+    "name": "merge_state",
+    "category": "ported.flashinfer",
+    "runtime_cuda_archs": ["sm_90a"],
+    "description": "Merge attention states (v, base-2 LSE): merge_state, merge_state_in_place, merge_states",
+    "upstream": {"project": "flashinfer", "url": "https://github.com/flashinfer-ai/flashinfer",
+                 "commit": "77039051b0be921788dc2784ec41423b558878ec"},
+    "reference_requirements": [
+        {"package": "flashinfer-python", "import": "flashinfer", "specifier": "==0.7.4"},
+    ],
+    "public_ops": ["merge_state", "merge_state_in_place", "merge_states"],
+}
+
+CONFIGS = [
+    {"label": "bf16_s37_h8_d64", "op": "merge_state", "dtype": "bfloat16", "S": 37, "H": 8, "D": 64},
+    {"label": "bf16_s37_h8_d128", "op": "merge_state", "dtype": "bfloat16", "S": 37, "H": 8, "D": 128},
+    {"label": "bf16_s37_h8_d256", "op": "merge_state", "dtype": "bfloat16", "S": 37, "H": 8, "D": 256},
+    {"label": "bf16_s37_h8_d512", "op": "merge_state", "dtype": "bfloat16", "S": 37, "H": 8, "D": 512},
+    {"label": "fp16_s37_h8_d64", "op": "merge_state", "dtype": "float16", "S": 37, "H": 8, "D": 64},
+    {"label": "fp16_s37_h8_d128", "op": "merge_state", "dtype": "float16", "S": 37, "H": 8, "D": 128},
+    {"label": "fp16_s37_h8_d256", "op": "merge_state", "dtype": "float16", "S": 37, "H": 8, "D": 256},
+    {"label": "fp16_s37_h8_d512", "op": "merge_state", "dtype": "float16", "S": 37, "H": 8, "D": 512},
+    # The upstream test shape, odd D (lanes past D / 8 idle), the largest D, no rows.
+    {"label": "fp16_s512_h32_d128", "op": "merge_state", "dtype": "float16", "S": 512, "H": 32, "D": 128},
+    {"label": "bf16_s37_h3_d200", "op": "merge_state", "dtype": "bfloat16", "S": 37, "H": 3, "D": 200},
+    {"label": "bf16_s5_h2_d1024", "op": "merge_state", "dtype": "bfloat16", "S": 5, "H": 2, "D": 1024},
+    {"label": "bf16_s0_h8_d128", "op": "merge_state", "dtype": "bfloat16", "S": 0, "H": 8, "D": 128},
+    # -inf LSE rows (one side, both sides) and strided rows (v of a [S, H, 2D] buffer, s of [S, 2H]).
+    {"label": "bf16_s37_h8_d128_neginf", "op": "merge_state", "dtype": "bfloat16", "S": 37, "H": 8, "D": 128,
+     "edge": "neg_inf"},
+    {"label": "fp16_s37_h8_d128_strided", "op": "merge_state", "dtype": "float16", "S": 37, "H": 8, "D": 128,
+     "strided": True},
+    # merge_state_in_place: with and without mask, -inf rows, strided.
+    {"label": "inplace_bf16_s37_h8_d128", "op": "merge_state_in_place", "dtype": "bfloat16", "S": 37, "H": 8,
+     "D": 128},
+    {"label": "inplace_fp16_s37_h8_d512_mask", "op": "merge_state_in_place", "dtype": "float16", "S": 37, "H": 8,
+     "D": 512, "mask": True},
+    {"label": "inplace_fp16_s512_h32_d128_mask", "op": "merge_state_in_place", "dtype": "float16", "S": 512,
+     "H": 32, "D": 128, "mask": True},
+    {"label": "inplace_bf16_s37_h8_d64_neginf", "op": "merge_state_in_place", "dtype": "bfloat16", "S": 37, "H": 8,
+     "D": 64, "edge": "neg_inf"},
+    {"label": "inplace_bf16_s37_h8_d256_strided", "op": "merge_state_in_place", "dtype": "bfloat16", "S": 37,
+     "H": 8, "D": 256, "strided": True},
+    # merge_states: N states, N = 0 and 1, -inf states, strided.
+    {"label": "states_fp16_s37_n5_h8_d128", "op": "merge_states", "dtype": "float16", "S": 37, "N": 5, "H": 8,
+     "D": 128},
+    {"label": "states_bf16_s512_n16_h32_d128", "op": "merge_states", "dtype": "bfloat16", "S": 512, "N": 16,
+     "H": 32, "D": 128},
+    {"label": "states_bf16_s37_n3_h8_d512", "op": "merge_states", "dtype": "bfloat16", "S": 37, "N": 3, "H": 8,
+     "D": 512},
+    {"label": "states_bf16_s37_n1_h8_d64", "op": "merge_states", "dtype": "bfloat16", "S": 37, "N": 1, "H": 8,
+     "D": 64},
+    {"label": "states_fp16_s37_n0_h8_d64", "op": "merge_states", "dtype": "float16", "S": 37, "N": 0, "H": 8,
+     "D": 64},
+    {"label": "states_fp16_s37_n6_h8_d128_neginf", "op": "merge_states", "dtype": "float16", "S": 37, "N": 6,
+     "H": 8, "D": 128, "edge": "neg_inf"},
+    {"label": "states_bf16_s37_n5_h8_d256_strided", "op": "merge_states", "dtype": "bfloat16", "S": 37, "N": 5,
+     "H": 8, "D": 256, "strided": True},
+]
+
+BENCH_CONFIGS = [
+    {"label": "bf16_s16384_h32_d128", "op": "merge_state", "dtype": "bfloat16", "S": 16384, "H": 32, "D": 128},
+    {"label": "fp16_s128_h32_d128", "op": "merge_state", "dtype": "float16", "S": 128, "H": 32, "D": 128},
+    {"label": "fp16_s2048_h32_d128", "op": "merge_state", "dtype": "float16", "S": 2048, "H": 32, "D": 128},
+    {"label": "inplace_bf16_s16384_h32_d128", "op": "merge_state_in_place", "dtype": "bfloat16", "S": 16384,
+     "H": 32, "D": 128},
+    {"label": "states_bf16_s2048_n8_h32_d128", "op": "merge_states", "dtype": "bfloat16", "S": 2048, "N": 8,
+     "H": 32, "D": 128},
+]
+
+DEFAULTS = {"op": "merge_state", "dtype": "bfloat16"}
+
+# The in-place op overwrites its inputs v and s; the out-of-place ops name their outputs v and s too (their
+# inputs are v_a/s_a/v_b/s_b and v_all/s_all) and prepare_data fills them with NaN, so one module-wide mapping
+# serves all three and the out-of-place outputs are still checked for being written everywhere.
+INPLACE = {"v": "v", "s": "s"}
+
+OPS = ("merge_state", "merge_state_in_place", "merge_states")
+_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+_VEC = 8  # 16-bit elements per 16-byte vector
+THREADS = 128
+MAX_D = _VEC * THREADS  # one vector a thread, a row inside one CTA
+STATES_PER_TRIP = 4  # merge_states: vector loads in flight a thread
+PDL = "end"
+_NEG_INF = float("-inf")
+
+
+def sass_expect(**_) -> list[str]:
+    return [r"LDG\.E\.128", r"STG\.E\.128"]
+
+
+def compile_params(**cfg) -> dict:
+    """One artifact per (op, dtype): S, H, D and strides are run-time arguments."""
+    return {"op": cfg["op"], "dtype": cfg["dtype"]}
+
+
+def artifact_params() -> list[dict]:
+    return [compile_params(op=op, dtype=t) for op in OPS for t in _DTYPES]
+
+
+def call_samples(rng) -> list[dict]:
+    """Every op and dtype, the catalog head dims and random multiples of 8 up to MAX_D."""
+    from tirx_kernels.core import model_dims
+
+    ds = list(model_dims.head_dims()) + [8 * rng.randint(1, MAX_D // 8) for _ in range(6)] + [8, MAX_D]
+    return [{"op": op, "dtype": t, "S": rng.choice([0, 1, 37, 16384]), "N": rng.randint(0, 9),
+             "H": rng.randint(1, 64), "D": d} for op in OPS for t in _DTYPES for d in ds]
+
+
+def log2_threads_per_row(D: int) -> int:
+    """Lanes of a row: the power of two >= D / 8."""
+    return max(0, (D // _VEC - 1).bit_length())
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The TIRx functions
+# ---------------------------------------------------------------------------------------------------------
+
+def _int64(x):
+    from tvm.script import tirx as T
+
+    return T.Cast("int64", x)
+
+
+def _load_state(T, vector, sl, vw, k, Vf, voff, Sf, soff, row_ok, ok):
+    """Slot ``k``: ``sl[k]`` <- the LSE (-inf where the row is out of range), ``vw[4k:4k+4]`` <- the 16-byte
+    vector (0 where the lane is out of range, so that no NaN of a stale register reaches the sums)."""
+    T.buffer_store(sl, T.float32(_NEG_INF), [k])
+    with T.If(row_ok):
+        with T.Then():
+            T.buffer_store(sl, Sf[soff], [k])
+    vector.fill(vw, 4 * k, 4)
+    vector.load_v4(vw, 4 * k, Vf.ptr_to([voff]), ok)
+
+
+def _fold(T, vector, dtype, sl, vw, K, acc, st, dep, first):
+    """Merge the ``K`` loaded slots into the running state: ``st[0]`` the max LSE so far (-inf: nothing yet),
+    ``st[1]`` the sum of weights relative to ``st[2]`` (the max, or 0 where it is -inf, so that exp2 never sees
+    ``-inf - -inf``), ``acc`` the unnormalized weighted sum of v; ``first``: no state before these slots."""
+    neg_inf = T.float32(_NEG_INF)
+    mx = sl[0]
+    for k in range(1, K):
+        mx = T.max(mx, sl[k])
+    if not first:
+        mx = T.max(mx, st[0])
+    T.buffer_store(st, mx, [3])
+    T.buffer_store(st, T.Select(st[3] == neg_inf, T.float32(0), st[3]), [2])
+    for k in range(K):
+        T.buffer_store(sl, T.exp2(sl[k] - st[2]), [k])
+    total = sl[0]
+    for k in range(1, K):
+        total = total + sl[k]
+    if first:
+        T.buffer_store(st, total, [1])
+    else:
+        T.buffer_store(st, T.exp2(st[0] - st[2]), [4])  # rescale of the old sums (0 where they were empty)
+        T.buffer_store(st, st[1] * st[4] + total, [1])
+    T.buffer_store(st, st[3], [0])
+    for j in range(vector.WORDS_PER_VECTOR):
+        halves = [vector.unpack2(vw[4 * k + j] ^ dep, dtype) for k in range(K)]
+        for h in range(2):
+            i = 2 * j + h
+            s = sl[0] * halves[0][h]
+            for k in range(1, K):
+                s = s + sl[k] * halves[k][h]
+            T.buffer_store(acc, s if first else acc[i] * st[4] + s, [i])
+
+
+def _finish(T, vector, dtype, acc, st, orr, Vo, vo_off, So, so_off, ok, s_ok):
+    """Normalize and store: v = acc / sum (0 for an all-empty row), s = max + log2(sum) (-inf there)."""
+    T.buffer_store(st, T.Select(st[1] > T.float32(0), T.float32(1) / st[1], T.float32(0)), [4])
+    for j in range(vector.WORDS_PER_VECTOR):
+        vector.pack2(orr, j, acc[2 * j] * st[4], acc[2 * j + 1] * st[4], dtype)
+    vector.store_v4(Vo.ptr_to([vo_off]), orr, 0, ok)
+    with T.If(s_ok):
+        with T.Then():
+            T.buffer_store(So, st[2] + T.log2(st[1]), [so_off])
+
+
+def get_kernel(op: str, dtype: str, pdl: str | None = PDL):
+    if op not in OPS:
+        raise ValueError(f"merge_state: op {op!r} is not one of {OPS}")
+    if dtype not in _DTYPES:
+        raise ValueError(f"merge_state: dtype {dtype!r} is not one of {sorted(_DTYPES)}")
+    return {"merge_state": _build_pair, "merge_state_in_place": _build_in_place,
+            "merge_states": _build_states}[op](dtype, pdl)
+
+
+def _build_pair(dtype: str, pdl):
+    from tvm.script import tirx as T
+
+    from tirx_kernels.core.lang import pdl as pdl_launch
+    from tirx_kernels.core.lang import vector
+
+    pdl_launch.check_trigger("merge_state", pdl)
+
+    @T.prim_func
+    def merge_state(va_p: T.handle, sa_p: T.handle, vb_p: T.handle, sb_p: T.handle, vo_p: T.handle,
+                    so_p: T.handle, log2_tpr: T.int32, zero: T.int32):
+        S = T.int32()
+        H = T.int32()
+        D = T.int32()
+        va0 = T.int32()
+        va1 = T.int32()
+        vb0 = T.int32()
+        vb1 = T.int32()
+        vo0 = T.int32()
+        vo1 = T.int32()
+        sa0 = T.int32()
+        sa1 = T.int32()
+        sb0 = T.int32()
+        sb1 = T.int32()
+        so0 = T.int32()
+        so1 = T.int32()
+        VA = T.match_buffer(va_p, (S, H, D), dtype, strides=(va0, va1, 1), align=16)
+        VB = T.match_buffer(vb_p, (S, H, D), dtype, strides=(vb0, vb1, 1), align=16)
+        VO = T.match_buffer(vo_p, (S, H, D), dtype, strides=(vo0, vo1, 1), align=16)
+        SA = T.match_buffer(sa_p, (S, H), "float32", strides=(sa0, sa1))
+        SB = T.match_buffer(sb_p, (S, H), "float32", strides=(sb0, sb1))
+        SO = T.match_buffer(so_p, (S, H), "float32", strides=(so0, so1))
+        T.device_entry()
+        # Flat views indexed with the strides: TIRx 0.27 binds match_buffer strides on the host but drops them
+        # from device indexing.
+        VAf = T.decl_buffer((S * H * D,), dtype, data=VA.data)
+        VBf = T.decl_buffer((S * H * D,), dtype, data=VB.data)
+        VOf = T.decl_buffer((S * H * D,), dtype, data=VO.data)
+        SAf = T.decl_buffer((S * H,), "float32", data=SA.data)
+        SBf = T.decl_buffer((S * H,), "float32", data=SB.data)
+        SOf = T.decl_buffer((S * H,), "float32", data=SO.data)
+        bx = T.cta_id([(S * H + (THREADS >> log2_tpr) - 1) // (THREADS >> log2_tpr)])
+        tid = T.thread_id([THREADS])
+        sl = T.alloc_local((2,), "float32")
+        vw = T.alloc_local((8,), "uint32")
+        acc = T.alloc_local((8,), "float32")
+        st = T.alloc_local((5,), "float32")
+        orr = T.alloc_local((4,), "uint32")
+        dep = T.alloc_local((1,), "uint32")
+        pdl_launch.begin(pdl)
+        row = bx * (THREADS >> log2_tpr) + (tid >> log2_tpr)
+        lane = tid & ((1 << log2_tpr) - 1)
+        si = row // H
+        hi = row - si * H
+        row_ok = row < S * H
+        ok = T.And(row_ok, lane * _VEC < D)
+        col = _int64(lane * _VEC)
+        _load_state(T, vector, sl, vw, 0, VAf, _int64(si) * _int64(va0) + _int64(hi) * _int64(va1) + col, SAf,
+                    _int64(si) * _int64(sa0) + _int64(hi) * _int64(sa1), row_ok, ok)
+        _load_state(T, vector, sl, vw, 1, VBf, _int64(si) * _int64(vb0) + _int64(hi) * _int64(vb1) + col, SBf,
+                    _int64(si) * _int64(sb0) + _int64(hi) * _int64(sb1), row_ok, ok)
+        dep[0] = vector.after_all(vw, 8, zero)
+        _fold(T, vector, dtype, sl, vw, 2, acc, st, dep[0], True)
+        _finish(T, vector, dtype, acc, st, orr, VOf, _int64(si) * _int64(vo0) + _int64(hi) * _int64(vo1) + col,
+                SOf, _int64(si) * _int64(so0) + _int64(hi) * _int64(so1), ok, T.And(row_ok, lane == 0))
+        pdl_launch.end(pdl)
+
+    return pdl_launch.launch(merge_state, pdl)
+
+
+def _build_in_place(dtype: str, pdl):
+    from tvm.script import tirx as T
+
+    from tirx_kernels.core.lang import pdl as pdl_launch
+    from tirx_kernels.core.lang import vector
+
+    pdl_launch.check_trigger("merge_state", pdl)
+
+    @T.prim_func
+    def merge_state_in_place(v_p: T.handle, s_p: T.handle, vb_p: T.handle, sb_p: T.handle, m_p: T.handle,
+                             use_mask: T.int32, log2_tpr: T.int32, zero: T.int32):
+        S = T.int32()
+        H = T.int32()
+        D = T.int32()
+        SM = T.int32()
+        v0 = T.int32()
+        v1 = T.int32()
+        vb0 = T.int32()
+        vb1 = T.int32()
+        s0 = T.int32()
+        s1 = T.int32()
+        sb0 = T.int32()
+        sb1 = T.int32()
+        m0 = T.int32()
+        V = T.match_buffer(v_p, (S, H, D), dtype, strides=(v0, v1, 1), align=16)
+        VB = T.match_buffer(vb_p, (S, H, D), dtype, strides=(vb0, vb1, 1), align=16)
+        SS = T.match_buffer(s_p, (S, H), "float32", strides=(s0, s1))
+        SB = T.match_buffer(sb_p, (S, H), "float32", strides=(sb0, sb1))
+        MK = T.match_buffer(m_p, (SM,), "uint8", strides=(m0,))
+        T.device_entry()
+        Vf = T.decl_buffer((S * H * D,), dtype, data=V.data)
+        VBf = T.decl_buffer((S * H * D,), dtype, data=VB.data)
+        Sf = T.decl_buffer((S * H,), "float32", data=SS.data)
+        SBf = T.decl_buffer((S * H,), "float32", data=SB.data)
+        Mf = T.decl_buffer((SM,), "uint8", data=MK.data)
+        bx = T.cta_id([(S * H + (THREADS >> log2_tpr) - 1) // (THREADS >> log2_tpr)])
+        tid = T.thread_id([THREADS])
+        sl = T.alloc_local((2,), "float32")
+        vw = T.alloc_local((8,), "uint32")
+        acc = T.alloc_local((8,), "float32")
+        st = T.alloc_local((5,), "float32")
+        orr = T.alloc_local((4,), "uint32")
+        dep = T.alloc_local((1,), "uint32")
+        keep = T.alloc_local((1,), "int32")
+        pdl_launch.begin(pdl)
+        row = bx * (THREADS >> log2_tpr) + (tid >> log2_tpr)
+        lane = tid & ((1 << log2_tpr) - 1)
+        si = row // H
+        hi = row - si * H
+        row_ok = row < S * H
+        ok = T.And(row_ok, lane * _VEC < D)
+        col = _int64(lane * _VEC)
+        voff = _int64(si) * _int64(v0) + _int64(hi) * _int64(v1) + col
+        soff = _int64(si) * _int64(s0) + _int64(hi) * _int64(s1)
+        keep[0] = 1
+        if T.And(use_mask != 0, row_ok):
+            keep[0] = T.Cast("int32", Mf[_int64(si) * _int64(m0)])
+        _load_state(T, vector, sl, vw, 0, Vf, voff, Sf, soff, row_ok, ok)
+        _load_state(T, vector, sl, vw, 1, VBf, _int64(si) * _int64(vb0) + _int64(hi) * _int64(vb1) + col, SBf,
+                    _int64(si) * _int64(sb0) + _int64(hi) * _int64(sb1), row_ok, ok)
+        dep[0] = vector.after_all(vw, 8, zero)
+        _fold(T, vector, dtype, sl, vw, 2, acc, st, dep[0], True)
+        # Lane 0 overwrites the row's s, which every lane of the row (one CTA) has read by this barrier.
+        T.evaluate(T.cuda.cta_sync())
+        _finish(T, vector, dtype, acc, st, orr, Vf, voff, Sf, soff, T.And(ok, keep[0] != 0),
+                T.And(T.And(row_ok, lane == 0), keep[0] != 0))
+        pdl_launch.end(pdl)
+
+    return pdl_launch.launch(merge_state_in_place, pdl)
+
+
+def _build_states(dtype: str, pdl):
+    from tvm.script import tirx as T
+
+    from tirx_kernels.core.lang import pdl as pdl_launch
+    from tirx_kernels.core.lang import vector
+
+    pdl_launch.check_trigger("merge_state", pdl)
+    K = STATES_PER_TRIP
+
+    def load_trip(sl, vw, Vf, Sf, vbase, sbase, t, N, vn, sn, row_ok, ok):
+        for k in range(K):
+            n = t * K + k
+            _load_state(T, vector, sl, vw, k, Vf, vbase + _int64(n) * _int64(vn), Sf,
+                        sbase + _int64(n) * _int64(sn), T.And(row_ok, n < N), T.And(ok, n < N))
+
+    @T.prim_func
+    def merge_states(v_p: T.handle, s_p: T.handle, vo_p: T.handle, so_p: T.handle, log2_tpr: T.int32,
+                     zero: T.int32):
+        S = T.int32()
+        N = T.int32()
+        H = T.int32()
+        D = T.int32()
+        v0 = T.int32()
+        v1 = T.int32()
+        v2 = T.int32()
+        s0 = T.int32()
+        s1 = T.int32()
+        s2 = T.int32()
+        vo0 = T.int32()
+        vo1 = T.int32()
+        so0 = T.int32()
+        so1 = T.int32()
+        V = T.match_buffer(v_p, (S, N, H, D), dtype, strides=(v0, v1, v2, 1), align=16)
+        SS = T.match_buffer(s_p, (S, N, H), "float32", strides=(s0, s1, s2))
+        VO = T.match_buffer(vo_p, (S, H, D), dtype, strides=(vo0, vo1, 1), align=16)
+        SO = T.match_buffer(so_p, (S, H), "float32", strides=(so0, so1))
+        T.device_entry()
+        Vf = T.decl_buffer((S * N * H * D,), dtype, data=V.data)
+        Sf = T.decl_buffer((S * N * H,), "float32", data=SS.data)
+        VOf = T.decl_buffer((S * H * D,), dtype, data=VO.data)
+        SOf = T.decl_buffer((S * H,), "float32", data=SO.data)
+        bx = T.cta_id([(S * H + (THREADS >> log2_tpr) - 1) // (THREADS >> log2_tpr)])
+        tid = T.thread_id([THREADS])
+        sl = T.alloc_local((K,), "float32")
+        vw = T.alloc_local((4 * K,), "uint32")
+        acc = T.alloc_local((8,), "float32")
+        st = T.alloc_local((5,), "float32")
+        orr = T.alloc_local((4,), "uint32")
+        dep = T.alloc_local((1,), "uint32")
+        pdl_launch.begin(pdl)
+        row = bx * (THREADS >> log2_tpr) + (tid >> log2_tpr)
+        lane = tid & ((1 << log2_tpr) - 1)
+        si = row // H
+        hi = row - si * H
+        row_ok = row < S * H
+        ok = T.And(row_ok, lane * _VEC < D)
+        col = _int64(lane * _VEC)
+        vbase = _int64(si) * _int64(v0) + _int64(hi) * _int64(v2) + col
+        sbase = _int64(si) * _int64(s0) + _int64(hi) * _int64(s2)
+        st[0] = T.float32(_NEG_INF)
+        st[1] = T.float32(0)
+        st[2] = T.float32(0)
+        for i in range(8):
+            acc[i] = T.float32(0)
+        for t in T.serial((N + K - 1) // K):
+            load_trip(sl, vw, Vf, Sf, vbase, sbase, t, N, v1, s1, row_ok, ok)
+            dep[0] = vector.after_all(vw, 4 * K, zero)
+            _fold(T, vector, dtype, sl, vw, K, acc, st, dep[0], False)
+        _finish(T, vector, dtype, acc, st, orr, VOf, _int64(si) * _int64(vo0) + _int64(hi) * _int64(vo1) + col,
+                SOf, _int64(si) * _int64(so0) + _int64(hi) * _int64(so1), ok, T.And(row_ok, lane == 0))
+        pdl_launch.end(pdl)
+
+    return pdl_launch.launch(merge_states, pdl)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Protocol: data, oracle, byte/FLOP model, baselines
+# ---------------------------------------------------------------------------------------------------------
+
+def _generator() -> torch.Generator:
+    seed = int(os.environ["TIRX_SEED"]) if "TIRX_SEED" in os.environ else int.from_bytes(os.urandom(8), "little") >> 1
+    g = torch.Generator(device="cuda")
+    g.manual_seed(seed)
+    return g
+
+
+def _randn(g, shape, dtype, strided: bool, last_pad: int):
+    """Random values of ``shape``; ``strided``: a view into a buffer whose last dim is ``last_pad`` times wider
+    (rows keep 16-byte alignment: the pad multiplies a multiple of 8)."""
+    if not strided:
+        return torch.randn(shape, generator=g, device="cuda", dtype=torch.float32).to(dtype)
+    full = torch.randn((*shape[:-1], shape[-1] * last_pad), generator=g, device="cuda", dtype=torch.float32)
+    return full.to(dtype)[..., :shape[-1]]
+
+
+def _lse(g, shape, strided: bool, edge: str | None, offset: int = 0):
+    """Base-2 LSEs of a few units' spread (weights from ~1e-3 to 1); ``edge="neg_inf"``: a pattern of -inf
+    rows (over positions and heads) shifted by ``offset``, so two tensors share some -inf rows and not others."""
+    s = (torch.randn(shape, generator=g, device="cuda", dtype=torch.float32) * 3).contiguous()
+    if edge == "neg_inf":
+        idx = torch.arange(s.numel(), device="cuda").view(shape)
+        s[(idx + offset) % 3 == 0] = _NEG_INF
+    if strided:
+        full = torch.full((*shape[:-1], 2 * shape[-1]), 7.0, device="cuda")
+        full[..., :shape[-1]] = s
+        return full[..., :shape[-1]]
+    return s
+
+
+def prepare_data(op: str, dtype: str, S: int, H: int, D: int, N: int = 2, edge: str | None = None,
+                 strided: bool = False, mask: bool = False, **_) -> dict:
+    g = _generator()
+    t = _DTYPES[dtype]
+    if op == "merge_states":
+        data = {"v_all": _randn(g, (S, N, H, D), t, strided, 2), "s_all": _lse(g, (S, N, H), strided, edge)}
+        if edge == "neg_inf" and S and N:
+            data["s_all"][: S // 2, :] = _NEG_INF  # rows with every state empty
+    else:
+        a, b = ("v", "v_other") if op == "merge_state_in_place" else ("v_a", "v_b")
+        data = {a: _randn(g, (S, H, D), t, strided, 2), "s" + a[1:]: _lse(g, (S, H), strided, edge),
+                b: _randn(g, (S, H, D), t, strided, 3), "s" + b[1:]: _lse(g, (S, H), strided, edge, 1)}
+        if op == "merge_state_in_place":
+            data["mask"] = (torch.rand(S, generator=g, device="cuda") < 0.6) if mask else None
+            return data
+    data["v"] = torch.full((S, H, D), float("nan"), device="cuda", dtype=t)
+    data["s"] = torch.full((S, H), float("nan"), device="cuda")
+    return data
+
+
+def _merge_fp32(vs: torch.Tensor, ss: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The oracle: ``vs`` [S, K, H, D], ``ss`` [S, K, H] -> (v [S, H, D], s [S, H]) in fp32; all-empty rows
+    (every LSE -inf, or K = 0) give v = 0, s = -inf."""
+    vs, ss = vs.float(), ss.float()
+    if ss.shape[1] == 0:
+        return vs.new_zeros(vs.shape[0], *vs.shape[2:]), ss.new_full((ss.shape[0], ss.shape[2]), _NEG_INF)
+    m = ss.amax(dim=1)
+    ms = torch.where(m == _NEG_INF, torch.zeros_like(m), m)
+    w = torch.exp2(ss - ms[:, None])
+    d = w.sum(dim=1)
+    v = (w[..., None] * vs).sum(dim=1) / torch.where(d > 0, d, torch.ones_like(d))[..., None]
+    return v, ms + torch.log2(d)
+
+
+def reference(v_a=None, s_a=None, v_b=None, s_b=None, v=None, s=None, v_other=None, s_other=None, mask=None,
+              v_all=None, s_all=None, **_) -> dict:
+    if v_all is not None:
+        out_v, out_s = _merge_fp32(v_all, s_all)
+    elif v_a is not None:
+        out_v, out_s = _merge_fp32(torch.stack([v_a, v_b], 1), torch.stack([s_a, s_b], 1))
+    else:
+        out_v, out_s = _merge_fp32(torch.stack([v, v_other], 1), torch.stack([s, s_other], 1))
+        if mask is not None:
+            keep = ~mask.bool()
+            out_v[keep] = v[keep].float()
+            out_s[keep] = s[keep].float()
+    return {"v": out_v, "s": out_s}
+
+
+def _compare_lse(got, want, cfg, inputs):
+    """s may be -inf (an all-empty row): -inf exactly where the oracle has it, the rest within 1e-5 relative
+    (plus 1e-4 absolute: log2 of a sum of a few weights in fp32)."""
+    inf_w, inf_g = want == _NEG_INF, got == _NEG_INF
+    if not torch.equal(inf_w, inf_g):
+        raise harness.KernelCheckError(f"-inf at {int((inf_w != inf_g).sum())} rows where the oracle differs")
+    g, w = got[~inf_w], want[~inf_w]
+    if not torch.isfinite(g).all():
+        raise harness.KernelCheckError(f"{int((~torch.isfinite(g)).sum())} non-finite values")
+    bad = (g - w).abs() > 1e-4 + 1e-5 * w.abs()
+    if bad.any():
+        raise harness.KernelCheckError(f"{int(bad.sum())} of {g.numel()} values beyond 1e-4 + 1e-5*|ref| "
+                                       f"(max diff {(g - w).abs().max().item():.3g})")
+    return {"max_abs": (g - w).abs().max().item() if g.numel() else 0.0, "neg_inf_rows": int(inf_w.sum())}
+
+
+COMPARATORS = {"s": _compare_lse}
+
+
+def launch(cfg: dict, data: dict) -> None:
+    op = cfg["op"]
+    if op == "merge_state_in_place":
+        merge_state_in_place(data["v"], data["s"], data["v_other"], data["s_other"], mask=data["mask"])
+    elif op == "merge_states":
+        merge_states(data["v_all"], data["s_all"], out=(data["v"], data["s"]))
+    else:
+        merge_state(data["v_a"], data["s_a"], data["v_b"], data["s_b"], out=(data["v"], data["s"]))
+
+
+def roofline(op: str, dtype: str, S: int, H: int, D: int, N: int = 2, **_) -> dict:
+    """Each state read once, the merged state written once (2-byte v, 4-byte s); at least 1 byte, so that the
+    empty (S = 0) correctness row still has a model."""
+    k = N if op == "merge_states" else 2
+    row = D * 2 + 4
+    return {"bytes": max(1, (k + 1) * S * H * row), "flops": 3 * k * S * H * D}
+
+
+def get_baselines(**cfg) -> dict:
+    op, D = cfg.get("op", "merge_state"), int(cfg.get("D", 128))
+
+    def torch_fn(compiled: bool):
+        def f(vs, ss):
+            return _merge_fp32(vs, ss)
+
+        g = torch.compile(f, dynamic=False) if compiled else f
+
+        def fn(data):
+            if op == "merge_states":
+                v, s = g(data["v_all"], data["s_all"])
+            elif op == "merge_state":
+                v, s = g(torch.stack([data["v_a"], data["v_b"]], 1), torch.stack([data["s_a"], data["s_b"]], 1))
+            else:
+                v, s = g(torch.stack([data["v"], data["v_other"]], 1), torch.stack([data["s"], data["s_other"]], 1))
+                if data["mask"] is not None:
+                    keep = ~data["mask"].bool()
+                    v[keep], s[keep] = data["v"][keep].float(), data["s"][keep]
+            return {"v": v.to(data["v"].dtype), "s": s}
+        return fn
+
+    def flashinfer():
+        if cfg.get("edge") == "neg_inf":
+            raise ImportError("flashinfer's merges give NaN where every state of a row is -inf (and merge_states "
+                              "where the first is); this config's edge rows have them")
+        if D not in (64, 128, 256, 512):
+            raise ImportError(f"flashinfer's merge kernels take D in 64, 128, 256, 512 (D={D})")
+        import flashinfer.cascade as fc
+
+        def fn(data):
+            if op == "merge_states":
+                v, s = fc.merge_states(data["v_all"].contiguous(), data["s_all"].contiguous())
+            elif op == "merge_state":
+                v, s = fc.merge_state(*(data[k].contiguous() for k in ("v_a", "s_a", "v_b", "s_b")))
+            else:
+                v, s = data["v"].contiguous().clone(), data["s"].contiguous().clone()
+                mask = data["mask"]
+                fc.merge_state_in_place(v, s, data["v_other"].contiguous(), data["s_other"].contiguous(),
+                                        mask=None if mask is None else mask.contiguous())
+            return {"v": v, "s": s}
+        return fn
+
+    return {"torch": lambda: torch_fn(False), "torch.compile": lambda: torch_fn(True), "flashinfer": flashinfer}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Public ops
+# ---------------------------------------------------------------------------------------------------------
+
+_INT32_MAX = 2**31 - 1
+
+
+def _fail(op: str, name: str, expected: str, got: str) -> None:
+    raise checks.TirxInputError(f"{op}: argument '{name}': expected {expected}, got {got}")
+
+
+def _check_v(op: str, name: str, t, ndim: int, cuda: bool = False) -> None:
+    checks.tensor(op, name, t, dtypes=tuple(_DTYPES.values()), ndim=ndim, cuda=cuda)
+    D = t.shape[-1]
+    if D % _VEC or not _VEC <= D <= MAX_D:
+        _fail(op, name, f"a head dim (last dim) that is a multiple of {_VEC} in [{_VEC}, {MAX_D}]",
+              f"shape {tuple(t.shape)}")
+    checks.aligned(op, name, t, 16)
+    _check_strides(op, name, t)
+
+
+def _check_s(op: str, name: str, t, shape) -> None:
+    checks.tensor(op, name, t, dtypes=(torch.float32,), shape=shape, inner_contiguous=False, cuda=False)
+    _check_strides(op, name, t)
+
+
+def _check_strides(op: str, name: str, t) -> None:
+    for dim in range(t.dim()):
+        if t.shape[dim] > 1 and not 0 <= t.stride(dim) <= _INT32_MAX:
+            _fail(op, name, f"non-negative strides below 2**31 elements (dim {dim})", f"strides {tuple(t.stride())}")
+    if t.dim() and t.shape[-1] > _INT32_MAX:
+        _fail(op, name, "sizes below 2**31", f"shape {tuple(t.shape)}")
+
+
+def _check_out(op: str, out, v_ref, S: int, H: int, D: int) -> None:
+    if not isinstance(out, (tuple, list)) or len(out) != 2:
+        _fail(op, "out", "a pair (v, s) of tensors", type(out).__name__)
+    checks.tensor(op, "out[0]", out[0], shape=(S, H, D), cuda=False)
+    checks.same_dtype(op, "v", v_ref, **{"out[0]": out[0]})
+    checks.aligned(op, "out[0]", out[0], 16)
+    _check_strides(op, "out[0]", out[0])
+    _check_s(op, "out[1]", out[1], (S, H))
+
+
+def _devices(op: str, ref_name: str, ref, **others) -> None:
+    checks.tensor(op, ref_name, ref, cuda=True)
+    checks.same_device(op, ref_name, ref, **{k: v for k, v in others.items() if v is not None})
+
+
+def merge_state(v_a: torch.Tensor, s_a: torch.Tensor, v_b: torch.Tensor, s_b: torch.Tensor,
+                out: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Merge two attention states: v_a, v_b [S, H, D] bf16/fp16 (D a multiple of 8 in [8, 1024], unit stride in
+    D, 16-byte aligned rows), s_a, s_b [S, H] fp32 base-2 LSEs (any strides). Returns (v [S, H, D], s [S, H] fp32),
+    written into ``out`` when given."""
+    op = "merge_state"
+    _check_v(op, "v_a", v_a, 3)
+    S, H, D = v_a.shape
+    _check_v(op, "v_b", v_b, 3)
+    checks.tensor(op, "v_b", v_b, shape=(S, H, D), cuda=False)
+    checks.same_dtype(op, "v_a", v_a, v_b=v_b)
+    _check_s(op, "s_a", s_a, (S, H))
+    _check_s(op, "s_b", s_b, (S, H))
+    if out is not None:
+        _check_out(op, out, v_a, S, H, D)
+    _devices(op, "v_a", v_a, s_a=s_a, v_b=v_b, s_b=s_b, **({} if out is None else {"out[0]": out[0],
+                                                                                     "out[1]": out[1]}))
+    if runtime.direct_call(v_a, s_a, v_b, s_b, *(out or ())):
+        dst = out if out is not None else _new_out(v_a, S, H, D)
+        _run("merge_state", (v_a, s_a, v_b, s_b), dst)
+        if out is not None:
+            runtime.mark_written(out[0])
+            runtime.mark_written(out[1])
+        return tuple(dst)
+    if out is None:
+        return tuple(torch.ops.tirx.merge_state(v_a, s_a, v_b, s_b))
+    torch.ops.tirx.merge_state_out(v_a, s_a, v_b, s_b, out[0], out[1])
+    return tuple(out)
+
+
+def merge_state_in_place(v: torch.Tensor, s: torch.Tensor, v_other: torch.Tensor, s_other: torch.Tensor,
+                         mask: torch.Tensor | None = None) -> None:
+    """Merge (v_other, s_other) into (v, s) in place; shapes as ``merge_state``. ``mask`` [S] bool/uint8: the
+    positions with mask 0 are left untouched (FlashInfer's per-position mask)."""
+    op = "merge_state_in_place"
+    _check_v(op, "v", v, 3)
+    S, H, D = v.shape
+    _check_v(op, "v_other", v_other, 3)
+    checks.tensor(op, "v_other", v_other, shape=(S, H, D), cuda=False)
+    checks.same_dtype(op, "v", v, v_other=v_other)
+    _check_s(op, "s", s, (S, H))
+    _check_s(op, "s_other", s_other, (S, H))
+    if mask is not None:
+        checks.tensor(op, "mask", mask, dtypes=(torch.bool, torch.uint8), shape=(S,), inner_contiguous=False,
+                      cuda=False)
+        _check_strides(op, "mask", mask)
+    _devices(op, "v", v, s=s, v_other=v_other, s_other=s_other, mask=mask)
+    if runtime.direct_call(v, s, v_other, s_other, mask):
+        _run(op, (v, s, v_other, s_other, mask), None)
+        runtime.mark_written(v)
+        runtime.mark_written(s)
+        return
+    torch.ops.tirx.merge_state_in_place(v, s, v_other, s_other, mask)
+
+
+def merge_states(v: torch.Tensor, s: torch.Tensor,
+                 out: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Merge N states: v [S, N, H, D] bf16/fp16, s [S, N, H] fp32 -> (v [S, H, D], s [S, H]); N = 0 gives
+    v = 0, s = -inf."""
+    op = "merge_states"
+    _check_v(op, "v", v, 4)
+    S, N, H, D = v.shape
+    _check_s(op, "s", s, (S, N, H))
+    if out is not None:
+        _check_out(op, out, v, S, H, D)
+    _devices(op, "v", v, s=s, **({} if out is None else {"out[0]": out[0], "out[1]": out[1]}))
+    if runtime.direct_call(v, s, *(out or ())):
+        dst = out if out is not None else _new_out(v, S, H, D)
+        _run(op, (v, s), dst)
+        if out is not None:
+            runtime.mark_written(out[0])
+            runtime.mark_written(out[1])
+        return tuple(dst)
+    if out is None:
+        return tuple(torch.ops.tirx.merge_states(v, s))
+    torch.ops.tirx.merge_states_out(v, s, out[0], out[1])
+    return tuple(out)
+
+
+def _new_out(v: torch.Tensor, S: int, H: int, D: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return (torch.empty((S, H, D), dtype=v.dtype, device=v.device),
+            torch.empty((S, H), dtype=torch.float32, device=v.device))
+
+
+_FUNCTIONS = runtime.FunctionCache(__name__)
+_DUMMY_MASK: dict = {}
+
+
+def positions_per_launch(H: int) -> int:
+    """Positions one launch takes: its S * H rows (and the CTA index math on them) stay in int32."""
+    return max(1, (_INT32_MAX - THREADS) // H)
+
+
+def _run(op: str, args: tuple, out) -> None:
+    """Launch ``op``'s kernel on validated tensors, ``positions_per_launch`` positions a launch."""
+    v0 = args[0]
+    S, H, D = v0.shape[0], v0.shape[-2], v0.shape[-1]
+    if S == 0 or H == 0:
+        return
+    fn = _FUNCTIONS.get((op, v0.dtype, v0.get_device()),
+                        lambda: compile_params(op=op, dtype=str(v0.dtype)[6:]), v0.device)
+    lt = log2_threads_per_row(D)
+    step = positions_per_launch(H)
+    for r in range(0, S, step):
+        sl = slice(r, r + step)
+        if op == "merge_state_in_place":
+            v, s, vo, so, mask = args
+            if mask is None:
+                dummy = _DUMMY_MASK.get(v.device)
+                if dummy is None:
+                    dummy = _DUMMY_MASK.setdefault(v.device, torch.ones(1, dtype=torch.uint8, device=v.device))
+                fn(v[sl], s[sl], vo[sl], so[sl], dummy, 0, lt, 0)
+            else:
+                fn(v[sl], s[sl], vo[sl], so[sl], mask[sl].view(torch.uint8), 1, lt, 0)
+        else:
+            fn(*(a[sl] for a in args), out[0][sl], out[1][sl], lt, 0)
+
+
+@torch.library.custom_op("tirx::merge_state", mutates_args=())
+def _merge_state_op(v_a: torch.Tensor, s_a: torch.Tensor, v_b: torch.Tensor,
+                    s_b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    out = _new_out(v_a, *v_a.shape)
+    _run("merge_state", (v_a, s_a, v_b, s_b), out)
+    return out
+
+
+@_merge_state_op.register_fake
+def _(v_a, s_a, v_b, s_b):
+    return v_a.new_empty(v_a.shape), s_a.new_empty(v_a.shape[:2])
+
+
+@torch.library.custom_op("tirx::merge_state_out", mutates_args=("v_out", "s_out"))
+def _merge_state_out_op(v_a: torch.Tensor, s_a: torch.Tensor, v_b: torch.Tensor, s_b: torch.Tensor,
+                        v_out: torch.Tensor, s_out: torch.Tensor) -> None:
+    _run("merge_state", (v_a, s_a, v_b, s_b), (v_out, s_out))
+
+
+@_merge_state_out_op.register_fake
+def _(v_a, s_a, v_b, s_b, v_out, s_out):
+    return None
+
+
+@torch.library.custom_op("tirx::merge_state_in_place", mutates_args=("v", "s"))
+def _merge_state_in_place_op(v: torch.Tensor, s: torch.Tensor, v_other: torch.Tensor, s_other: torch.Tensor,
+                             mask: torch.Tensor | None) -> None:
+    _run("merge_state_in_place", (v, s, v_other, s_other, mask), None)
+
+
+@_merge_state_in_place_op.register_fake
+def _(v, s, v_other, s_other, mask):
+    return None
+
+
+@torch.library.custom_op("tirx::merge_states", mutates_args=())
+def _merge_states_op(v: torch.Tensor, s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    S, _n, H, D = v.shape
+    out = _new_out(v, S, H, D)
+    _run("merge_states", (v, s), out)
+    return out
+
+
+@_merge_states_op.register_fake
+def _(v, s):
+    S, _n, H, D = v.shape
+    return v.new_empty((S, H, D)), s.new_empty((S, H))
+
+
+@torch.library.custom_op("tirx::merge_states_out", mutates_args=("v_out", "s_out"))
+def _merge_states_out_op(v: torch.Tensor, s: torch.Tensor, v_out: torch.Tensor, s_out: torch.Tensor) -> None:
+    _run("merge_states", (v, s), (v_out, s_out))
+
+
+@_merge_states_out_op.register_fake
+def _(v, s, v_out, s_out):
+    return None
+
+
+run_test, run_bench = harness.bind(__name__)
