@@ -275,3 +275,28 @@ def test_gpu_leading_dims_empty_and_compile():
     torch.compile(lambda a, b, c: mod.gemma_fused_add_rmsnorm(a, b, c), fullgraph=True)(x, r, w)
     torch.testing.assert_close(x.float(), want["input"], atol=2e-2, rtol=1.6e-2)
     torch.testing.assert_close(r.float(), want["residual"], atol=0, rtol=0)
+
+
+def test_harness_wiring_on_cpu():
+    """The protocol pieces the harness combines (INPLACE, reference keys, the in-place launch) on CPU: a launch
+    that writes the oracle's values in place, through the harness's guarded copies of input and residual."""
+    import types
+
+    from tirx_kernels.core import harness
+
+    def prepare_data(dtype, M, H, eps=1e-6, gemma=False, input_row_stride=None, **_):
+        t = getattr(torch, dtype)
+        x = torch.randn(M, input_row_stride or H).to(t)[:, :H]
+        return {"input": x, "residual": torch.randn(M, H).to(t), "weight": torch.randn(H).to(t), "eps": eps,
+                "gemma": gemma}
+
+    def launch(cfg, data):
+        want = mod.reference(**data)
+        data["residual"].copy_(want["residual"])
+        data["input"].copy_(want["input"])
+
+    fake = types.SimpleNamespace(**{k: getattr(mod, k) for k in ("KERNEL_META", "INPLACE", "reference")},
+                                 prepare_data=prepare_data, launch=launch, get_baselines=lambda **cfg: {})
+    for cfg in ({"dtype": "bfloat16", "M": 5, "H": 64, "gemma": True},
+                {"dtype": "float16", "M": 3, "H": 111, "input_row_stride": 120}):
+        assert harness.check_config(fake, cfg)["status"] == "passed"

@@ -207,3 +207,23 @@ def test_gpu_matches_flashinfer_and_compile():
         ours = (mod.gemma_qk_rmsnorm if gemma else mod.qk_rmsnorm)(x, w)
         theirs = (flashinfer.norm.gemma_rmsnorm if gemma else flashinfer.norm.rmsnorm)(x, w, 1e-6)
         torch.testing.assert_close(ours, theirs, atol=1e-2, rtol=1e-2)
+
+
+def test_harness_wiring_on_cpu():
+    """The protocol pieces the harness combines (reference keys, the out= launch into a poisoned view) on CPU."""
+    import types
+
+    from tirx_kernels.core import harness
+
+    def prepare_data(dtype, B, N, H, eps=1e-6, gemma=False, **_):
+        t = getattr(torch, dtype)
+        return {"input": torch.randn(B, N, H).to(t), "weight": torch.randn(H).to(t), "eps": eps, "gemma": gemma,
+                "out": torch.full((B, N, H), float("nan"), dtype=t)}
+
+    def launch(cfg, data):
+        data["out"].copy_(mod.reference(**data)["out"])
+
+    fake = types.SimpleNamespace(KERNEL_META=mod.KERNEL_META, reference=mod.reference, prepare_data=prepare_data,
+                                 launch=launch, get_baselines=lambda **cfg: {})
+    assert harness.check_config(fake, {"dtype": "bfloat16", "B": 3, "N": 4, "H": 64, "gemma": True})["status"] == \
+        "passed"
