@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """merge_state / merge_state_in_place / merge_states: input validation, params and bundle coverage, the build
 (16-byte loads, no spills), the generated CUDA run on the CPU (``core.emulate``) against the fp32 oracle, and
-on a GPU the harness configs (oracle + FlashInfer 0.7.4) and the public ops on odd layouts."""
+on a GPU graph replay and the public ops on odd layouts (every config against the oracle and FlashInfer 0.7.4 runs
+in this package's test_gpu.py)."""
 
 from __future__ import annotations
 
@@ -282,14 +283,6 @@ def test_oracle_empty_rows():
 # ------------------------------------------------------------------------------------------------ GPU
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (sm_90a)")
-
-
-@gpu
-@pytest.mark.parametrize("label", [c["label"] for c in mod.CONFIGS])
-def test_config_gpu(label):
-    from tirx_kernels.core import testing
-
-    testing.check_correctness("merge_state", label)
 
 
 @gpu

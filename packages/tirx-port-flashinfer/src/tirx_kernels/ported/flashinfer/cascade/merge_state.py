@@ -593,9 +593,8 @@ def get_baselines(**cfg) -> dict:
                 v, s = fc.merge_state(*(data[k].contiguous() for k in ("v_a", "s_a", "v_b", "s_b")))
             else:
                 v, s = data["v"].contiguous().clone(), data["s"].contiguous().clone()
-                mask = data["mask"]
-                fc.merge_state_in_place(v, s, data["v_other"].contiguous(), data["s_other"].contiguous(),
-                                        mask=None if mask is None else mask.contiguous())
+                mask = {} if data["mask"] is None else {"mask": data["mask"].contiguous()}
+                fc.merge_state_in_place(v, s, data["v_other"].contiguous(), data["s_other"].contiguous(), **mask)
             return {"v": v, "s": s}
         return fn
 
