@@ -29,6 +29,7 @@ static emu_dim3 blockDim, gridDim;
 #define __forceinline__ inline
 #define __launch_bounds__(...)
 #define __restrict__
+#define CUDART_INF_F __builtin_inff()
 using std::max;
 using std::min;
 
