@@ -376,7 +376,7 @@ def _k_cluster(c: Case):
 
 
 def _k_bulk(c: Case):
-    """rmsnorm's "bulk" ring with ``out="bulk"`` (see ``norm/rmsnorm.py``, ``build_kernel_bulk``), the math
+    """rmsnorm's "bulk" ring with ``out="bulk"`` (``tools/sweeps/rmsnorm_variants.py``, ``build_kernel_bulk``), the math
     replaced by a complement. Row ``k`` of a CTA is use ``k`` of the ring: stage ``k % stages``, full-barrier
     parity ``(k // stages) % 2``. Per row: wait; ``ld.shared``; barrier B1 (every thread has read the row);
     thread 0 waits until the store of row ``k - 1`` has read its stage, then refills that stage with row
