@@ -101,3 +101,25 @@ def test_batches_spread_a_kernel_over_the_jobs_and_cap_their_size():
     assert all(len({it["kernel"] for it in b}) == 1 for b in out)
     assert max(len(b) for b in out) <= build.MAX_BATCH
     assert len([b for b in out if b[0]["kernel"] == "b"]) == 2  # 3 items, 2 jobs: both cores work
+
+
+def test_fingerprint_does_not_depend_on_where_the_sources_are_installed(tmp_path, monkeypatch):
+    """The same sources give the same fingerprint whether the closure's files sit under one root or two (a wheel
+    in site-packages and a checkout on sys.path at once): the bundle a GPU host loads must not read as stale."""
+    import shutil
+
+    entry = registry.scan()["act_and_mul"]
+    files = artifacts.source_closure(entry.path)
+    want = artifacts.fingerprint(entry.path)
+    moved = []
+    for i, f in enumerate(files):  # every other file copied under another root, keeping its namespace path
+        if i % 2 and f != os.path.abspath(entry.path):
+            rel = f[f.rindex("tirx_kernels"):]
+            dst = tmp_path / "zzz-other-root" / rel
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(f, dst)
+            moved.append(str(dst))
+        else:
+            moved.append(f)
+    monkeypatch.setattr(artifacts, "source_closure", lambda path: sorted(moved))
+    assert artifacts.fingerprint(entry.path) == want

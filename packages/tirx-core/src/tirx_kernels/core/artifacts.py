@@ -97,6 +97,15 @@ def source_closure(path: str) -> list[str]:
     return sorted(seen)
 
 
+def _namespace_path(path: str) -> str:
+    """``path`` relative to its ``tirx_kernels`` directory (``core/lang/tma.py``); the basename elsewhere."""
+    parts = os.path.abspath(path).split(os.sep)
+    if "tirx_kernels" not in parts:
+        return os.path.basename(path)
+    i = len(parts) - 1 - parts[::-1].index("tirx_kernels")
+    return "/".join(parts[i + 1:])
+
+
 def fingerprint(module) -> str:
     """Kernel-source fingerprint (16 hex): the module's file and every ``tirx_kernels`` module it imports,
     transitively (its split-out builders such as ``gemm/_persistent.py``, the ``core.lang`` pieces it uses),
@@ -105,9 +114,14 @@ def fingerprint(module) -> str:
     path = inspect.getsourcefile(module) if not isinstance(module, str) else module
     files = source_closure(path)
     build_py = os.path.join(os.path.dirname(os.path.abspath(__file__)), "build.py")
+    # Ordered and named by the path inside the tirx_kernels namespace, never the absolute path: an installed wheel, an
+    # editable checkout, or both on sys.path at once (a test run from a checkout on a GPU host with the wheels
+    # installed) must give the same fingerprint for the same sources (2026-12-05, H100: absolute-path order made a
+    # pytest run see every port's bundle as stale while the bench CLI in the same host matched it).
+    rest = sorted((f for f in files if f != os.path.abspath(path)), key=_namespace_path)
     h = hashlib.sha256()
-    for p in [os.path.abspath(path)] + [f for f in files if f != os.path.abspath(path)] + [build_py]:
-        h.update(os.path.basename(p).encode())
+    for p in [os.path.abspath(path)] + rest + [build_py]:
+        h.update(_namespace_path(p).encode())
         with open(p, "rb") as f:
             h.update(f.read())
     return h.hexdigest()[:16]
