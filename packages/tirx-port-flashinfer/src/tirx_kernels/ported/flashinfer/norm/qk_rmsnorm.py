@@ -352,8 +352,17 @@ def get_baselines(**cfg) -> dict:
     def flashinfer():
         import flashinfer.norm
 
-        fn = flashinfer.norm.gemma_rmsnorm if gemma else flashinfer.norm.rmsnorm
-        return lambda d: {"out": fn(d["input"], d["weight"], d["eps"])}
+        if not gemma:
+            return lambda d: {"out": flashinfer.norm.rmsnorm(d["input"], d["weight"], d["eps"])}
+
+        # FlashInfer 0.7.4's gemma_rmsnorm takes 2-D input only ("input must be a 2D tensor", H100 2026-12-05): the
+        # heads as rows (a view of a contiguous input; a copy of a strided one).
+        def gemma_2d(d):
+            x = d["input"]
+            return {"out": flashinfer.norm.gemma_rmsnorm(x.reshape(-1, x.shape[-1]), d["weight"],
+                                                         d["eps"]).view(x.shape)}
+
+        return gemma_2d
 
     return {"torch": torch_eager, "torch.compile": torch_compile, "flashinfer": flashinfer}
 
