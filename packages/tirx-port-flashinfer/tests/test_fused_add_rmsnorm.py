@@ -175,6 +175,10 @@ def test_specialized_kernel_emulated(emulated, gemma, M, H, x_stride, r_stride):
 @pytest.mark.parametrize("M, H, x_off, x_stride, r_off, r_stride, w_off", [
     (5, 1, 0, 1, 0, 1, 0), (7, 3, 1, 5, 2, 3, 1), (19, 111, 3, 113, 0, 111, 5), (2, 500, 0, 503, 7, 500, 0),
     (3, 4096, 1, 4096, 0, 4096, 3), (2, 20001, 0, 20001, 1, 20003, 0), (2, 257, 0, 257, 0, 257, 0),
+    # input and residual aligned alike (the chunked 16-byte path): every weight shift, slab edges, long rows
+    (3, 4096, 1, 4096, 1, 4096, 3), (2, 20001, 3, 20001, 3, 20001, 5), (4, 8191, 0, 8191, 0, 8191, 1),
+    (3, 8193, 7, 8193, 7, 8193, 2), (5, 17, 2, 19, 2, 19, 6), (33, 8, 5, 8, 5, 8, 0), (9, 100, 0, 104, 0, 104, 7),
+    (2, 16392, 4, 16400, 4, 16400, 4),
 ])
 def test_general_kernel_emulated(emulated, gemma, M, H, x_off, x_stride, r_off, r_stride, w_off):
     params = mod.general_params({"dtype": "bfloat16", "gemma": gemma})

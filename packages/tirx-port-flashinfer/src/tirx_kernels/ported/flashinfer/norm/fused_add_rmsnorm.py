@@ -19,10 +19,10 @@ Two kinds of artifact with the same arguments (``input, residual, weight, eps, z
   once. Rows of <= 32 threads are packed several to a CTA and reduced with shuffles; wider rows take one CTA
   and one shared-memory exchange (``reduce.group_sum``). x is recomputed from the held words after the
   reduction (one fp32 add) rather than kept as fp32: half the registers.
-- general, per (dtype, gemma): H, strides and alignment at run time, one CTA of ``GENERAL_THREADS`` per row,
-  element-wise (2-byte, coalesced) accesses in two passes: the sum of squares, then x recomputed from the
-  unmodified input and residual (the first pass writes nothing), the residual and the output stored. Serves
-  odd H, H > 16384, unaligned rows or weight, and any H a bundle holds no specialized artifact for.
+- general, per (dtype, gemma): H, strides and alignment at run time, one CTA of ``GENERAL_THREADS`` per row
+  (``build_general``): 16-byte chunks where input and residual rows are aligned alike (the ends element-wise,
+  the weight shifted into place), rows to 8192 held in registers; other layouts element by element. Serves odd
+  H, H > 16384, unaligned rows or weight, and any H a bundle holds no specialized artifact for.
 Both launch as programmatic dependents (``core.lang.pdl``, as FlashInfer launches its norms on Hopper), so
 ``enable_pdl`` is accepted for FlashInfer's signature and has no effect.
 """
@@ -96,6 +96,9 @@ MAX_GENERAL_H = 2**30  # int32 column indices in the general kernel
 MAX_ROWS = MAX_STRIDE = 2**31 - 1  # int32 row count and strides; row offsets are 64-bit
 MIN_CTA_THREADS = 128  # rows of <= 32 threads are packed into CTAs of at least this many threads
 GENERAL_THREADS = 256
+# No launch-bounds cap on the general kernel: ptxas takes 91-100 registers (2 rows in flight an SM, 16 KB of
+# 16-byte loads each); capped at 3 CTAs an SM (80 registers) it spilled 24-48 bytes.
+GENERAL_VECTORS = 4  # 16-byte vectors of input and of residual a thread holds: 256 x 4 x 8 = 8192 columns a pass
 # (max H, 16-byte vectors a thread holds of each of input, residual and weight): 12 words a vector, so 4 vectors
 # (48 words) is the most that keeps a full SM's 2048 threads resident at <= 64 registers... of which ptxas needs
 # some for addresses: 4 only above 4096, where a row of 2 vectors would need > 256 threads.
@@ -155,9 +158,10 @@ def call_samples(rng) -> list[dict]:
 
 def sass_expect(dtype: str, gemma: bool = False, H: int | None = None, schedule: str | None = None,
                 **_) -> list[str]:
-    """SASS the CPU build test asserts: 16-byte loads and stores (specialized), 2-byte ones (general)."""
+    """SASS the CPU build test asserts: 16-byte loads and stores; for the general kernel also the 2-byte ones of a
+    row's unaligned ends (and of its element-wise path)."""
     if schedule == "general":
-        return [r"LDG\.E\.U16", r"STG\.E\.U16"]
+        return [r"LDG\.E\.128", r"STG\.E\.128", r"LDG\.E\.U16", r"STG\.E\.U16"]
     return [r"LDG\.E(\.[A-Z]+)*\.128", r"STG\.E\.128"]
 
 
@@ -283,15 +287,28 @@ def build_kernel(dtype: str, gemma: bool, H: int, threads_per_row: int, vectors_
     return pdl_launch.launch(fused_add_rmsnorm, pdl)
 
 
-def build_general(dtype: str, gemma: bool, pdl: str | None = PDL, threads: int = GENERAL_THREADS):
-    """The general kernel: H, strides and alignment at run time; one CTA per row, element-wise, two passes."""
+def build_general(dtype: str, gemma: bool, pdl: str | None = PDL, threads: int = GENERAL_THREADS,
+                  vectors: int = GENERAL_VECTORS):
+    """The general kernel: H, strides and alignment at run time; one CTA of ``threads`` per row.
+
+    Where input and residual rows start equally far past a 16-byte boundary (``ax``: contiguous tensors of one
+    shape, the usual call) a row is cut into 8-element *chunks* aligned to those boundaries (``core.lang.rowwise``):
+    a chunk inside the row is one 16-byte access of each, only the row's first and last chunk go element by
+    element; the weight's chunk is one aligned vector or two shifted into place (``rowwise.shift_down``). Rows
+    of up to ``threads * vectors`` chunks stay in registers between the sum of squares and the stores; longer
+    rows are read again (their slab, from L2 where still resident). Otherwise (a CTA-uniform branch; unusual
+    layouts) every element is accessed on its own, in two passes. Nothing is written before the reduction, so
+    a second read sees the original values.
+    """
     from tvm.script import tirx as T
 
     from tirx_kernels.core.lang import pdl as pdl_launch
-    from tirx_kernels.core.lang import reduce, vector
+    from tirx_kernels.core.lang import reduce, rowwise, vector
 
     pdl_launch.check_trigger("fused_add_rmsnorm", pdl)
     scratch_len = reduce.scratch_words(threads, 1)
+    slab = threads * vectors  # chunks a pass covers
+    full = rowwise.chunk_inside
 
     def element(buf, idx):
         """fp32 value of one 2-byte element (through its bits, as the vector path unpacks)."""
@@ -300,6 +317,90 @@ def build_general(dtype: str, gemma: bool, pdl: str | None = PDL, threads: int =
     def store_half(buf, idx, word):
         """The low 16 bits of ``word`` (a rounded bf16/fp16) stored as one element."""
         T.buffer_store(buf, T.reinterpret(dtype, T.Cast("uint16", word)), [idx])
+
+    def as_u16(value):
+        return T.Cast("uint32", T.reinterpret("uint16", value))
+
+    def load_scalars(regs, base, buf, row_base, c0, H):  # noqa: N803
+        """``regs[base:+4]`` <- columns ``c0..c0+8`` element by element, 0 outside the row."""
+        vector.fill(regs, base, _WORDS)
+        for e in range(_VEC):
+            with T.If(T.And(c0 + e >= 0, c0 + e < H)):
+                with T.Then():
+                    word = regs[base + e // 2] | (as_u16(buf[row_base + T.Cast("int64", c0 + e)])
+                                                  << T.uint32(16 * (e % 2)))
+                    T.buffer_store(regs, word, [base + e // 2])
+
+    def load_chunk(regs, base, buf, row_base, c0, H):  # noqa: N803
+        with T.If(full(c0, H)):
+            with T.Then():
+                vector.load_v4(regs, base, buf.ptr_to([row_base + T.Cast("int64", c0)]))
+            with T.Else():
+                load_scalars(regs, base, buf, row_base, c0, H)
+
+    def load_weight(wr, wn, tmp, Wt, c0, d, H):  # noqa: N803
+        """``wr[0:4]`` <- weight columns ``c0..c0+8``: one aligned vector (``d == 0``), two shifted by ``d``, or
+        element by element at the row's ends. A shifted pair's vectors each hold a column of the chunk, so they
+        lie inside the weight's 16-byte granules."""
+        with T.If(T.And(full(c0, H), d == 0)):
+            with T.Then():
+                vector.load_v4(wr, 0, Wt.ptr_to([c0]))
+            with T.Else():
+                with T.If(full(c0, H)):
+                    with T.Then():
+                        vector.load_v4(wn, 0, Wt.ptr_to([c0 - d]))
+                        vector.load_v4(wn, _WORDS, Wt.ptr_to([c0 - d + _VEC]))
+                        rowwise.shift_down(wr, wn, tmp, d)
+                    with T.Else():
+                        load_scalars(wr, 0, Wt, T.int64(0), c0, H)
+
+    def chunk(s, v, tid):
+        return s * slab + v * threads + tid
+
+    def load_slab(xr, rr, Xf, Rf, x_base, r_base, s, tid, ax, chunks, H):  # noqa: N803
+        for v in range(vectors):
+            with T.If(chunk(s, v, tid) < chunks):
+                with T.Then():
+                    c0 = (chunk(s, v, tid) << 3) - ax
+                    load_chunk(xr, v * _WORDS, Xf, x_base, c0, H)
+                    load_chunk(rr, v * _WORDS, Rf, r_base, c0, H)
+                with T.Else():
+                    vector.fill(xr, v * _WORDS, _WORDS)
+                    vector.fill(rr, v * _WORDS, _WORDS)
+
+    def sums(xr, rr, i):
+        a_lo, a_hi = vector.unpack2(xr[i], dtype)
+        b_lo, b_hi = vector.unpack2(rr[i], dtype)
+        return a_lo + b_lo, a_hi + b_hi
+
+    def sum_squares(acc, xr, rr):
+        for i in range(vectors * _WORDS):
+            lo, hi = sums(xr, rr, i)
+            T.buffer_store(acc, acc[0] + lo * lo + hi * hi, [0])
+
+    def store_chunk(buf, row_base, c0, H, regs):  # noqa: N803
+        with T.If(full(c0, H)):
+            with T.Then():
+                vector.store_v4(buf.ptr_to([row_base + T.Cast("int64", c0)]), regs, 0)
+            with T.Else():
+                rowwise.store_elements(buf, row_base, c0, H, regs, dtype)
+
+    def scale_store_slab(Xf, Rf, Wt, x_base, r_base, s, tid, ax, d, chunks, H, xr, rr, wr, wn, tmp, orr, rs):  # noqa: N803
+        for v in range(vectors):
+            with T.If(chunk(s, v, tid) < chunks):
+                with T.Then():
+                    c0 = (chunk(s, v, tid) << 3) - ax
+                    load_weight(wr, wn, tmp, Wt, c0, d, H)
+                    for j in range(_WORDS):
+                        lo, hi = sums(xr, rr, v * _WORDS + j)
+                        vector.pack2(orr, j, lo, hi, dtype)
+                    store_chunk(Rf, r_base, c0, H, orr)
+                    for j in range(_WORDS):
+                        lo, hi = sums(xr, rr, v * _WORDS + j)
+                        w_lo, w_hi = vector.unpack2(wr[j], dtype)
+                        vector.pack2(orr, j, lo * rs * _weight_factor(T, w_lo, gemma),
+                                     hi * rs * _weight_factor(T, w_hi, gemma), dtype)
+                    store_chunk(Xf, x_base, c0, H, orr)
 
     @T.prim_func
     def fused_add_rmsnorm(x_ptr: T.handle, r_ptr: T.handle, w_ptr: T.handle, eps: T.float32, zero: T.int32):
@@ -315,6 +416,12 @@ def build_general(dtype: str, gemma: bool, pdl: str | None = PDL, threads: int =
         Rf = T.decl_buffer((M * r_stride,), dtype, data=R.data)
         row = T.cta_id([M])
         tid = T.thread_id([threads])
+        xr = T.alloc_local((vectors * _WORDS,), "uint32")
+        rr = T.alloc_local((vectors * _WORDS,), "uint32")
+        wr = T.alloc_local((_WORDS,), "uint32")
+        wn = T.alloc_local((2 * _WORDS,), "uint32")
+        tmp = T.alloc_local((6,), "uint32")
+        orr = T.alloc_local((_WORDS,), "uint32")
         acc = T.alloc_local((1,), "float32")
         pair = T.alloc_local((1,), "uint32")
         scratch = T.alloc_shared((scratch_len,), "float32")
@@ -322,25 +429,40 @@ def build_general(dtype: str, gemma: bool, pdl: str | None = PDL, threads: int =
 
         x_base = T.Cast("int64", row) * T.Cast("int64", x_stride)
         r_base = T.Cast("int64", row) * T.Cast("int64", r_stride)
-        trips = (H + (threads - 1)) // threads
-        # Pass 1: the sum of squares of x = input + residual; nothing is written, so pass 2 reads the same values.
+        ax = rowwise.row_misalign(X.data, x_base)
+        ar = rowwise.row_misalign(R.data, r_base)
         acc[0] = T.float32(0)
-        for i in T.serial(trips):
-            c = i * threads + tid
-            if c < H:
-                x = element(Xf, x_base + T.Cast("int64", c)) + element(Rf, r_base + T.Cast("int64", c))
-                acc[0] = acc[0] + x * x
-        total = reduce.group_sum(acc[0], tid, threads, scratch)
-        rs = T.rsqrt(total * (T.float32(1) / T.Cast("float32", H)) + eps)
-        # Pass 2: each thread rewrites the elements it read (no other thread touches them).
-        for i in T.serial(trips):
-            c = i * threads + tid
-            if c < H:
-                x = element(Xf, x_base + T.Cast("int64", c)) + element(Rf, r_base + T.Cast("int64", c))
-                w = element(Wt, T.Cast("int64", c))
-                vector.pack2(pair, 0, x, x * rs * _weight_factor(T, w, gemma), dtype)  # one cvt for both
-                store_half(Rf, r_base + T.Cast("int64", c), pair[0])
-                store_half(Xf, x_base + T.Cast("int64", c), pair[0] >> T.uint32(16))
+        if ax == ar:
+            d = (rowwise.misalign(Wt.data) - ax) & 7  # elements a chunk's weight lies past a 16-byte boundary
+            chunks = (H + ax + 7) >> 3
+            slabs = (chunks + slab - 1) // slab
+            for s in T.serial(slabs):
+                load_slab(xr, rr, Xf, Rf, x_base, r_base, s, tid, ax, chunks, H)
+                acc[0] = acc[0] + T.cuda.uint_as_float(vector.after_all(xr, vectors * _WORDS, zero))
+                sum_squares(acc, xr, rr)
+            total = reduce.group_sum(acc[0], tid, threads, scratch)
+            rs = T.rsqrt(total * (T.float32(1) / T.Cast("float32", H)) + eps)
+            for s in T.serial(slabs):
+                if slabs > 1:
+                    load_slab(xr, rr, Xf, Rf, x_base, r_base, s, tid, ax, chunks, H)
+                scale_store_slab(Xf, Rf, Wt, x_base, r_base, s, tid, ax, d, chunks, H, xr, rr, wr, wn, tmp, orr, rs)
+        else:
+            trips = (H + (threads - 1)) // threads
+            for i in T.serial(trips):
+                c = i * threads + tid
+                if c < H:
+                    x = element(Xf, x_base + T.Cast("int64", c)) + element(Rf, r_base + T.Cast("int64", c))
+                    acc[0] = acc[0] + x * x
+            total = reduce.group_sum(acc[0], tid, threads, scratch)
+            rs = T.rsqrt(total * (T.float32(1) / T.Cast("float32", H)) + eps)
+            for i in T.serial(trips):
+                c = i * threads + tid
+                if c < H:
+                    x = element(Xf, x_base + T.Cast("int64", c)) + element(Rf, r_base + T.Cast("int64", c))
+                    w = element(Wt, T.Cast("int64", c))
+                    vector.pack2(pair, 0, x, x * rs * _weight_factor(T, w, gemma), dtype)  # one cvt for both
+                    store_half(Rf, r_base + T.Cast("int64", c), pair[0])
+                    store_half(Xf, x_base + T.Cast("int64", c), pair[0] >> T.uint32(16))
         pdl_launch.end(pdl)
 
     return pdl_launch.launch(fused_add_rmsnorm, pdl)
