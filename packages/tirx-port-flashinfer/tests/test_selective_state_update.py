@@ -57,6 +57,7 @@ def make_inputs(batch=3, T=1, nheads=4, ngroups=2, dim=64, dstate=128, state_dty
     """Normalized-form inputs (``ssu.kernel_args``) on the CPU; B/C/x with padded batch strides, dt the head column
     of a broadcast (batch, T, nheads, dim) view as FlashInfer passes it."""
     g = torch.Generator().manual_seed(seed)
+    slots = max(slots, batch * (T + 1) + 1)  # destination slots apart from the source ones (no read-write race)
 
     def rn(*shape, scale=1.0):
         return torch.randn(*shape, generator=g) * scale
@@ -71,7 +72,8 @@ def make_inputs(batch=3, T=1, nheads=4, ngroups=2, dim=64, dstate=128, state_dty
     D = rn(nheads).to(weight_dtype)
     zt = rn(batch, T, nheads, dim).to(dtype) if z else None
     dt_bias = rn(nheads, scale=0.5).to(weight_dtype) if bias else None
-    perm = torch.randperm(slots, generator=g)[:batch]
+    order = torch.randperm(slots, generator=g)
+    perm = order[:batch].clone()
     if pad:
         perm[1] = -1
     idx = perm.to(index_dtype)
@@ -83,10 +85,9 @@ def make_inputs(batch=3, T=1, nheads=4, ngroups=2, dim=64, dstate=128, state_dty
         inter_idx = torch.randperm(batch + 2, generator=g)[:batch].to(index_dtype)
     dst_t = None
     if dst == "stp":
-        dst_t = torch.randperm(slots, generator=g)[:batch].to(index_dtype)
-        dst_t = dst_t.unsqueeze(1).expand(batch, T)
+        dst_t = order[batch:2 * batch].to(index_dtype).unsqueeze(1).expand(batch, T)
     elif dst == "mtp":
-        dst_t = torch.randperm(slots, generator=g)[:batch * T].reshape(batch, T).to(index_dtype)
+        dst_t = order[batch:batch + batch * T].reshape(batch, T).to(index_dtype)
         dst_t[0, 0] = -1
     return dict(state=state, x=x, dt=dt, A=A, B=Bm, C=Cm, D=D, z=zt, dt_bias=dt_bias, dt_softplus=True, idx=idx,
                 pad_slot_id=-1, out=out, update=True, inter=inter_buf, inter_idx=inter_idx,
@@ -132,3 +133,33 @@ def test_emulated_schedules(emulated, schedule):
     before = _clone(d)
     run_emulated(emulated, d, schedule)
     check(d, before, TOL[torch.bfloat16])
+
+
+@pytest.mark.parametrize("schedule, kw", [
+    ("stp_simple", dict(state_dtype=torch.float32)),
+    ("stp_simple", dict(state_dtype=torch.float16, dtype=torch.float16, weight_dtype=torch.float16)),
+    ("stp_vertical", dict(dstate=96, weight_dtype=torch.bfloat16, z=False)),
+    ("stp_horizontal", dict(dstate=256, dim=128, bias=False, index_dtype=torch.int64)),
+    ("stp_simple", dict(dstate=64, dim=128, ngroups=1, pad=False, state_dtype=torch.float32)),
+    ("stp_simple", dict(dst="stp", index_dtype=torch.int64)),
+    ("stp_horizontal", dict(state_dtype=torch.float32, dstate=96)),
+    ("mtp_simple", dict(T=8, inter=True)),
+    ("mtp_simple", dict(T=4, inter=True, state_dtype=torch.float32, index_dtype=torch.int64)),
+    ("mtp_vertical", dict(T=2, dst="mtp", state_dtype=torch.float16, dtype=torch.float16)),
+    ("mtp_horizontal", dict(T=6, dstate=256, ngroups=4, z=False)),
+    ("mtp_simple", dict(T=1, dim=128, dstate=96, weight_dtype=torch.float16)),
+])
+def test_emulated_forms(emulated, schedule, kw):
+    d = make_inputs(**kw)
+    before = _clone(d)
+    run_emulated(emulated, d, schedule)
+    check(d, before, TOL[d["state"].dtype if d["state"].dtype != torch.float32 else d["x"].dtype])
+
+
+def test_emulated_no_update(emulated):
+    d = make_inputs(T=1)
+    d["update"] = False
+    before = _clone(d)
+    run_emulated(emulated, d, "stp_simple")
+    check(d, before, TOL[torch.bfloat16])
+    assert torch.equal(d["state"], before["state"])
