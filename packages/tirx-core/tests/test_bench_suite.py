@@ -480,6 +480,14 @@ def _git(cwd, *args):
     subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True)
 
 
+@pytest.fixture
+def no_caller_git(monkeypatch):
+    """The repos below are temporary ones: the caller's GIT_DIR / GIT_WORK_TREE (the GPU host's runs set GIT_DIR to a
+    missing directory so that nothing reads the snapshot's absent .git) would point git, and git_state, elsewhere."""
+    for k in [k for k in os.environ if k.startswith("GIT_")]:
+        monkeypatch.delenv(k)
+
+
 def _committed_repo(tmp_path, message="c"):
     """A git repo with one committed source file, ``packages/tirx-core/a.py`` (``x = 1``)."""
     repo = tmp_path / "repo"
@@ -492,7 +500,7 @@ def _committed_repo(tmp_path, message="c"):
 
 
 @pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
-def test_source_stamp_stands_in_for_git(tmp_path):
+def test_source_stamp_stands_in_for_git(tmp_path, no_caller_git):
     repo = _committed_repo(tmp_path)
     state = provenance.git_state(str(repo))
     assert state["source"] == "git" and state["dirty"] is False and len(state["commit"]) == 40
@@ -510,7 +518,7 @@ def test_source_stamp_stands_in_for_git(tmp_path):
 
 
 @pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
-def test_stamp_wins_over_a_stale_git_head(tmp_path):
+def test_stamp_wins_over_a_stale_git_head(tmp_path, no_caller_git):
     """The device tool carries the base commit's .git with a newer tree: a run trusts the stamp."""
     repo = _committed_repo(tmp_path, "base")
     shutil.copytree(repo / ".git", tmp_path / "base.git")
