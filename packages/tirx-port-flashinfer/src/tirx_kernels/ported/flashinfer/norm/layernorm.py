@@ -457,7 +457,7 @@ def _unit_columns(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(1) == 1 else t.as_strided(t.shape, (t.stride(0), 1))
 
 
-def _unit_vector(t: torch.Tensor) -> torch.Tensor:
+def unit_vector(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(0) == 1 else t.as_strided(t.shape, (1,))
 
 
@@ -472,7 +472,7 @@ def _run(input, gemma, beta, eps: float, out, general: bool = False) -> None:  #
         return
     H = input.shape[1]
     x, y = _unit_columns(input), _unit_columns(out)
-    gemma, beta = _unit_vector(gemma), _unit_vector(beta)
+    gemma, beta = unit_vector(gemma), unit_vector(beta)
     general = general or uses_general(x, gemma, beta, y)
     fn = _FUNCTIONS.get((H, general, input.get_device()),
                         lambda: general_params({}) if general else compile_params(H=H), input.device)
