@@ -163,3 +163,41 @@ def test_emulated_no_update(emulated):
     run_emulated(emulated, d, "stp_simple")
     check(d, before, TOL[torch.bfloat16])
     assert torch.equal(d["state"], before["state"])
+
+
+# ------------------------------------------------------------------------------------------------ harness on CPU
+
+def _module(schedule):
+    import importlib
+
+    return importlib.import_module(f"tirx_kernels.ported.flashinfer.mamba.selective_state_update_{schedule}")
+
+
+@pytest.mark.parametrize("schedule, label", [
+    ("stp_simple", "b37_h24_d128_s96_r3_z_pad"), ("stp_simple", "b64_h64_d64_s128_r8_i64_dst"),
+    ("stp_simple", "b64_h64_d64_s128_r8_noupdate"), ("stp_vertical", "b64_h64_d64_s128_r8_state_f32"),
+    ("mtp_simple", "b64_h64_d64_s128_t6_r8_inter_f32_i64"), ("mtp_simple", "b64_h64_d64_s128_t6_r8_dst"),
+    ("mtp_horizontal", "b8_h64_d64_s128_t8_r8_z_pad"),
+])
+def test_harness_rows_emulated(emulated, schedule, label):
+    """A config row through the harness's own checks (guarded in-place pool, inputs unchanged, the comparators), the
+    launch running the public op's normalization and argument building into the emulated kernel. Batches cut to 4
+    (the emulator runs one host thread per CUDA thread)."""
+    import types
+
+    from tirx_kernels.core import harness
+
+    mod = _module(schedule)
+    cfg = harness.full_config(mod, {**next(c for c in mod.CONFIGS if c["label"] == label), "batch": 4})
+
+    def launch(cfg, data):
+        n = ssu.normalize(*ssu.op_args(data))
+        n.pop("mtp")
+        run_emulated(emulated, n, schedule)
+
+    fake = types.SimpleNamespace(KERNEL_META=mod.KERNEL_META, INPLACE=mod.INPLACE, COMPARATORS=mod.COMPARATORS,
+                                 reference=mod.reference, prepare_data=lambda **c: mod.prepare_data(**c, device="cpu"),
+                                 launch=launch, get_baselines=lambda **c: {})
+    res = harness.check_config(fake, cfg)
+    assert res["status"] == "passed"
+    assert res["oracle"]["state"]["slots_written"] > 0 or cfg["disable_state_update"] or cfg.get("intermediate")

@@ -1,0 +1,167 @@
+# SPDX-License-Identifier: Apache-2.0
+# Port of FlashInfer's Mamba-2 selective_state_update, multi-token (MTP, T = 1..8) decode, vertical schedule.
+# Upstream: flashinfer (https://github.com/flashinfer-ai/flashinfer),
+# include/flashinfer/mamba/kernel_selective_state_update_mtp_vertical.cuh,
+# release v0.7.4 (commit 77039051b0be921788dc2784ec41423b558878ec). The kernel is the shared TIRx generator in
+# _selective_state_update.py (one implementation for the six registered names, as issue 25 allows).
+"""selective_state_update, T = 1..8 tokens (intermediate states optional) a request, the vertical schedule: 16 state
+rows a CTA (4x the CTAs of simple), 8 lanes a row, 2 rows a thread: fills the SMs at small batch (the op's auto
+choice below 264 simple CTAs)."""
+
+from __future__ import annotations
+
+import torch
+
+from tirx_kernels.ported.flashinfer.mamba import _selective_state_update as _impl
+from tirx_kernels.ported.flashinfer.mamba._selective_state_update import selective_state_update  # noqa: F401
+
+KERNEL_META = {
+    "name": "selective_state_update_mtp_vertical",
+    "category": "ported.flashinfer",
+    "runtime_cuda_archs": ["sm_90a"],
+    "description": "Mamba-2 selective state update, T tokens, vertical schedule, state pool in place",
+    "upstream": {
+        "project": "flashinfer",
+        "url": "https://github.com/flashinfer-ai/flashinfer",
+        "commit": "77039051b0be921788dc2784ec41423b558878ec",
+    },
+    "reference_requirements": [
+        {"package": "flashinfer-python", "import": "flashinfer", "specifier": "==0.7.4", "baseline": "flashinfer"},
+    ],
+    "public_ops": ["selective_state_update"],
+}
+
+CONFIGS = [
+    {"label": "b64_h64_d64_s128_t6_r8", "batch": 64, "T": 6},
+    {"label": "b64_h64_d64_s128_t6_r8_inter", "batch": 64, "T": 6, "intermediate": True},
+    {"label": "b64_h64_d128_s128_t4_r8", "batch": 64, "T": 4, "dim": 128},
+    {"label": "b64_h64_d64_s256_t2_r8_state_f32", "batch": 64, "T": 2, "dstate": 256, "state_dtype": "float32"},
+    {"label": "b8_h64_d64_s128_t8_r8_z_pad", "batch": 8, "T": 8, "z": True, "pad": True},
+]
+
+BENCH_CONFIGS = [
+    {"label": "b1_h64_d64_s128_t6_r8_statebf16_official", "batch": 1, "T": 6},
+    {"label": "b512_h64_d64_s128_t6_r8_statebf16_official", "batch": 512, "T": 6},
+    {"label": "b2048_h64_d64_s128_t6_r8_statebf16_official", "batch": 2048, "T": 6},
+]
+
+DEFAULTS = {
+    "nheads": 64,
+    "dim": 64,
+    "dstate": 128,
+    "ngroups": 8,
+    "state_dtype": "bfloat16",
+    "dtype": "bfloat16",
+    "weight_dtype": "float32",
+    "z": False,
+    "dt_bias": True,
+    "dt_softplus": True,
+    "pad": False,
+    "index_dtype": "int32",
+    "intermediate": False,
+    "dst": False,
+    "disable_state_update": False,
+    "T": 6,
+}
+
+# The pool and the intermediate-state buffer are updated in place; their untouched slots are checked bit for
+# bit (``state_comparator``).
+INPLACE = {"state": "state", "intermediate_states_buffer": "intermediate_states_buffer"}
+COMPARATORS = {
+    "state": _impl.state_comparator("state", _impl.STATE_TOLERANCE),
+    "intermediate_states_buffer": _impl.state_comparator("intermediate_states_buffer", _impl.STATE_TOLERANCE),
+}
+
+SCHEDULE = "mtp_vertical"
+
+
+def compile_params(**cfg) -> dict:
+    return _impl.compile_params(SCHEDULE, **cfg)
+
+
+def get_kernel(**params):
+    return _impl.get_kernel(**params)
+
+
+def artifact_params() -> list[dict]:
+    return _impl.artifact_params(SCHEDULE)
+
+
+def call_samples(rng) -> list[dict]:
+    return _impl.call_samples(SCHEDULE, rng)
+
+
+def prepare_data(**cfg) -> dict:
+    return _impl.prepare_data(SCHEDULE, **cfg)
+
+
+def reference(**data) -> dict:
+    return _impl.reference(**data)
+
+
+def launch(cfg: dict, data: dict) -> None:
+    _impl.launch(SCHEDULE, cfg, data)
+
+
+def roofline(**cfg) -> dict:
+    return _impl.roofline(SCHEDULE, **cfg)
+
+
+def get_baselines(**cfg) -> dict:
+    return _impl.get_baselines(SCHEDULE, **cfg)
+
+
+@torch.library.custom_op(
+    "tirx::selective_state_update_mtp_vertical", mutates_args=("state", "out", "intermediate_states_buffer")
+)
+def _op(
+    state: torch.Tensor,
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,  # noqa: N803
+    C: torch.Tensor,
+    D: torch.Tensor,
+    z: torch.Tensor | None,
+    dt_bias: torch.Tensor | None,  # noqa: N803
+    dt_softplus: bool,
+    state_batch_indices: torch.Tensor | None,
+    pad_slot_id: int,
+    out: torch.Tensor,
+    disable_state_update: bool,
+    intermediate_states_buffer: torch.Tensor | None,
+    intermediate_state_indices: torch.Tensor | None,
+    cache_steps: int,
+    dst_state_batch_indices: torch.Tensor | None,
+) -> None:
+    _impl.custom_op_body(
+        SCHEDULE,
+        state,
+        x,
+        dt,
+        A,
+        B,
+        C,
+        D,
+        z,
+        dt_bias,
+        dt_softplus,
+        state_batch_indices,
+        pad_slot_id,
+        out,
+        disable_state_update,
+        intermediate_states_buffer,
+        intermediate_state_indices,
+        cache_steps,
+        dst_state_batch_indices,
+    )
+
+
+@_op.register_fake
+def _(*args) -> None:
+    return None
+
+
+from tirx_kernels.core import harness  # noqa: E402
+
+run_test, run_bench = harness.bind(__name__)
