@@ -739,7 +739,7 @@ def call_samples(schedule: str, rng) -> list[dict]:
     """Calls the public op routes to this schedule: every dtype and dstate (simple), the pinned forms (others)."""
     out = []
     for p in artifact_params(schedule):
-        for _ in range(2):
+        for _ in range(2 if schedule_name(schedule) == "simple" else 4):
             out.append({**DEFAULTS, "state_dtype": p["state_dtype"], "dtype": p["input_dtype"],
                         "dstate": p["dstate"], "batch": rng.choice([1, 7, 64, 256]), "dim": rng.choice(DIMS),
                         "weight_dtype": rng.choice(sorted(WEIGHT_KINDS_NAMES)),
