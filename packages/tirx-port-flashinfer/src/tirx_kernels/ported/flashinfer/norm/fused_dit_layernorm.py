@@ -144,7 +144,7 @@ def call_samples(rng) -> list[dict]:
 def sass_expect(mode: str, H: int | None = None, schedule: str | None = None, **_) -> list[str]:
     if schedule == "general":
         return [r"LDG\.E\.U16", r"STG\.E\.U16"]
-    return [r"LDG\.E(\.[A-Z]+)*\.128", r"STG\.E\.128"]
+    return [r"LDG\.E\.NA\.128", r"LDG\.E\.128", r"STG\.E\.128"]
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -212,7 +212,7 @@ def build_kernel(mode: str, H: int, threads_per_row: int, vectors_per_thread: in
             pred = both(pred_row, col_pred(v, lane))
             if pred is not None:
                 vector.fill(regs, v * _WORDS, _WORDS)  # masked vectors are 0: x is 0 there
-            vector.load_v4(regs, v * _WORDS, buf.ptr_to([base + (v * tpr + lane) * _VEC]), pred)
+            vector.load_v4(regs, v * _WORDS, buf.ptr_to([base + (v * tpr + lane) * _VEC]), pred, cache=_ln.X_CACHE)
 
     def form_x(xf, xw, rw, gw, GB, lane, isf, bw, orr, ROf, ro_base, row_ok, acc):  # noqa: N803
         """``xf`` <- fp32 x of every held element; residual_out <- bf16(x); ``acc[0] +=`` the sum of x."""
