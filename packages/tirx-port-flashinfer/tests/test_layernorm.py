@@ -52,6 +52,19 @@ def test_row_plan_covers_the_row(H):
     assert tpr * p["rows_per_cta"] <= 1024 and vpt <= 4
 
 
+def test_uses_general_where_a_row_or_vector_is_off_16_bytes():
+    x = torch.zeros(4, 4104 * 2, dtype=bf16)[:, :4096]
+    g = torch.zeros(4100)
+    out = torch.zeros(4, 4096, dtype=bf16)
+    assert not mod.uses_general(x, g[:4096], g[:4096], out)
+    assert mod.uses_general(torch.zeros(4, 4104, dtype=bf16)[:, 1:4097], g[:4096], g[:4096], out)  # offset 1
+    assert mod.uses_general(x, g[1:4097], g[:4096], out)
+    assert mod.uses_general(x, g[:4096], g[2:4098], out)
+    assert not mod.uses_general(x, g[:4096], g[4:4100], out)  # 16 bytes in
+    assert mod.uses_general(torch.zeros(4, 4100, dtype=bf16)[:, :4096], g[:4096], g[:4096], out)  # row stride 4100
+    assert mod.uses_general(torch.zeros(4, 129, dtype=bf16), g[:129], g[:129], torch.zeros(4, 129, dtype=bf16))
+
+
 # ------------------------------------------------------------------------------------------------ validation
 
 def _t(*shape, dtype=bf16):
