@@ -181,6 +181,8 @@ def test_specialized_kernel_large_mean_emulated(emulated):
     (2, 1, 0, 1, 0, 1, 0, 0), (3, 129, 0, 129, 0, 129, 0, 0), (2, 129, 1, 131, 3, 129, 1, 3),
     (3, 500, 5, 503, 0, 500, 0, 0), (2, 20001, 0, 20001, 1, 20003, 2, 1), (4, 256, 0, 256, 0, 256, 0, 0),
     (3, 1024, 1, 1024, 0, 1024, 0, 0), (1, 7, 3, 7, 7, 7, 3, 2),
+    # the rows held in registers end at 4096: both sides
+    (2, 4095, 0, 4095, 0, 4095, 0, 0), (2, 4096, 1, 4097, 0, 4096, 1, 0), (2, 4097, 1, 4100, 0, 4097, 0, 0),
 ])
 def test_general_kernel_emulated(emulated, M, H, x_off, xs, y_off, ys, g_off, b_off):
     params = mod.general_params({})

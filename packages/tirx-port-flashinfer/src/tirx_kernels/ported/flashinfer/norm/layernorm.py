@@ -21,8 +21,9 @@ Two kinds of artifact with the same arguments (``input, gamma, beta, out, eps, z
   vector, so they cost no registers while the row is held. Rows of <= 32 threads are packed several to a CTA and
   reduced with shuffles; wider rows take one CTA and one shared-memory exchange per sum.
 - general (``schedule="general"``): H, strides and alignment at run time, one CTA of ``GENERAL_THREADS`` per row,
-  element by element in three passes (sum, squared deviations, output); the second and third read the row again
-  from L1/L2. Serves odd H (FlashInfer's tests use H = 129), H > 16384, unaligned views.
+  element by element (coalesced 2-byte accesses): rows up to ``GENERAL_THREADS * GENERAL_HELD`` = 4096 held in
+  registers, longer ones in three passes (sum, squared deviations, output; the second and third from L1/L2).
+  Serves odd H (FlashInfer's tests use H = 129), H > 16384, unaligned views.
 Both launch as programmatic dependents (``core.lang.pdl``).
 """
 
@@ -87,6 +88,7 @@ MAX_STRIDE = 2**31 - 1  # int32 strides; row offsets are 64-bit
 MAX_ROWS = MAX_STRIDE - 1024  # int32 row index = cta * rows_per_cta + group stays below 2**31
 MIN_CTA_THREADS = 128  # rows of <= 32 threads are packed into CTAs of at least this many threads
 GENERAL_THREADS = 256
+GENERAL_HELD = 16  # elements of a row a thread of the general kernel holds: rows to 4096 are read once
 # (max H, 16-byte vectors of x a thread holds): only x is held through the reductions (4 words a vector), so 4
 # vectors stay far from the register limit of a full SM; 16384 = 512 threads x 4 vectors.
 VECTORS_PER_THREAD = [(256, 1), (4096, 2), (MAX_H, 4)]
@@ -295,9 +297,11 @@ def store_element(T, buf, idx, value, pair):
     T.buffer_store(buf, T.reinterpret(_DTYPE, T.Cast("uint16", pair[0])), [idx])
 
 
-def build_general(pdl: str | None = PDL, threads: int = GENERAL_THREADS):
-    """The general kernel: H, strides and alignment at run time; one CTA of ``threads`` per row, element-wise,
-    three passes (sum, squared deviations, output)."""
+def build_general(pdl: str | None = PDL, threads: int = GENERAL_THREADS, held: int = GENERAL_HELD):
+    """The general kernel: H, strides and alignment at run time; one CTA of ``threads`` per row, element-wise
+    (coalesced 2-byte accesses). Rows of up to ``threads * held`` elements are read once into registers (element
+    ``k * threads + tid`` in slot ``k``); longer rows (a CTA-uniform branch) in three passes over memory (sum,
+    squared deviations, output), the second and third from L1/L2."""
     from tvm.script import tirx as T
 
     from tirx_kernels.core.lang import pdl as pdl_launch
@@ -305,6 +309,35 @@ def build_general(pdl: str | None = PDL, threads: int = GENERAL_THREADS):
 
     pdl_launch.check_trigger("layernorm", pdl)
     words = reduce.scratch_words(threads, 1)
+
+    def col(k, tid):
+        return k * threads + tid
+
+    def load_held(xv, Xf, x_base, tid, H):  # noqa: N803
+        """``xv[k]`` <- element ``k * threads + tid`` (0 past the row), every load before any math; the sum."""
+        for k in range(held):
+            T.buffer_store(xv, T.float32(0), [k])
+            with T.If(col(k, tid) < H):
+                with T.Then():
+                    T.buffer_store(xv, element(T, Xf, x_base + T.Cast("int64", col(k, tid))), [k])
+        total = xv[0]
+        for k in range(1, held):
+            total = total + xv[k]
+        return total
+
+    def held_deviations(xv, tid, H, mean):  # noqa: N803
+        total = T.float32(0)
+        for k in range(held):
+            d = xv[k] - mean
+            total = total + T.Select(col(k, tid) < H, d * d, T.float32(0))
+        return total
+
+    def store_held(Yf, y_base, G, Bt, xv, tid, H, mean, rs, pair):  # noqa: N803
+        for k in range(held):
+            c = col(k, tid)
+            with T.If(c < H):
+                with T.Then():
+                    store_element(T, Yf, y_base + T.Cast("int64", c), (xv[k] - mean) * rs * G[c] + Bt[c], pair)
 
     @T.prim_func
     def layernorm(x_ptr: T.handle, g_ptr: T.handle, b_ptr: T.handle, y_ptr: T.handle, eps: T.float32,
@@ -322,6 +355,7 @@ def build_general(pdl: str | None = PDL, threads: int = GENERAL_THREADS):
         Yf = T.decl_buffer((M * y_stride,), _DTYPE, data=Y.data)
         row = T.cta_id([M])
         tid = T.thread_id([threads])
+        xv = T.alloc_local((held,), "float32")
         acc = T.alloc_local((1,), "float32")
         stat = T.alloc_local((2,), "float32")
         pair = T.alloc_local((1,), "uint32")
@@ -330,26 +364,33 @@ def build_general(pdl: str | None = PDL, threads: int = GENERAL_THREADS):
 
         x_base = T.Cast("int64", row) * T.Cast("int64", x_stride)
         y_base = T.Cast("int64", row) * T.Cast("int64", y_stride)
-        trips = (H + (threads - 1)) // threads
-        acc[0] = T.float32(0)
-        for i in T.serial(trips):
-            c = i * threads + tid
-            if c < H:
-                acc[0] = acc[0] + element(T, Xf, x_base + T.Cast("int64", c))
-        stat[0] = reduce.group_sum(acc[0], tid, threads, scratch) / T.Cast("float32", H)  # the mean
-        acc[0] = T.float32(0)
-        for i in T.serial(trips):
-            c = i * threads + tid
-            if c < H:
-                d = element(T, Xf, x_base + T.Cast("int64", c)) - stat[0]
-                acc[0] = acc[0] + d * d
-        stat[1] = T.rsqrt(reduce.group_sum(acc[0], tid, threads, scratch, words) / T.Cast("float32", H) + eps)
-        for i in T.serial(trips):
-            c = i * threads + tid
-            if c < H:
-                x = element(T, Xf, x_base + T.Cast("int64", c))
-                store_element(T, Yf, y_base + T.Cast("int64", c), (x - stat[0]) * stat[1] * G[c] + Bt[c],
-                              pair)
+        if H <= threads * held:
+            acc[0] = load_held(xv, Xf, x_base, tid, H)
+            stat[0] = reduce.group_sum(acc[0], tid, threads, scratch) / T.Cast("float32", H)  # the mean
+            acc[0] = held_deviations(xv, tid, H, stat[0])
+            stat[1] = T.rsqrt(reduce.group_sum(acc[0], tid, threads, scratch, words) / T.Cast("float32", H) + eps)
+            store_held(Yf, y_base, G, Bt, xv, tid, H, stat[0], stat[1], pair)
+        else:
+            trips = (H + (threads - 1)) // threads
+            acc[0] = T.float32(0)
+            for i in T.serial(trips):
+                c = i * threads + tid
+                if c < H:
+                    acc[0] = acc[0] + element(T, Xf, x_base + T.Cast("int64", c))
+            stat[0] = reduce.group_sum(acc[0], tid, threads, scratch) / T.Cast("float32", H)  # the mean
+            acc[0] = T.float32(0)
+            for i in T.serial(trips):
+                c = i * threads + tid
+                if c < H:
+                    d = element(T, Xf, x_base + T.Cast("int64", c)) - stat[0]
+                    acc[0] = acc[0] + d * d
+            stat[1] = T.rsqrt(reduce.group_sum(acc[0], tid, threads, scratch, words) / T.Cast("float32", H) + eps)
+            for i in T.serial(trips):
+                c = i * threads + tid
+                if c < H:
+                    x = element(T, Xf, x_base + T.Cast("int64", c))
+                    store_element(T, Yf, y_base + T.Cast("int64", c), (x - stat[0]) * stat[1] * G[c] + Bt[c],
+                                  pair)
         pdl_launch.end(pdl)
 
     return pdl_launch.launch(layernorm, pdl)
