@@ -35,7 +35,8 @@ over ``threads_per_row`` threads (``layernorm.row_plan``), each loading its 16-b
 scale and shift before any math, holding ``x`` in fp32 registers; the biases, gamma and beta (shared by every token,
 L1/L2-resident) are loaded vector by vector where used. General (``schedule="general"``): H, strides and alignment at
 run time, one CTA of ``GENERAL_THREADS`` per token, element-wise in three passes that recompute ``x`` from the inputs.
-Both launch as programmatic dependents (``core.lang.pdl``).
+Both launch as programmatic dependents (``core.lang.pdl``). ptxas (nvcc 13.0, sm_90a), H = 3072: grgb 55, rss 62,
+grss 64 registers (192 threads a token, 2 vectors each); rss 128: 40, rss 16384: 104; general 32; no spills or stack.
 """
 
 from __future__ import annotations

@@ -24,7 +24,8 @@ Two kinds of artifact with the same arguments (``input, gamma, beta, out, eps, z
   element by element (coalesced 2-byte accesses): rows up to ``GENERAL_THREADS * GENERAL_HELD`` = 4096 held in
   registers, longer ones in three passes (sum, squared deviations, output; the second and third from L1/L2).
   Serves odd H (FlashInfer's tests use H = 129), H > 16384, unaligned views.
-Both launch as programmatic dependents (``core.lang.pdl``).
+Both launch as programmatic dependents (``core.lang.pdl``). ptxas (nvcc 13.0, sm_90a): specialized 32 (H = 128),
+40 (4096), 58 (16384) registers, general 46; no spills, no stack.
 """
 
 from __future__ import annotations
