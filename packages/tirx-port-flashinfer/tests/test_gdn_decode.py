@@ -1,0 +1,168 @@
+# SPDX-License-Identifier: Apache-2.0
+"""gdn_decode_bf16_wide_vec_t1: the generated CUDA run on the CPU (``core.emulate``) against the fp32 oracle on the
+output and the whole pool (unaddressed slots bit-identical, inputs unchanged) through the harness's own checks; SASS;
+on a GPU, every config row, graph replay and FlashInfer 0.7.4 on the same calls."""
+
+import re
+
+import pytest
+import torch
+
+from tirx_kernels.core import artifacts
+from tirx_kernels.ported.flashinfer.gdn_decode import _gdn_decode as gd
+from tirx_kernels.ported.flashinfer.gdn_decode import gdn_decode_bf16_wide_vec_t1 as mod
+
+
+@pytest.fixture(scope="module")
+def emulated():
+    pytest.importorskip("tvm", reason="apache-tvm is needed to generate the kernels")
+    import shutil
+
+    from tirx_kernels.core import emulate
+
+    if shutil.which("g++") is None:
+        pytest.skip("no g++ to compile the emulation")
+    from tirx_kernels.core.build import codegen
+
+    cache = {}
+
+    def get(params):
+        key = artifacts.canonical_params(params)
+        if key not in cache:
+            cache[key] = emulate.compile(_narrow_warp_sums(codegen(mod.get_kernel(**params))))
+        return cache[key]
+    return get
+
+
+def _narrow_warp_sums(src: str) -> str:
+    """cuda_cpu.h has a stand-in for the full-warp sum only: a group of < 32 lanes gets the same butterfly inline."""
+    return re.sub(r"tvm_builtin_cuda_warp_reduce_sum_(2|4|8|16)\(",
+                  lambda m: f"([](float v) {{ for (int m = {int(m.group(1)) // 2}; m > 0; m >>= 1) "
+                            "v += __shfl_xor_sync(0xffffffffu, v, m); return v; })(", src)
+
+
+@pytest.mark.parametrize("label", [c["label"] for c in mod.CONFIGS])
+def test_harness_rows_emulated(emulated, label):
+    """Every config row (batch cut to 4) through harness.check_config on the CPU: guarded in-place pool, inputs
+    unchanged, the pool comparator; the launch runs the public op's normalization into the emulated kernel."""
+    import types
+
+    from tirx_kernels.core import harness
+
+    cfg = harness.full_config(mod, {**next(c for c in mod.CONFIGS if c["label"] == label), "batch": 4})
+
+    def launch(cfg, data):
+        n = mod._normalized(data)
+        ptrs, scalars, grid, block = gd.kernel_args(**n)
+        kern = emulated(mod.compile_params(**cfg))
+        named = {f"{k}_ptr": v for k, v in ptrs.items()}
+        kern(*[named[p.name] if p.pointer else scalars[p.name] for p in kern.params], grid=grid, block=block).check()
+
+    fake = types.SimpleNamespace(KERNEL_META=mod.KERNEL_META, INPLACE=mod.INPLACE, COMPARATORS=mod.COMPARATORS,
+                                 reference=mod.reference, prepare_data=lambda **c: mod.prepare_data(**c, device="cpu"),
+                                 launch=launch, get_baselines=lambda **c: {})
+    res = harness.check_config(fake, cfg)
+    assert res["status"] == "passed" and res["oracle"]["initial_state"]["slots_written"] >= 3
+
+
+def test_oracle_matches_a_per_row_loop():
+    """The vectorized oracle against the recurrence written out for one (n, hv)."""
+    data = mod.prepare_data(**{**mod.DEFAULTS, "batch": 2, "n_heads": 2, "n_vheads": 4}, device="cpu")
+    want = mod.reference(**data)
+    n, hv, h = 1, 3, 1
+    q, k = data["q"][n, 0, h].float(), data["k"][n, 0, h].float()
+    q = q / torch.sqrt((q * q).sum() + 1e-6) * 128 ** -0.5
+    k = k / torch.sqrt((k * k).sum() + 1e-6)
+    x = data["a"][n, 0, hv].float() + data["dt_bias"][hv].float()
+    g = torch.exp(-torch.exp(data["A_log"][hv]) * torch.log1p(torch.exp(x)))
+    beta = torch.sigmoid(data["b"][n, 0, hv].float())
+    S = data["initial_state"][int(data["initial_state_indices"][n]), hv].float() * g
+    for r in range(128):
+        S[r] += beta * (data["v"][n, 0, hv, r].float() - S[r] @ k) * k
+    torch.testing.assert_close(want["output"][n, 0, hv], S @ q, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_sass(dtype):
+    """No spills or local memory; 16-byte state loads and stores."""
+    pytest.importorskip("tvm", reason="apache-tvm is needed to build")
+    from tirx_kernels.core import testing
+
+    sass = testing.build_and_check_sass(mod, mod.KERNEL_META["name"], {"input_dtype": dtype})
+    assert re.search(r"LDG\.E(\.[A-Z]+)*\.128", sass) and re.search(r"STG\.E(\.[A-Z]+)*\.128", sass)
+
+
+def test_rejected_inputs_name_the_argument():
+    from tirx_kernels.core.checks import TirxInputError
+
+    d = mod.prepare_data(**{**mod.DEFAULTS, "batch": 2}, device="cpu")
+    base = (d["q"], d["k"], d["v"], None, d["A_log"], d["a"], d["dt_bias"], d["b"])
+    kw = dict(initial_state=d["initial_state"], initial_state_indices=d["initial_state_indices"])
+    cases = [
+        ((d["q"][..., :64],) + base[1:], kw, "q"),
+        (base[:2] + (d["v"].float(),) + base[3:], kw, "v"),
+        (base, {**kw, "initial_state": d["initial_state"].float()}, "initial_state"),
+        (base, {**kw, "initial_state_indices": d["initial_state_indices"].float()}, "initial_state_indices"),
+        (base, {}, "state"),
+        (base, {**kw, "disable_state_update": True}, "intermediate_states_buffer"),
+        (base[:4] + (d["A_log"].bfloat16(),) + base[5:], kw, "A_log"),
+    ]
+    for args, k, arg in cases:
+        with pytest.raises(TirxInputError, match=f"argument '{arg}'"):
+            mod.gated_delta_rule_decode_pretranspose(*args, **k)
+    with pytest.raises(TirxInputError, match="argument 'q'.*CUDA"):
+        mod.gated_delta_rule_decode_pretranspose(*base, **kw)
+
+
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (sm_90a)")
+
+
+@gpu
+@pytest.mark.parametrize("label", [c["label"] for c in mod.CONFIGS])
+def test_gpu_config(label):
+    mod.run_test(**next(c for c in mod.CONFIGS if c["label"] == label))
+
+
+@gpu
+def test_gpu_graph_replay():
+    from tirx_kernels.core import harness, testing
+
+    testing.check_graph_replay(mod, harness.full_config(mod, mod.CONFIGS[0]))
+
+
+@gpu
+@pytest.mark.parametrize("pool_mode", [True, False])
+def test_gpu_matches_flashinfer(pool_mode):
+    flashinfer = pytest.importorskip("flashinfer")
+    d = mod.prepare_data(**{**mod.DEFAULTS, "batch": 48, "pad": False})
+    args = (d["q"], d["k"], d["v"])
+    gates = (d["A_log"], d["a"], d["dt_bias"], d["b"])
+    if pool_mode:
+        p1, p2 = d["initial_state"].clone(), d["initial_state"].clone()
+        kw1 = dict(initial_state=p1, initial_state_indices=d["initial_state_indices"])
+        kw2 = dict(initial_state=p2, initial_state_indices=d["initial_state_indices"])
+        o1, _ = mod.gated_delta_rule_decode_pretranspose(*args, None, *gates, **kw1)
+        o2, _ = flashinfer.gdn_decode.gated_delta_rule_decode_pretranspose(*args, None, *gates, **kw2)
+    else:
+        p1 = d["initial_state"][:48].clone()
+        p2 = p1.clone()
+        o1, _ = mod.gated_delta_rule_decode_pretranspose(*args, p1, *gates)
+        o2, _ = flashinfer.gdn_decode.gated_delta_rule_decode_pretranspose(*args, p2, *gates)
+    torch.cuda.synchronize()
+    torch.testing.assert_close(o1.float(), o2.float(), atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(p1.float(), p2.float(), atol=2e-2, rtol=2e-2)
+
+
+@gpu
+def test_gpu_torch_compile():
+    d = mod.prepare_data(**{**mod.DEFAULTS, "batch": 5})
+    p1, p2 = d["initial_state"].clone(), d["initial_state"].clone()
+    gates = (d["A_log"], d["a"], d["dt_bias"], d["b"])
+    o1, _ = mod.gated_delta_rule_decode_pretranspose(d["q"], d["k"], d["v"], None, *gates, initial_state=p1,
+                                                     initial_state_indices=d["initial_state_indices"])
+    fn = torch.compile(lambda p: mod.gated_delta_rule_decode_pretranspose(
+        d["q"], d["k"], d["v"], None, *gates, initial_state=p, initial_state_indices=d["initial_state_indices"])[0],
+        fullgraph=True)
+    o2 = fn(p2)
+    torch.testing.assert_close(o1, o2, atol=0, rtol=0)
+    torch.testing.assert_close(p1, p2, atol=0, rtol=0)
