@@ -35,8 +35,8 @@ over ``threads_per_row`` threads (``layernorm.row_plan``), each loading its 16-b
 scale and shift before any math, holding ``x`` in fp32 registers; the biases, gamma and beta (shared by every token,
 L1/L2-resident) are loaded vector by vector where used. General (``schedule="general"``): H, strides and alignment at
 run time, one CTA of ``GENERAL_THREADS`` per token, element-wise in three passes that recompute ``x`` from the inputs.
-Both launch as programmatic dependents (``core.lang.pdl``). ptxas (nvcc 13.0, sm_90a), H = 3072: grgb 55, rss 62,
-grss 64 registers (192 threads a token, 2 vectors each); rss 128: 40, rss 16384: 104; general 32; no spills or stack.
+Both launch as programmatic dependents (``core.lang.pdl``). ptxas (nvcc 13.0, sm_90a), H = 3072: grgb 52, rss 60,
+grss 64 registers (192 threads a token, 2 vectors each); rss 128: 39, rss 16384: 104; general 32; no spills or stack.
 """
 
 from __future__ import annotations
@@ -215,7 +215,18 @@ def build_kernel(mode: str, H: int, threads_per_row: int, vectors_per_thread: in
                 vector.fill(regs, v * _WORDS, _WORDS)  # masked vectors are 0: x is 0 there
             vector.load_v4(regs, v * _WORDS, buf.ptr_to([base + (v * tpr + lane) * _VEC]), pred, cache=_ln.X_CACHE)
 
-    def form_x(xf, xw, rw, gw, GB, lane, isf, bw, orr, ROf, ro_base, row_ok, acc):  # noqa: N803
+    def all_loaded(xw, rw, gw, scw, shw, zero):
+        """A uint32 that is 0 at run time but depends on every token load (``vector.after_all``). OR-ed into the
+        input scale and the gate bias, which every x uses, it keeps all math behind the last load's issue; with a
+        dependency on the residual alone ptxas issued the first vector's loads, its math, then the second's (SASS,
+        grss 3072), and grgb's gate + gate_bias waited on the gate before the last loads were issued."""
+        held = [xw, rw] + ([gw] if gated else []) + ([scw, shw] if modulated else [])
+        pending = vector.after_all(held[0], nw, zero)
+        for regs in held[1:]:
+            pending = pending | vector.after_all(regs, nw, zero)
+        return pending
+
+    def form_x(xf, xw, rw, gw, GB, lane, isf, pend, bw, orr, ROf, ro_base, row_ok, acc):  # noqa: N803
         """``xf`` <- fp32 x of every held element; residual_out <- bf16(x); ``acc[0] +=`` the sum of x."""
         for v in range(vpt):
             c0 = (v * tpr + lane) * _VEC
@@ -226,7 +237,8 @@ def build_kernel(mode: str, H: int, threads_per_row: int, vectors_per_thread: in
                 in_lo, in_hi = vector.unpack2(xw[i], _DTYPE)
                 r_lo, r_hi = vector.unpack2(rw[i], _DTYPE)
                 g_lo, g_hi = vector.unpack2(gw[i], _DTYPE) if gated else (None, None)
-                b_lo, b_hi = _ln.fp32_pair(T, bw, 2 * j) if gated else (None, None)
+                b_lo, b_hi = (T.cuda.uint_as_float(bw[2 * j] | pend[0]),
+                              T.cuda.uint_as_float(bw[2 * j + 1] | pend[0])) if gated else (None, None)
                 T.buffer_store(xf, _sum_x(T, mode, in_lo, r_lo, g_lo, b_lo, isf), [2 * i])
                 T.buffer_store(xf, _sum_x(T, mode, in_hi, r_hi, g_hi, b_hi, isf), [2 * i + 1])
                 vector.pack2(orr, j, xf[2 * i], xf[2 * i + 1], _DTYPE)
@@ -311,6 +323,7 @@ def build_kernel(mode: str, H: int, threads_per_row: int, vectors_per_thread: in
         bw = T.alloc_local((2 * _WORDS,), "uint32")
         w2w = T.alloc_local((2 * _WORDS,), "uint32")
         orr = T.alloc_local((_WORDS,), "uint32")
+        pend = T.alloc_local((1,), "uint32")
         acc = T.alloc_local((1,), "float32")
         part = T.alloc_local((1,), "float32")
         stat = T.alloc_local((2,), "float32")
@@ -330,9 +343,10 @@ def build_kernel(mode: str, H: int, threads_per_row: int, vectors_per_thread: in
         if modulated:
             load(scw, Scf, _token_offset(T, b, r, scb, scr), lane, row_ok)
             load(shw, Shf, _token_offset(T, b, r, shb, shr), lane, row_ok)
-        isf = Isf[0]
-        acc[0] = T.cuda.uint_as_float(vector.after_all(rw, nw, zero))  # 0.0, after every load
-        form_x(xf, xw, rw, gw, GB, lane, isf, bw, orr, ROf, _token_offset(T, b, r, rob, ror), row_ok, acc)
+        pend[0] = all_loaded(xw, rw, gw, scw, shw, zero)
+        isf = T.cuda.uint_as_float(T.reinterpret("uint32", Isf[0]) | pend[0])
+        acc[0] = T.float32(0)
+        form_x(xf, xw, rw, gw, GB, lane, isf, pend, bw, orr, ROf, _token_offset(T, b, r, rob, ror), row_ok, acc)
         stat[0] = reduce.group_sum(acc[0], tid, tpr, scratch) * T.float32(inv_h)  # the mean
         squared_deviations(xf, lane, stat[0], acc, part)
         stat[1] = T.rsqrt(reduce.group_sum(acc[0], tid, tpr, scratch, words) * T.float32(inv_h) + eps)
