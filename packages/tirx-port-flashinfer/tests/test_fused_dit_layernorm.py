@@ -44,6 +44,18 @@ def test_compile_params():
         mod.get_kernel("rss", H=3072, schedule="general")
 
 
+def test_uses_general_where_a_token_row_or_vector_is_off_16_bytes():
+    temb = torch.zeros(2, 5, 6, 3072, dtype=bf16)
+    x = torch.zeros(2, 5, 3072, dtype=bf16)
+    v = torch.zeros(3080)
+    assert not mod.uses_general(3072, [x, temb[:, :, 2], temb[:, :, 0]], [v[:3072], v[4:3076]])
+    assert not mod.uses_general(3072, [temb[:, :1, 1].expand(2, 5, 3072)], [v[:3072]])  # per-batch broadcast
+    assert mod.uses_general(3072, [x, torch.zeros(2, 5, 3080, dtype=bf16)[..., 1:3073]], [v[:3072]])
+    assert mod.uses_general(3072, [x, torch.zeros(2, 5, 3076, dtype=bf16)[..., :3072]], [v[:3072]])  # row stride
+    assert mod.uses_general(3072, [x], [v[2:3074]])
+    assert mod.uses_general(3001, [torch.zeros(2, 5, 3001, dtype=bf16)], [v[:3001]])
+
+
 # ------------------------------------------------------------------------------------------------ validation
 
 def _t(*shape, dtype=bf16):

@@ -726,6 +726,13 @@ def _aligned_tokens(t: torch.Tensor) -> bool:
     return t.data_ptr() % 16 == 0 and all(t.shape[d] <= 1 or t.stride(d) % _VEC == 0 for d in range(2))
 
 
+def uses_general(H: int, tokens: list, vectors: list) -> bool:  # noqa: N803
+    """Whether a call runs the general kernel: H has no specialized kernel, or a token tensor's rows (any of its
+    batches and rows) or an fp32 vector start off 16 bytes."""
+    return not (_ln.specialized(H) and all(_aligned_tokens(t) for t in tokens)
+                and all(v.data_ptr() % 16 == 0 for v in vectors))
+
+
 def _unit_last(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(2) == 1 else t.as_strided(t.shape, (*t.stride()[:2], 1))
 
@@ -763,8 +770,7 @@ def _run(input, residual, gate, scale, shift, gate_bias, scale_bias, shift_bias,
         vectors = [vec(gate_bias, 0.0), vec(scale_bias, 0.0), vec(shift_bias, 0.0)]
     isf = _constant(1.0, 1, dev) if input_global_scaling_factor is None else input_global_scaling_factor
     ro, no = _unit_last(residual_out), _unit_last(norm_out)
-    general = general or not (_ln.specialized(H) and all(_aligned_tokens(t) for t in [x, *tokens, ro, no])
-                              and all(v.data_ptr() % 16 == 0 for v in vectors))
+    general = general or uses_general(H, [x, *tokens, ro, no], vectors)
     fn = _FUNCTIONS.get((mode, H, general, input.get_device()),
                         lambda: general_params({"mode": mode}) if general else compile_params(mode=mode, H=H), dev)
     fn(x, *tokens, *vectors, isf, ro, no, epsilon, int(residual is not None), 0)  # zero: see vector.after_all
