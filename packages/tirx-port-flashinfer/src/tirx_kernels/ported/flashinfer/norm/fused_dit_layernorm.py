@@ -63,8 +63,8 @@ KERNEL_META = {
 }
 
 # FlashInfer's test shapes (batch, rows) in {(1, 1920), (1, 768), (2, 1920), (2, 768), (4, 1920)} x 3072 for every
-# mode (WAN temb views: gate / scale / shift with row stride 6 * H), rss without a residual, a per-batch broadcast
-# modulation, odd H and strided tokens (the general kernel), and the general kernel pinned at 3072.
+# mode (WAN temb views: gate / scale / shift with row stride 6 * H), rss without a residual, an input scale, a per-batch
+# broadcast modulation, odd H and strided tokens (the general kernel), and the general kernel pinned at 3072.
 CONFIGS = [
     {"label": "grgb_b1_r1920", "mode": "grgb", "B": 1, "R": 1920, "H": 3072},
     {"label": "grgb_b2_r768", "mode": "grgb", "B": 2, "R": 768, "H": 3072},
@@ -73,6 +73,7 @@ CONFIGS = [
     {"label": "rss_b2_r1920", "mode": "rss", "B": 2, "R": 1920, "H": 3072},
     {"label": "rss_b4_r1920", "mode": "rss", "B": 4, "R": 1920, "H": 3072},
     {"label": "rss_noresidual_b2_r768", "mode": "rss", "B": 2, "R": 768, "H": 3072, "residual": False},
+    {"label": "grss_b1_r768_input_scale", "mode": "grss", "B": 1, "R": 768, "H": 3072, "input_scale": 0.5},
     {"label": "grss_b1_r768", "mode": "grss", "B": 1, "R": 768, "H": 3072},
     {"label": "grss_b2_r1920", "mode": "grss", "B": 2, "R": 1920, "H": 3072},
     {"label": "grss_b4_r1920", "mode": "grss", "B": 4, "R": 1920, "H": 3072},
