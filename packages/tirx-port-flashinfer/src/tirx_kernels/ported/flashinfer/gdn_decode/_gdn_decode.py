@@ -63,11 +63,15 @@ def build_kernel(input_dtype: str, rows_per_cta: int, lanes_per_row: int, rows_p
     def half_value(buf, idx, dtype):
         return vector.unpack2(T.Cast("uint32", T.reinterpret("uint16", buf[idx])), dtype)[0]
 
+    def _u32(h):
+        """The 16 bits of an int16 element, zero-extended."""
+        return T.Cast("uint32", T.reinterpret("uint16", h))
+
     def weight_value(W, e, kind):  # noqa: N803
-        """fp32 value of element ``e`` of an a / b / dt_bias tensor seen as uint16 (fp32, bf16 or fp16)."""
-        f32 = T.reinterpret("float32", (T.Cast("uint32", W[e + e + 1]) << T.uint32(16)) | T.Cast("uint32", W[e + e]))
+        """fp32 value of element ``e`` of an a / b / dt_bias tensor seen as int16 (fp32, bf16 or fp16)."""
+        f32 = T.reinterpret("float32", (_u32(W[e + e + 1]) << T.uint32(16)) | _u32(W[e + e]))
         return T.if_then_else(kind == 0, f32, T.if_then_else(
-            kind == 1, T.reinterpret("float32", T.Cast("uint32", W[e]) << T.uint32(16)),
+            kind == 1, T.reinterpret("float32", _u32(W[e]) << T.uint32(16)),
             T.Cast("float32", T.reinterpret("float16", W[e]))))
 
     def index_value(Ix, i, is64):  # noqa: N803
@@ -126,9 +130,9 @@ def build_kernel(input_dtype: str, rows_per_cta: int, lanes_per_row: int, rows_p
         Kt = T.match_buffer(k_ptr, (n_k,), input_dtype, align=2)
         Vt = T.match_buffer(v_ptr, (n_v,), input_dtype, align=2)
         ALOG = T.match_buffer(alog_ptr, (n_alog,), "float32", align=4)
-        Aw = T.match_buffer(a_ptr, (n_a,), "uint16", align=2)
-        BIAS = T.match_buffer(bias_ptr, (n_bias,), "uint16", align=2)
-        Bw = T.match_buffer(b_ptr, (n_b,), "uint16", align=2)
+        Aw = T.match_buffer(a_ptr, (n_a,), "int16", align=2)
+        BIAS = T.match_buffer(bias_ptr, (n_bias,), "int16", align=2)
+        Bw = T.match_buffer(b_ptr, (n_b,), "int16", align=2)
         OUT = T.match_buffer(out_ptr, (n_out,), input_dtype, align=2)
         IDX = T.match_buffer(idx_ptr, (n_idx,), "int32", align=4)
         OIDX = T.match_buffer(oidx_ptr, (n_oidx,), "int32", align=4)
@@ -242,8 +246,8 @@ def kernel_args(pool, q, k, v, A_log, a, dt_bias, b, out, idx, out_idx, scale, u
     flags = (HAS_OUT_INDEX if out_idx is not None else 0) | (L2NORM if use_qk_l2norm else 0) | \
         (INDEX64 if index64 else 0)
     ptrs = {"S": _flat(pool), "Q": _flat(q), "Kt": _flat(k), "Vt": _flat(v), "ALOG": _flat(A_log),
-            "Aw": _flat(a).view(torch.uint16), "BIAS": _flat(dt_bias).view(torch.uint16),
-            "Bw": _flat(b).view(torch.uint16), "OUT": _flat(out), "IDX": _flat(idx).view(torch.int32),
+            "Aw": _flat(a).view(torch.int16), "BIAS": _flat(dt_bias).view(torch.int16),
+            "Bw": _flat(b).view(torch.int16), "OUT": _flat(out), "IDX": _flat(idx).view(torch.int32),
             "OIDX": _flat(out_idx if out_idx is not None else idx).view(torch.int32)}
     scalars = {"batch": batch, "n_heads": n_heads, "n_vheads": n_vheads, "state_stride": pool.stride(0),
                "q_sb": q.stride(0), "k_sb": k.stride(0), "v_sb": v.stride(0), "a_sb": a.stride(0),

@@ -27,7 +27,7 @@ shuffle sum.
 
 Runtime arguments keep the artifact count down: dim (a multiple of rows_per_cta), the token count (up to
 ``max_tokens``), strides, the optional tensors (flags plus stand-in pointers), the index dtype (int32 / int64 read
-through an int32 view) and the dt / D / dt_bias dtype (fp32 / bf16 / fp16 read through a uint16 view). Compile
+through an int32 view) and the dt / D / dt_bias dtype (fp32 / bf16 / fp16 read through an int16 view). Compile
 params: state dtype, input dtype (x, B, C, z, out), dstate, max_tokens and the schedule.
 """
 
@@ -125,11 +125,15 @@ def build_kernel(state_dtype: str, input_dtype: str, dstate: int, max_tokens: in
         """fp32 value of one 2-byte element of x / B / C / z (through its bits, as the vector path unpacks)."""
         return vector.unpack2(T.Cast("uint32", T.reinterpret("uint16", buf[idx])), input_dtype)[0]
 
+    def _u32(h):
+        """The 16 bits of an int16 element, zero-extended."""
+        return T.Cast("uint32", T.reinterpret("uint16", h))
+
     def weight_value(W, e, kind):  # noqa: N803
-        """fp32 value of element ``e`` of a dt / D / dt_bias tensor seen as uint16: fp32 (kind 0, two halves),
+        """fp32 value of element ``e`` of a dt / D / dt_bias tensor seen as int16: fp32 (kind 0, two halves),
         bf16 (1) or fp16 (2)."""
-        w = T.Cast("uint32", W[e])
-        f32 = T.reinterpret("float32", (T.Cast("uint32", W[e + e + 1]) << T.uint32(16)) | T.Cast("uint32", W[e + e]))
+        w = _u32(W[e])
+        f32 = T.reinterpret("float32", (_u32(W[e + e + 1]) << T.uint32(16)) | _u32(W[e + e]))
         return T.if_then_else(kind == 0, f32, T.if_then_else(
             kind == 1, T.reinterpret("float32", w << T.uint32(16)),
             T.Cast("float32", T.reinterpret("float16", W[e]))))
@@ -202,12 +206,12 @@ def build_kernel(state_dtype: str, input_dtype: str, dstate: int, max_tokens: in
         n_iidx = T.int32()
         S = T.match_buffer(state_ptr, (n_state,), state_dtype, align=16)
         X = T.match_buffer(x_ptr, (n_x,), input_dtype, align=2)
-        DT = T.match_buffer(dt_ptr, (n_dt,), "uint16", align=2)
+        DT = T.match_buffer(dt_ptr, (n_dt,), "int16", align=2)
         A = T.match_buffer(a_ptr, (n_a,), "float32", align=4)
         Bm = T.match_buffer(b_ptr, (n_b,), input_dtype, align=2)
         Cm = T.match_buffer(c_ptr, (n_c,), input_dtype, align=2)
-        Dv = T.match_buffer(d_ptr, (n_d,), "uint16", align=2)
-        BIAS = T.match_buffer(bias_ptr, (n_bias,), "uint16", align=2)
+        Dv = T.match_buffer(d_ptr, (n_d,), "int16", align=2)
+        BIAS = T.match_buffer(bias_ptr, (n_bias,), "int16", align=2)
         Z = T.match_buffer(z_ptr, (n_z,), input_dtype, align=2)
         OUT = T.match_buffer(out_ptr, (n_out,), input_dtype, align=2)
         IDX = T.match_buffer(idx_ptr, (n_idx,), "int32", align=4)
@@ -327,7 +331,7 @@ def _flat(t: torch.Tensor) -> torch.Tensor:
 
 
 def _as_u16(t: torch.Tensor) -> torch.Tensor:
-    return _flat(t).view(torch.uint16)
+    return _flat(t).view(torch.int16)
 
 
 def _as_i32(t: torch.Tensor) -> torch.Tensor:
