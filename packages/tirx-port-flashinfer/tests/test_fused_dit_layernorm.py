@@ -230,6 +230,8 @@ def test_specialized_kernel_emulated(emulated, mode, B, R, H, kw):
     (2, 3, 129, {}), (1, 2, 1, {}), (2, 2, 1000, {"off": 1, "pad": 3, "vec_off": 1, "no_off": 4}),
     (1, 3, 3072, {"per_batch": True, "scale": 2.0}), (2, 2, 257, {"residual": False, "in_place": False}),
     (1, 2, 77, {"in_place": True, "off": 5, "pad": 1, "no_off": 2}),
+    # x held in registers up to 4096 elements: both sides
+    (1, 2, 4096, {"off": 3, "no_off": 1, "in_place": True}), (2, 1, 4097, {"in_place": True, "off": 1}),
 ])
 def test_general_kernel_emulated(emulated, mode, B, R, H, kw):
     params = mod.general_params({"mode": mode})

@@ -34,9 +34,10 @@ Kernels, per mode: specialized per H (H % 8 == 0 in [16, 16384], every token ten
 over ``threads_per_row`` threads (``layernorm.row_plan``), each loading its 16-byte vectors of input, residual, gate,
 scale and shift before any math, holding ``x`` in fp32 registers; the biases, gamma and beta (shared by every token,
 L1/L2-resident) are loaded vector by vector where used. General (``schedule="general"``): H, strides and alignment at
-run time, one CTA of ``GENERAL_THREADS`` per token, element-wise in three passes that recompute ``x`` from the inputs.
+run time, one CTA of ``GENERAL_THREADS`` per token, element-wise: ``x`` held in registers for H <= 4096, else three
+passes that form it from the inputs again.
 Both launch as programmatic dependents (``core.lang.pdl``). ptxas (nvcc 13.0, sm_90a), H = 3072: grgb 52, rss 60,
-grss 64 registers (192 threads a token, 2 vectors each); rss 128: 39, rss 16384: 104; general 32; no spills or stack.
+grss 64 registers (192 threads a token, 2 vectors each); rss 128: 39, rss 16384: 104; general 48-60; no spills.
 """
 
 from __future__ import annotations
@@ -358,9 +359,11 @@ def build_kernel(mode: str, H: int, threads_per_row: int, vectors_per_thread: in
     return pdl_launch.launch(fused_dit_layernorm, pdl)
 
 
-def build_general(mode: str, pdl: str | None = PDL, threads: int = GENERAL_THREADS):
-    """The general kernel: H, strides and alignment at run time; one CTA of ``threads`` per token, element-wise,
-    three passes (sum, squared deviations, outputs), each forming ``x`` from the inputs again (the same bits)."""
+def build_general(mode: str, pdl: str | None = PDL, threads: int = GENERAL_THREADS, held: int = _ln.GENERAL_HELD):
+    """The general kernel: H, strides and alignment at run time; one CTA of ``threads`` per token, element-wise
+    (coalesced 2-byte accesses). Tokens of up to ``threads * held`` elements keep ``x`` in registers (element
+    ``k * threads + tid`` in slot ``k``); longer ones (a CTA-uniform branch) take three passes (sum, squared
+    deviations, outputs), each forming ``x`` from the inputs again (the same bits)."""
     from tvm.script import tirx as T
 
     from tirx_kernels.core.lang import pdl as pdl_launch
@@ -375,6 +378,40 @@ def build_general(mode: str, pdl: str | None = PDL, threads: int = GENERAL_THREA
         res = T.Select(has_residual != 0, _ln.element(T, Rf, r_base + cc), T.float32(0))
         gate = _ln.element(T, Gf, g_base + cc) if gated else None
         return _sum_x(T, mode, _ln.element(T, Xf, x_base + cc), res, gate, GB[c] if gated else None, isf)
+
+    def outputs_at(ROf, NOf, Scf, Shf, W1, W2, bases, c, x, mean, rs, pair):  # noqa: N803
+        """residual_out and norm_out of element ``c`` (after this thread's last read of it: in place over residual)."""
+        sc_base, sh_base, ro_base, no_base = bases
+        cc = T.Cast("int64", c)
+        _ln.store_element(T, ROf, ro_base + cc, x, pair)
+        y = _normalized(T, mode, x, mean, rs, W1[c], W2[c],
+                        _ln.element(T, Scf, sc_base + cc) if modulated else None,
+                        _ln.element(T, Shf, sh_base + cc) if modulated else None)
+        _ln.store_element(T, NOf, no_base + cc, y, pair)
+
+    def load_held(xv, tid, H, *x_args):  # noqa: N803
+        """``xv[k]`` <- x of element ``k * threads + tid`` (0 past the token); returns their sum."""
+        for k in range(held):
+            T.buffer_store(xv, T.float32(0), [k])
+            with T.If(k * threads + tid < H):
+                with T.Then():
+                    T.buffer_store(xv, x_at(*x_args[:7], k * threads + tid, *x_args[7:]), [k])
+        total = xv[0]
+        for k in range(1, held):
+            total = total + xv[k]
+        return total
+
+    def held_deviations(xv, tid, H, mean):  # noqa: N803
+        total = T.float32(0)
+        for k in range(held):
+            total = total + T.Select(k * threads + tid < H, (xv[k] - mean) * (xv[k] - mean), T.float32(0))
+        return total
+
+    def store_held(xv, tid, H, out_args, mean, rs, pair):  # noqa: N803
+        for k in range(held):
+            with T.If(k * threads + tid < H):
+                with T.Then():
+                    outputs_at(*out_args, k * threads + tid, xv[k], mean, rs, pair)
 
     @T.prim_func
     def fused_dit_layernorm(x_ptr: T.handle, r_ptr: T.handle, g_ptr: T.handle, sc_ptr: T.handle, sh_ptr: T.handle,
@@ -419,6 +456,7 @@ def build_general(mode: str, pdl: str | None = PDL, threads: int = GENERAL_THREA
         NOf = T.decl_buffer((1,), _DTYPE, data=NO.data)
         tok = T.cta_id([B * R])
         tid = T.thread_id([threads])
+        xv = T.alloc_local((held,), "float32")
         acc = T.alloc_local((1,), "float32")
         stat = T.alloc_local((2,), "float32")
         pair = T.alloc_local((1,), "uint32")
@@ -431,34 +469,35 @@ def build_general(mode: str, pdl: str | None = PDL, threads: int = GENERAL_THREA
         r_base = _token_offset(T, b, r, rb, rr)
         g_base = _token_offset(T, b, r, gbs, grs)
         isf = Isf[0]
-        trips = (H + (threads - 1)) // threads
-        acc[0] = T.float32(0)
-        for i in T.serial(trips):
-            c = i * threads + tid
-            if c < H:
-                acc[0] = acc[0] + x_at(Xf, Rf, Gf, GB, x_base, r_base, g_base, c, has_residual, isf)
-        stat[0] = reduce.group_sum(acc[0], tid, threads, scratch) / T.Cast("float32", H)  # the mean
-        acc[0] = T.float32(0)
-        for i in T.serial(trips):
-            c = i * threads + tid
-            if c < H:
-                d = x_at(Xf, Rf, Gf, GB, x_base, r_base, g_base, c, has_residual, isf) - stat[0]
-                acc[0] = acc[0] + d * d
-        stat[1] = T.rsqrt(reduce.group_sum(acc[0], tid, threads, scratch, words) / T.Cast("float32", H) + eps)
-        sc_base = _token_offset(T, b, r, scb, scr)
-        sh_base = _token_offset(T, b, r, shb, shr)
-        ro_base = _token_offset(T, b, r, rob, ror)
-        no_base = _token_offset(T, b, r, nob, nor)
-        for i in T.serial(trips):
-            c = i * threads + tid
-            if c < H:
-                x = x_at(Xf, Rf, Gf, GB, x_base, r_base, g_base, c, has_residual, isf)
-                cc = T.Cast("int64", c)
-                _ln.store_element(T, ROf, ro_base + cc, x, pair)  # after this thread's last read of element c
-                y = _normalized(T, mode, x, stat[0], stat[1], W1[c], W2[c],
-                                _ln.element(T, Scf, sc_base + cc) if modulated else None,
-                                _ln.element(T, Shf, sh_base + cc) if modulated else None)
-                _ln.store_element(T, NOf, no_base + cc, y, pair)
+        bases = (_token_offset(T, b, r, scb, scr), _token_offset(T, b, r, shb, shr), _token_offset(T, b, r, rob, ror),
+                 _token_offset(T, b, r, nob, nor))
+        if H <= threads * held:
+            acc[0] = load_held(xv, tid, H, Xf, Rf, Gf, GB, x_base, r_base, g_base, has_residual, isf)
+            stat[0] = reduce.group_sum(acc[0], tid, threads, scratch) / T.Cast("float32", H)  # the mean
+            acc[0] = held_deviations(xv, tid, H, stat[0])
+            stat[1] = T.rsqrt(reduce.group_sum(acc[0], tid, threads, scratch, words) / T.Cast("float32", H) + eps)
+            store_held(xv, tid, H, (ROf, NOf, Scf, Shf, W1, W2, bases), stat[0], stat[1], pair)
+        else:
+            trips = (H + (threads - 1)) // threads
+            acc[0] = T.float32(0)
+            for i in T.serial(trips):
+                c = i * threads + tid
+                if c < H:
+                    acc[0] = acc[0] + x_at(Xf, Rf, Gf, GB, x_base, r_base, g_base, c, has_residual, isf)
+            stat[0] = reduce.group_sum(acc[0], tid, threads, scratch) / T.Cast("float32", H)  # the mean
+            acc[0] = T.float32(0)
+            for i in T.serial(trips):
+                c = i * threads + tid
+                if c < H:
+                    d = x_at(Xf, Rf, Gf, GB, x_base, r_base, g_base, c, has_residual, isf) - stat[0]
+                    acc[0] = acc[0] + d * d
+            stat[1] = T.rsqrt(reduce.group_sum(acc[0], tid, threads, scratch, words) / T.Cast("float32", H) + eps)
+            for i in T.serial(trips):
+                c = i * threads + tid
+                if c < H:
+                    # x bound once: outputs_at uses it after residual_out (maybe residual itself) is written
+                    x = x_at(Xf, Rf, Gf, GB, x_base, r_base, g_base, c, has_residual, isf)
+                    outputs_at(ROf, NOf, Scf, Shf, W1, W2, bases, c, x, stat[0], stat[1], pair)
         pdl_launch.end(pdl)
 
     return pdl_launch.launch(fused_dit_layernorm, pdl)
