@@ -162,6 +162,30 @@ def _check(kern, params, M, H, x_off, xs, y_off, ys, g_off=0, b_off=0, mean=0.0)
     assert torch.equal(xb, xb0) and torch.equal(gb, gb0) and torch.equal(bb, bb0)
 
 
+@pytest.mark.parametrize("params, M, H, xs", [
+    ({"H": 1024}, 3, 1024, 1032), ({"H": 128}, 9, 128, 128), ({"schedule": "general"}, 3, 129, 131),
+    ({"schedule": "general"}, 2, 4097, 4097),
+])
+def test_in_place_emulated(emulated, params, M, H, xs):
+    """out = input: every element is read by the thread that writes it, before it writes it (both kernels, both
+    general paths)."""
+    g = torch.Generator().manual_seed(H)
+    xb = torch.randn((M - 1) * xs + H, generator=g).to(bf16)
+    x = xb.as_strided((M, H), (xs, 1))
+    gamma, beta = torch.randn(H, generator=g), torch.randn(H, generator=g)
+    want = mod.reference(x.clone(), gamma, beta, 1e-6)["out"]
+    xb0 = xb.clone()
+    scalars = {"M": M, "H": H, "eps": 1e-6, "x_stride": xs, "y_stride": xs, "zero": 0}
+    named = {p.name: {"X_ptr": x, "G_ptr": gamma, "Bt_ptr": beta, "Y_ptr": x}[p.name] if p.pointer
+             else scalars[p.name] for p in emulated(params).params}
+    grid, block = _grid(params, M)
+    emulated(params)(grid=grid, block=block, **named).check()
+    torch.testing.assert_close(x.float(), want, atol=2e-2, rtol=1.6e-2)
+    gap = torch.ones_like(xb, dtype=torch.bool)
+    gap.as_strided((M, H), (xs, 1)).fill_(False)
+    assert torch.equal(xb[gap], xb0[gap])
+
+
 @pytest.mark.parametrize("M, H, xs, ys", [
     (1, 128, 128, 128), (37, 128, 136, 128), (3, 1024, 1024, 1024), (5, 4096, 4608, 4096), (2, 16384, 16384, 16384),
     (3, 24, 24, 32), (9, 3072, 3072, 3080), (2, 5120, 5120, 5120), (17, 16, 16, 16),
