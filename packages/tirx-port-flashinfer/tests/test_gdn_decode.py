@@ -166,3 +166,10 @@ def test_gpu_torch_compile():
     o2 = fn(p2)
     torch.testing.assert_close(o1, o2, atol=0, rtol=0)
     torch.testing.assert_close(p1, p2, atol=0, rtol=0)
+
+
+def test_launch_argument_order_is_the_primfuncs():
+    """The public op calls the tvm-ffi function positionally: ARG_ORDER / SCALAR_ORDER must be the PrimFunc's."""
+    pytest.importorskip("tvm", reason="apache-tvm is needed to trace the kernel")
+    f = mod.get_kernel("bfloat16")
+    assert [p.name for p in f.params] == list(gd.ARG_ORDER) + list(gd.SCALAR_ORDER)  # buffers by name

@@ -349,3 +349,10 @@ def test_gpu_torch_compile_and_empty_batch():
     torch.testing.assert_close(got_state, want_state, atol=0, rtol=0)
     e = _fi_args(batch=0, device="cuda")
     assert ssu.selective_state_update(**e).shape == (0, 4, 64)
+
+
+def test_launch_argument_order_is_the_primfuncs():
+    """The public op calls the tvm-ffi function positionally: ARG_ORDER / SCALAR_ORDER must be the PrimFunc's."""
+    pytest.importorskip("tvm", reason="apache-tvm is needed to trace the kernel")
+    f = ssu.get_kernel("bfloat16", "bfloat16", 128, 1, "simple")
+    assert [p.name for p in f.params] == list(ssu.ARG_ORDER) + list(ssu.SCALAR_ORDER)  # buffers by name

@@ -28,7 +28,7 @@ from tirx_kernels.core import checks, runtime
 
 K_DIM = V_DIM = 128
 INPUT_DTYPES = ("bfloat16", "float16")
-WEIGHT_KINDS = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}  # a, b, dt_bias: read at run time
+WEIGHT_KINDS = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}  # a / b (16-bit), dt_bias: at run time
 SOFTPLUS_THRESHOLD = 20.0
 L2_EPS = 1e-6
 HAS_OUT_INDEX, L2NORM, INDEX64 = 1, 2, 4
@@ -318,8 +318,10 @@ def normalize(q, k, v, state, A_log, a, dt_bias, b, scale, output, use_qk_l2norm
     if tuple(output.shape) != (batch, 1, n_vheads, V_DIM) or output.dtype != q.dtype:
         _fail("output", f"{q.dtype} (B, 1, HV, V) = {(batch, 1, n_vheads, V_DIM)}", f"{output.dtype} {output.shape}")
     for name, t in (("a", a), ("b", b)):
-        if tuple(t.shape) != (batch, 1, n_vheads) or t.dtype not in WEIGHT_KINDS or t.stride(2) != 1:
-            _fail(name, f"(B, 1, HV) = {(batch, 1, n_vheads)}, unit stride on heads", f"{t.dtype} {tuple(t.shape)}")
+        if tuple(t.shape) != (batch, 1, n_vheads) or t.dtype not in (torch.float16, torch.bfloat16) \
+                or (n_vheads > 1 and t.stride(2) != 1):
+            _fail(name, f"float16 / bfloat16 (B, 1, HV) = {(batch, 1, n_vheads)}, unit stride on heads",
+                  f"{t.dtype} {tuple(t.shape)} strides {t.stride()}")
     if a.dtype != b.dtype:
         _fail("b", f"a's dtype {a.dtype}", b.dtype)
     if tuple(A_log.shape) != (n_vheads,) or A_log.dtype != torch.float32 or A_log.stride(0) != 1:

@@ -38,7 +38,7 @@ CONFIGS = [
     {"label": "b33_h8_hv32_out_idx_i64", "batch": 33, "n_heads": 8, "out_index": True, "index_dtype": "int64"},
     {"label": "b64_h16_hv32_fp16", "batch": 64, "dtype": "float16"},
     {"label": "b64_h16_hv32_nol2norm_bias_bf16", "batch": 64, "use_qk_l2norm": False, "bias_dtype": "bfloat16"},
-    {"label": "b19_h4_hv32_ab_f32", "batch": 19, "n_heads": 4, "ab_dtype": "float32"},
+    {"label": "b19_h4_hv32_ab_f16", "batch": 19, "n_heads": 4, "ab_dtype": "float16"},
 ]
 
 BENCH_CONFIGS = [
