@@ -21,6 +21,10 @@ FP4_MAX = 6.0
 E4M3_MAX = 448.0
 SF_TILE_ROWS, SF_TILE_COLS = 128, 4
 SF_TILE_BYTES = SF_TILE_ROWS * SF_TILE_COLS
+# Two NVFP4 scale recipes upstream: "cute_dsl" (flashinfer/cute_dsl's norms: SF = e4m3(min(gs * amax / 6, 448)),
+# inv = gs / SF) and "trtllm" (TRT-LLM's cvt_warp_fp16_to_fp4, the experts quantizer: SF = e4m3(gs * (amax / 6)),
+# inv = 1 / (SF * (1 / gs))). They round differently, so each kernel keeps its upstream's.
+RECIPES = ("cute_dsl", "trtllm")
 _VEC = 8
 _WORDS = 4
 
@@ -56,9 +60,12 @@ class BlockQuantizer:
     ``xw`` rounded to the dtype (``product=True``: x * w; else the words are the values), ``amax`` over the block,
     SF, then the codes of ``xw * scale * inv_scale``; stores the block's codes (8-byte stores) and its SF byte."""
 
-    def __init__(self, dtype: str, block_size: int, scale_format: str, swizzled: bool, product: bool = True):
+    def __init__(self, dtype: str, block_size: int, scale_format: str, swizzled: bool, product: bool = True,
+                 recipe: str = "cute_dsl"):
+        if recipe not in RECIPES:
+            raise ValueError(f"BlockQuantizer: recipe {recipe!r} is not one of {RECIPES}")
         self.dtype, self.block_size, self.scale_format = dtype, block_size, scale_format
-        self.swizzled, self.product = swizzled, product
+        self.swizzled, self.product, self.recipe = swizzled, product, recipe
 
     def alloc(self):
         """The block's locals; call once in the kernel body, before :meth:`block`."""
@@ -70,13 +77,14 @@ class BlockQuantizer:
         self.inv = T.alloc_local((1,), "float32")
         self.t = T.alloc_local((1,), "float32")
 
-    def block(self, xr, wr, base, scale, gs, Y64, S, y_row, row, b, nb, pred):  # noqa: N803
+    def block(self, xr, wr, base, scale, gs, Y64, S, y_row, row, b, nb, pred, sf_base=None):  # noqa: N803
         """Block ``b`` of ``row`` from ``xr[base:]`` (and ``wr[base:]``): codes to ``Y64[y_row + b * (block / 16)
-        + c]`` (``y_row``: int64 index of the row's first 8-byte word), SF to ``S``; only where ``pred`` holds."""
+        + c]`` (``y_row``: int64 index of the row's first 8-byte word), SF to ``S[sf_base + offset(row, b)]``;
+        only where ``pred`` holds."""
         from tvm.script import tirx as T
 
         def body():
-            self._block(T, xr, wr, base, scale, gs, Y64, S, y_row, row, b, nb)
+            self._block(T, xr, wr, base, scale, gs, Y64, S, y_row, row, b, nb, sf_base)
 
         if pred is None:
             body()
@@ -85,7 +93,7 @@ class BlockQuantizer:
                 with T.Then():
                     body()
 
-    def _block(self, T, xr, wr, base, scale, gs, Y64, S, y_row, row, b, nb):  # noqa: N803
+    def _block(self, T, xr, wr, base, scale, gs, Y64, S, y_row, row, b, nb, sf_base):  # noqa: N803
         from tirx_kernels.core.lang import vector
 
         q = self.q
@@ -106,11 +114,16 @@ class BlockQuantizer:
             T.buffer_store(t, t[0] * T.float32(1.0 / FP4_MAX), [0])
             T.buffer_store(sf, quant.ue8m0_from_f32(t[0]), [0])
             T.buffer_store(inv, quant.ue8m0_inverse(sf[0]), [0])
-        else:
+        elif self.recipe == "cute_dsl":
             T.buffer_store(t, T.min(gs * t[0] * T.float32(1.0 / FP4_MAX), T.float32(E4M3_MAX)), [0])
             T.buffer_store(sf, quant.e4m3_from_f32(t[0]), [0])
             T.buffer_store(inv, quant.e4m3_inverse(sf[0]) * gs, [0])
-        T.buffer_store(S, T.Cast("uint8", sf[0]), [sf_offset(row, b, nb, self.swizzled)])
+        else:  # trtllm: SF = e4m3(gs * (amax / 6)), inv = 1 / (SF / gs); 0 for an all-zero block
+            T.buffer_store(sf, quant.e4m3_from_f32(gs * (t[0] * T.float32(1.0 / FP4_MAX))), [0])
+            T.buffer_store(inv, T.if_then_else(t[0] == T.float32(0), T.float32(0), T.float32(1) / (
+                quant.e4m3_to_f32(sf[0]) * (T.float32(1) / gs))), [0])
+        offset = sf_offset(row, b, nb, self.swizzled)
+        T.buffer_store(S, T.Cast("uint8", sf[0]), [offset if sf_base is None else sf_base + offset])
         for i in range(self.block_size):
             T.buffer_store(q, q[i] * scale * inv[0], [i])  # y = xw * scale, then y * inv_scale
         for c in range(self.block_size // 16):
@@ -218,7 +231,7 @@ def unit_scale(device) -> torch.Tensor:
 
 
 def encode_rows(y: torch.Tensor, block_size: int, scale_format: str, global_scale, swizzled: bool,
-                valid_rows=None) -> tuple:
+                recipe: str = "cute_dsl") -> tuple:
     """The oracle's codes (uint8 ``(..., H / 2)``) and SF (linear ``(..., H / block)`` or swizzled flat, padding
     zero) of fp32 values ``y`` (..., H), in the kernels' order (core.quant_ref's encoders)."""
     H = y.shape[-1]
@@ -230,10 +243,15 @@ def encode_rows(y: torch.Tensor, block_size: int, scale_format: str, global_scal
         sf = quant_ref.ue8m0_from_f32(amax * torch.tensor(1.0 / FP4_MAX, dtype=torch.float32))
         inv = quant_ref.ue8m0_inverse(sf)
     else:
-        gs = (global_scale.float().cpu() if global_scale is not None else torch.ones(1)).to(y.device)
-        sf = quant_ref.e4m3_from_f32(torch.clamp_max(gs * amax * torch.tensor(1.0 / FP4_MAX, dtype=torch.float32),
-                                                     E4M3_MAX))
-        inv = quant_ref.e4m3_inverse(sf) * gs
+        gs = (global_scale.float() if global_scale is not None else torch.ones(1)).to(y.device)
+        gs = gs.reshape(-1, 1) if gs.numel() > 1 else gs  # one scale per row (the experts' per-expert scales)
+        sixth = torch.tensor(1.0 / FP4_MAX, dtype=torch.float32)
+        if recipe == "cute_dsl":
+            sf = quant_ref.e4m3_from_f32(torch.clamp_max(gs * amax * sixth, E4M3_MAX))
+            inv = quant_ref.e4m3_inverse(sf) * gs
+        else:
+            sf = quant_ref.e4m3_from_f32(gs * (amax * sixth))
+            inv = torch.where(amax == 0, torch.zeros_like(amax), 1.0 / (quant_ref.e4m3_to_f32(sf) * (1.0 / gs)))
     codes = quant_ref.e2m1_pack(quant_ref.e2m1_from_f32(blocks * inv.unsqueeze(-1)).view(rows.shape[0], H))
     sf = sf.view(torch.uint8) if sf.dtype != torch.uint8 else sf
     if swizzled:
