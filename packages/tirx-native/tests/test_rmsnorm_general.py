@@ -152,6 +152,7 @@ _EMU_CASES = [
     (2, 8185, 7, 8185, 0, 7, 8185), (2, 8192, 1, 8193, 0, 1, 8193), (3, 16392, 0, 16397, 0, 0, 16395),
     (2, 20000, 2, 20001, 6, 4, 20003), (3, 65537, 0, 65537, 0, 0, 65537), (1, 262144, 0, 262144, 0, 0, 262144),
     (2, 16, 0, 16, 0, 0, 16), (8, 9, 7, 17, 3, 5, 13),
+    (37, 1001, 3, 1001, 0, 3, 1001),  # rows_per_cta: several rows a CTA, a part-filled last group
 ]
 
 
@@ -160,17 +161,27 @@ _EMU_CASES = [
     ("float16", {}),
     ("bfloat16", {"threads_per_row": 64, "ctas_per_sm": 16}),  # sweep candidates (BENCH_CONFIGS)
     ("bfloat16", {"vectors_per_thread": 4, "ctas_per_sm": 10}),
+    # the odd-H knobs of _rmsnorm_general (tools/sweeps/odd_sizes.py)
+    ("bfloat16", {"edge_loads": "vector"}),
+    ("float16", {"edge_loads": "vector", "rows_per_cta": 4, "weight_smem": True}),
+    ("bfloat16", {"rows_per_cta": 2, "weight_smem": True, "threads_per_row": 64, "vectors_per_thread": 4}),
+    ("bfloat16", {"rows_per_cta": 3}),
 ])
 def test_general_kernel_cpu_emulation(dtype, knobs):
-    """The generated CUDA of the general kernel, run on the CPU (``core.emulate``): 21 layouts against an fp32
-    oracle, nothing outside out's elements written, every access inside its allocation, every 16-byte one aligned."""
+    """The generated CUDA of the general kernel and its knobs, run on the CPU (``core.emulate``): 22 layouts against
+    an fp32 oracle, nothing outside out's elements written, every access inside its allocation, every 16-byte one
+    aligned."""
     pytest.importorskip("tvm", reason="apache-tvm is needed to generate the kernel")
     if shutil.which("g++") is None:
         pytest.skip("g++ not installed")
     from tirx_kernels.core import emulate
 
-    kern = emulate.compile(mod.get_kernel(dtype=dtype, schedule="general", **knobs))
     threads = knobs.get("threads_per_row", _rmsnorm_general.THREADS)
+    rows = knobs.get("rows_per_cta", 1)
+    odd = {k: knobs[k] for k in ("edge_loads", "rows_per_cta", "weight_smem") if k in knobs}
+    kern = emulate.compile(_rmsnorm_general.build_general(
+        dtype, mod.PDL, threads, knobs.get("vectors_per_thread", _rmsnorm_general.VECTORS), knobs.get("ctas_per_sm"),
+        **odd))
     tdtype = getattr(torch, dtype)
     g = torch.Generator().manual_seed(19)
     for M, H, x_off, xs, w_off, o_off, os_ in _EMU_CASES:
@@ -179,7 +190,8 @@ def test_general_kernel_cpu_emulation(dtype, knobs):
         w = torch.randn(w_off + H, generator=g).to(tdtype)[w_off:]
         ob = torch.full((o_off + (M - 1) * os_ + H,), float("nan"), dtype=tdtype)
         out = ob.as_strided((M, H), (os_, 1), o_off)
-        kern(w, x, out, H, M, 1e-6, xs, os_, 0, grid=(M,), block=(threads,)).check()
+        grid = M if rows == 1 else ((M - 1) // (8 * rows) + 1) * 8  # the host's grid (CTAs of rows 8 apart)
+        kern(w, x, out, H, M, 1e-6, xs, os_, 0, grid=(grid,), block=(threads,)).check()
         torch.testing.assert_close(out.float(), _oracle(x, w, 1e-6), **_tol(tdtype), msg=f"{M, H, x_off, xs}")
         written = torch.zeros_like(ob, dtype=torch.bool)
         written.as_strided((M, H), (os_, 1), o_off).fill_(True)
