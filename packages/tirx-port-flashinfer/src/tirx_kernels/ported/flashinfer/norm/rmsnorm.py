@@ -1,0 +1,524 @@
+# SPDX-License-Identifier: Apache-2.0
+# Port of FlashInfer's rmsnorm and gemma_rmsnorm.
+# Upstream: flashinfer (https://github.com/flashinfer-ai/flashinfer), python/flashinfer/norm (rmsnorm,
+# gemma_rmsnorm; the CuTe-DSL RMSNormKernel in flashinfer/norm/kernels/rmsnorm.py), release v0.7.4
+# (commit 77039051b0be921788dc2784ec41423b558878ec).
+# Written anew in TIRx: same semantics (fp32 statistics, output rounded once), different structure.
+"""``out = x * rsqrt(mean(x**2) + eps) * w`` (Gemma: ``* (1 + w)``) over the last dim of bf16/fp16 rows.
+
+This module also holds the row kernel the FP8 ports of this folder share (``build_rows``, ``run_rows``):
+``rmsnorm_quant`` (FP8 out) and ``fused_add_rmsnorm_quant`` (residual added in place, FP8 out).
+
+The kernel (one per (dtype, gemma, residual, out dtype)): H, row strides and alignment are run-time arguments.
+A CTA of ``THREADS`` threads normalizes one row (or a *span* of it, below). The row is cut into 8-element
+chunks (one 16-byte vector of bf16/fp16); a thread loads ``VECTORS`` chunks of a slab before any math. Where every
+row (x, residual, out) and the weight start on a vector boundary (the usual contiguous call with H % 8 == 0) a
+chunk inside the row is one 16-byte access (8 bytes for FP8 out), the row's last partial chunk goes element by
+element; other layouts go element by element throughout (a CTA-uniform branch). Rows of up to one slab
+(``THREADS * VECTORS * 8`` = 8192 elements) stay in registers between the sum of squares and the stores; longer
+rows are read again (from L2).
+
+Very long rows with few of them (rmsnorm_quant is tested to H = 1,048,576 with M = 3) would leave most SMs idle:
+there the row is split into S spans over a (M, S) grid and the op launches the kernel twice: phase 1 writes each
+span's sum of squares to a workspace, phase 2 adds the S partials in a fixed order (deterministic), then scales its
+span. Phase 0 (the usual) does both in one CTA per row. Launched as a programmatic dependent (``core.lang.pdl``),
+as FlashInfer launches its norms on Hopper; ``enable_pdl`` is accepted for FlashInfer's signature.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from tirx_kernels.core import checks, runtime
+from tirx_kernels.core.op import OutOp
+
+KERNEL_META = {
+    "name": "flashinfer_rmsnorm",
+    "category": "ported.flashinfer",
+    "runtime_cuda_archs": ["sm_90a"],
+    "description": "RMSNorm (and Gemma's (1 + w) form) over the last dim, fp32 statistics, bf16/fp16, any H / strides",
+    "upstream": {"project": "flashinfer", "url": "https://github.com/flashinfer-ai/flashinfer",
+                 "commit": "77039051b0be921788dc2784ec41423b558878ec"},
+    "reference_requirements": [
+        {"package": "flashinfer-python", "import": "flashinfer", "specifier": "==0.7.4", "baseline": "flashinfer"},
+    ],
+    "public_ops": ["rmsnorm", "gemma_rmsnorm"],
+}
+
+# FlashInfer's test sizes (tests/utils/test_norm.py: H in {111, 500, 1024, 3072, 4096, 8192, 16384}, M in {1, 19,
+# 99, 989}), both variants and dtypes, strided rows, a long row.
+CONFIGS = [
+    {"label": "bf16_989x4096", "dtype": "bfloat16", "M": 989, "H": 4096},
+    {"label": "bf16_19x8192", "dtype": "bfloat16", "M": 19, "H": 8192},
+    {"label": "fp16_1x16384", "dtype": "float16", "M": 1, "H": 16384},
+    {"label": "bf16_99x1024", "dtype": "bfloat16", "M": 99, "H": 1024},
+    {"label": "fp16_99x3072", "dtype": "float16", "M": 99, "H": 3072},
+    {"label": "bf16_19x500", "dtype": "bfloat16", "M": 19, "H": 500},
+    {"label": "fp16_989x111", "dtype": "float16", "M": 989, "H": 111},
+    {"label": "gemma_bf16_99x4096", "dtype": "bfloat16", "M": 99, "H": 4096, "gemma": True},
+    {"label": "gemma_fp16_1x111", "dtype": "float16", "M": 1, "H": 111, "gemma": True},
+    {"label": "gemma_bf16_989x16384", "dtype": "bfloat16", "M": 989, "H": 16384, "gemma": True},
+    {"label": "bf16_19x4096_strided", "dtype": "bfloat16", "M": 19, "H": 4096, "input_row_stride": 4608,
+     "out_row_stride": 4160},
+    {"label": "fp16_19x500_strided_odd", "dtype": "float16", "M": 19, "H": 500, "input_row_stride": 503},
+    {"label": "bf16_3x65536_split", "dtype": "bfloat16", "M": 3, "H": 65536},
+    {"label": "bf16_19x1", "dtype": "bfloat16", "M": 19, "H": 1},
+]
+
+BENCH_CONFIGS = [
+    {"label": "bf16_32x4096", "dtype": "bfloat16", "M": 32, "H": 4096},
+    {"label": "gemma_bf16_64x8192", "dtype": "bfloat16", "M": 64, "H": 8192, "gemma": True},
+    {"label": "bf16_8192x4096", "dtype": "bfloat16", "M": 8192, "H": 4096},
+]
+
+DEFAULTS = {"dtype": "bfloat16", "eps": 1e-6, "gemma": False}
+
+_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+FP8 = {"float8_e4m3fn": (torch.float8_e4m3fn, 448.0, "e4m3x2"), "float8_e5m2": (torch.float8_e5m2, 57344.0, "e5m2x2")}
+_VEC = 8  # 16-bit elements per 16-byte vector (a chunk)
+_WORDS = 4  # 32-bit words per chunk
+THREADS = 256
+VECTORS = 4  # chunks a thread loads per slab: 256 x 4 x 8 = 8192 columns a pass
+SLAB = THREADS * VECTORS  # chunks a slab covers
+MAX_H = 2**30  # int32 column indices
+MAX_ROWS = MAX_STRIDE = 2**31 - 1  # int32 row count and strides; row offsets are 64-bit
+PDL = "end"
+
+
+def compile_params(**cfg) -> dict:
+    """One kernel per (dtype, gemma): H, strides and alignment are run-time arguments."""
+    return {"dtype": cfg["dtype"], "gemma": bool(cfg.get("gemma", False))}
+
+
+def artifact_params() -> list[dict]:
+    return [compile_params(dtype=d, gemma=g) for d in _DTYPES for g in (False, True)]
+
+
+def call_samples(rng) -> list[dict]:
+    """Calls the public ops can see: catalog hidden sizes, random and odd H, both variants and dtypes."""
+    from tirx_kernels.core import model_dims
+
+    sizes = model_dims.hidden_sizes() + [rng.randint(1, 64) for _ in range(4)]
+    sizes += [rng.randint(1, 70000) for _ in range(6)]
+    return [{"dtype": d, "gemma": g, "M": rng.choice([1, 19, 4096]), "H": H}
+            for d in _DTYPES for g in (False, True) for H in sizes]
+
+
+def sass_expect(**_) -> list[str]:
+    return [r"LDG\.E(\.[A-Z]+)*\.128", r"STG\.E\.128", r"LDG\.E\.U16", r"STG\.E\.U16"]
+
+
+def get_kernel(dtype: str, gemma: bool = False, pdl: str | None = PDL):
+    if dtype not in _DTYPES:
+        raise ValueError(f"rmsnorm: dtype {dtype!r} is not one of {sorted(_DTYPES)}")
+    return build_rows(dtype, gemma, pdl=pdl)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The row kernel (shared with rmsnorm_quant and fused_add_rmsnorm_quant)
+# ---------------------------------------------------------------------------------------------------------
+
+def build_rows(dtype: str, gemma: bool, residual: bool = False, out_dtype: str | None = None, pdl: str | None = PDL,
+               threads: int = THREADS, vectors: int = VECTORS):
+    """The row kernel. Arguments ``(x, r, w, y, scale, ws, eps, span, phase, zero)``: x, r (M, H) bf16/fp16 rows
+    (r: the residual, read and written in place where ``residual``, else unused: pass x), w (H,), y (M, H) out rows
+    (``out_dtype`` None: x's dtype; an FP8 name: its bytes as uint8), scale (1,) fp32 (FP8 out: ``y = sat(norm /
+    scale)``; else unused), ws (Mw, S) fp32 span partials (phases 1 and 2; phase 0: any (1, 1)), ``span`` chunks a
+    CTA covers, ``phase`` 0 / 1 / 2 (module docstring), ``zero`` 0 (``vector.after_all``)."""
+    from tvm.script import tirx as T
+
+    from tirx_kernels.core.lang import pdl as pdl_launch
+    from tirx_kernels.core.lang import reduce, vector
+
+    pdl_launch.check_trigger("rmsnorm rows", pdl)
+    fp8 = out_dtype is not None
+    if fp8 and out_dtype not in FP8:
+        raise ValueError(f"rmsnorm rows: out_dtype {out_dtype!r} is not None or one of {sorted(FP8)}")
+    y_dtype = "uint8" if fp8 else dtype
+    fp8_max = FP8[out_dtype][1] if fp8 else 0.0
+    cvt = f"cvt.rn.satfinite.{FP8[out_dtype][2]}.f32" if fp8 else None
+    y_align = 8 if fp8 else 16  # bytes of one chunk of out
+    scratch_len = reduce.scratch_words(threads, 1)
+    slab = threads * vectors
+
+    def misaligned(ptr, row_off, elem_bytes, align):
+        """Bytes the element ``row_off`` (int64) past ``ptr`` lies past an ``align``-byte boundary (0: aligned)."""
+        addr = T.reinterpret("uint64", ptr) + T.Cast("uint64", row_off) * T.uint64(elem_bytes)
+        return T.Cast("int32", addr & T.uint64(align - 1))
+
+    def element(buf, idx):
+        """fp32 value of one 2-byte element (through its bits, as the vector path unpacks)."""
+        return vector.unpack2(T.Cast("uint32", T.reinterpret("uint16", buf[idx])), dtype)[0]
+
+    def as_u16(value):
+        return T.Cast("uint32", T.reinterpret("uint16", value))
+
+    def load_chunk(regs, base, buf, row_base, c0, H, vec_ok):  # noqa: N803
+        """``regs[base:+4]`` <- columns ``c0..c0+8`` of a row: one vector, or element by element (0 past H)."""
+        with T.If(T.And(vec_ok, c0 + _VEC <= H)):
+            with T.Then():
+                vector.load_v4(regs, base, buf.ptr_to([row_base + T.Cast("int64", c0)]))
+            with T.Else():
+                vector.fill(regs, base, _WORDS)
+                for e in range(_VEC):
+                    with T.If(c0 + e < H):
+                        with T.Then():
+                            word = regs[base + e // 2] | (as_u16(buf[row_base + T.Cast("int64", c0 + e)])
+                                                          << T.uint32(16 * (e % 2)))
+                            T.buffer_store(regs, word, [base + e // 2])
+
+    def load_slab(xr, rr, Xf, Rf, x_base, r_base, k0, k1, s, tid, H, vec_ok):  # noqa: N803
+        for v in range(vectors):
+            k = k0 + s * slab + v * threads + tid
+            with T.If(k < k1):
+                with T.Then():
+                    load_chunk(xr, v * _WORDS, Xf, x_base, k * _VEC, H, vec_ok)
+                    if residual:
+                        load_chunk(rr, v * _WORDS, Rf, r_base, k * _VEC, H, vec_ok)
+                with T.Else():
+                    vector.fill(xr, v * _WORDS, _WORDS)
+                    if residual:
+                        vector.fill(rr, v * _WORDS, _WORDS)
+
+    def values(xr, rr, i):
+        """The fp32 values (low, high) of packed word ``i``: x, or ``x + residual`` (unrounded)."""
+        a_lo, a_hi = vector.unpack2(xr[i], dtype)
+        if not residual:
+            return a_lo, a_hi
+        b_lo, b_hi = vector.unpack2(rr[i], dtype)
+        return a_lo + b_lo, a_hi + b_hi
+
+    def factor(w):
+        return T.float32(1) + w if gemma else w
+
+    def store_halves(buf, row_base, c0, H, regs, vec_ok):  # noqa: N803
+        with T.If(T.And(vec_ok, c0 + _VEC <= H)):
+            with T.Then():
+                vector.store_v4(buf.ptr_to([row_base + T.Cast("int64", c0)]), regs, 0)
+            with T.Else():
+                for e in range(_VEC):
+                    with T.If(c0 + e < H):
+                        with T.Then():
+                            half = T.Cast("uint16", regs[e // 2] >> T.uint32(16 * (e % 2)))
+                            T.buffer_store(buf, T.reinterpret(dtype, half),
+                                           [row_base + T.Cast("int64", c0 + e)])
+
+    def store_bytes(buf, row_base, c0, H, regs, vec_ok):  # noqa: N803
+        """8 FP8 codes (``regs[0:2]``, little-endian) at columns ``c0..c0+8``: one 8-byte store, or byte by byte."""
+        with T.If(T.And(vec_ok, c0 + _VEC <= H)):
+            with T.Then():
+                T.evaluate(T.ptx["st.global.v2.b32"](buf.ptr_to([row_base + T.Cast("int64", c0)]), regs[0], regs[1]))
+            with T.Else():
+                for e in range(_VEC):
+                    with T.If(c0 + e < H):
+                        with T.Then():
+                            code = T.Cast("uint8", (regs[e // 4] >> T.uint32(8 * (e % 4))) & T.uint32(0xFF))
+                            T.buffer_store(buf, code, [row_base + T.Cast("int64", c0 + e)])
+
+    def scale_store_slab(Xf, Rf, Wt, Yf, x_base, r_base, y_base, k0, k1, s, tid, H, vec_ok, xr, rr, wr, orr,  # noqa: N803
+                         pair, rs, inv_scale):
+        for v in range(vectors):
+            k = k0 + s * slab + v * threads + tid
+            with T.If(k < k1):
+                with T.Then():
+                    c0 = k * _VEC
+                    load_chunk(wr, 0, Wt, T.int64(0), c0, H, vec_ok)
+                    if residual:  # the residual <- x + residual, rounded once
+                        for j in range(_WORDS):
+                            lo, hi = values(xr, rr, v * _WORDS + j)
+                            vector.pack2(orr, j, lo, hi, dtype)
+                        store_halves(Rf, r_base, c0, H, orr, vec_ok)
+                    for j in range(_WORDS):
+                        lo, hi = values(xr, rr, v * _WORDS + j)
+                        w_lo, w_hi = vector.unpack2(wr[j], dtype)
+                        y_lo = lo * rs * factor(w_lo)
+                        y_hi = hi * rs * factor(w_hi)
+                        if not fp8:
+                            vector.pack2(orr, j, y_lo, y_hi, dtype)
+                        else:  # FlashInfer's order: ((x * rstd) * w) * (1 / scale), clamped, then RNE to FP8
+                            lim = T.float32(fp8_max)
+                            y_lo = T.min(T.max(y_lo * inv_scale, -lim), lim)
+                            y_hi = T.min(T.max(y_hi * inv_scale, -lim), lim)
+                            T.evaluate(T.ptx[cvt](pair[j % 2], y_hi, y_lo))  # first operand: the upper byte
+                            if j % 2 == 1:
+                                T.buffer_store(orr, T.Cast("uint32", pair[0]) | (T.Cast("uint32", pair[1])
+                                                                                 << T.uint32(16)), [j // 2])
+                    if fp8:
+                        store_bytes(Yf, y_base, c0, H, orr, vec_ok)
+                    else:
+                        store_halves(Yf, y_base, c0, H, orr, vec_ok)
+
+    @T.prim_func
+    def rows(x_ptr: T.handle, r_ptr: T.handle, w_ptr: T.handle, y_ptr: T.handle, s_ptr: T.handle, ws_ptr: T.handle,
+             eps: T.float32, span: T.int32, phase: T.int32, zero: T.int32):
+        M = T.int32()
+        H = T.int32()
+        Mw = T.int32()
+        S = T.int32()
+        x_stride = T.int32()
+        r_stride = T.int32()
+        y_stride = T.int32()
+        X = T.match_buffer(x_ptr, (M, H), dtype, strides=(x_stride, 1), align=2)
+        R = T.match_buffer(r_ptr, (M, H), dtype, strides=(r_stride, 1), align=2)
+        Wt = T.match_buffer(w_ptr, (H,), dtype, align=2)
+        Y = T.match_buffer(y_ptr, (M, H), y_dtype, strides=(y_stride, 1), align=1)
+        Sc = T.match_buffer(s_ptr, (1,), "float32", align=4)
+        WS = T.match_buffer(ws_ptr, (Mw, S), "float32", align=4)
+        T.device_entry()
+        # Flat views indexed row * stride + col (TIRx drops match_buffer strides from device indexing).
+        Xf = T.decl_buffer((M * x_stride,), dtype, data=X.data)
+        Rf = T.decl_buffer((M * r_stride,), dtype, data=R.data)
+        Yf = T.decl_buffer((M * y_stride,), y_dtype, data=Y.data)
+        WSf = T.decl_buffer((Mw * S,), "float32", data=WS.data)
+        row, part = T.cta_id([M, S])
+        tid = T.thread_id([threads])
+        xr = T.alloc_local((vectors * _WORDS,), "uint32")
+        rr = T.alloc_local((vectors * _WORDS,), "uint32")
+        wr = T.alloc_local((_WORDS,), "uint32")
+        orr = T.alloc_local((_WORDS,), "uint32")
+        pair = T.alloc_local((2,), "uint16")
+        acc = T.alloc_local((1,), "float32")
+        total = T.alloc_local((1,), "float32")
+        inv = T.alloc_local((1,), "float32")
+        scratch = T.alloc_shared((scratch_len,), "float32")
+        pdl_launch.begin(pdl)  # nothing global before this: the previous kernel may still write the rows
+
+        x_base = T.Cast("int64", row) * T.Cast("int64", x_stride)
+        r_base = T.Cast("int64", row) * T.Cast("int64", r_stride)
+        y_base = T.Cast("int64", row) * T.Cast("int64", y_stride)
+        vec_ok = (misaligned(X.data, x_base, 2, 16) + misaligned(R.data, r_base, 2, 16)
+                  + misaligned(Wt.data, T.int64(0), 2, 16) + misaligned(Y.data, y_base, 1 if fp8 else 2, y_align)) == 0
+        chunks = (H + _VEC - 1) // _VEC
+        k0 = part * span
+        k1 = T.min(chunks, k0 + span)
+        slabs = (k1 - k0 + slab - 1) // slab
+        inv[0] = T.float32(0)
+        if fp8:
+            T.evaluate(T.ptx["rcp.approx.ftz.f32"](inv[0], Sc[0]))
+        acc[0] = T.float32(0)
+        total[0] = T.float32(0)
+        if phase != 2:
+            for s in T.serial(slabs):
+                load_slab(xr, rr, Xf, Rf, x_base, r_base, k0, k1, s, tid, H, vec_ok)
+                acc[0] = acc[0] + T.cuda.uint_as_float(vector.after_all(xr, vectors * _WORDS, zero))
+                for i in range(vectors * _WORDS):
+                    lo, hi = values(xr, rr, i)
+                    acc[0] = acc[0] + lo * lo + hi * hi
+            total[0] = reduce.group_sum(acc[0], tid, threads, scratch)
+            if phase == 1:
+                if tid == 0:
+                    WSf[T.Cast("int64", row) * T.Cast("int64", S) + T.Cast("int64", part)] = total[0]
+        else:
+            for j in T.serial(S):  # the spans' partials in a fixed order: every CTA of the row gets the same sum
+                total[0] = total[0] + WSf[T.Cast("int64", row) * T.Cast("int64", S) + T.Cast("int64", j)]
+        if phase != 1:
+            rs = T.rsqrt(total[0] * (T.float32(1) / T.Cast("float32", H)) + eps)
+            for s in T.serial(slabs):
+                if slabs > 1 or phase == 2:
+                    load_slab(xr, rr, Xf, Rf, x_base, r_base, k0, k1, s, tid, H, vec_ok)
+                scale_store_slab(Xf, Rf, Wt, Yf, x_base, r_base, y_base, k0, k1, s, tid, H, vec_ok, xr, rr, wr, orr,
+                                 pair, rs, inv[0])
+        pdl_launch.end(pdl)
+
+    return pdl_launch.launch(rows, pdl)
+
+
+_WORKSPACE = runtime.StreamWorkspace(n_flags=1)
+_SM_COUNT: dict = {}
+
+
+def split_plan(M: int, H: int, sm_count: int) -> tuple[int, int]:
+    """``(span, S)``: chunks a CTA covers and spans a row is cut into; S == 1 is phase 0 (one CTA a row)."""
+    chunks = -(-H // _VEC)
+    want = -(-2 * sm_count // max(M, 1))  # CTAs to fill the SMs twice
+    S = max(1, min(want, -(-chunks // SLAB)))
+    if S == 1:
+        return chunks, 1
+    span = SLAB * -(-chunks // (SLAB * S))  # whole slabs a span
+    return span, -(-chunks // span)
+
+
+def run_rows(fn, x2d, r2d, weight, y2d, scale, eps: float) -> None:
+    """Launch ``build_rows``' kernel ``fn`` on 2-D views (one launch, or the two phases of a split row)."""
+    M, H = x2d.shape
+    dev = x2d.device
+    sms = _SM_COUNT.get(dev.index)
+    if sms is None:
+        sms = _SM_COUNT[dev.index] = torch.cuda.get_device_properties(dev).multi_processor_count
+    span, S = split_plan(M, H, sms)
+    ws, _ = _WORKSPACE.get(dev, M * S)
+    sc = ws[:1] if scale is None else scale
+    if S == 1:
+        fn(x2d, r2d, weight, y2d, sc, ws[:1].view(1, 1), eps, span, 0, 0)
+        return
+    parts = ws[:M * S].view(M, S)
+    fn(x2d, r2d, weight, y2d, sc, parts, eps, span, 1, 0)
+    fn(x2d, r2d, weight, y2d, sc, parts, eps, span, 2, 0)
+
+
+def unit_columns(t: torch.Tensor) -> torch.Tensor:
+    """A 2-D view with column stride 1 (a size-1 last dim may have any stride; the kernel's checks want 1)."""
+    return t if t.stride(1) == 1 else t.as_strided(t.shape, (t.stride(0), 1))
+
+
+def fail(op: str, name: str, expected: str, got: str) -> None:
+    raise checks.TirxInputError(f"{op}: argument '{name}': expected {expected}, got {got}")
+
+
+def check_rows(op: str, name: str, t: torch.Tensor, copy_ok: bool = False) -> None:
+    """Rows a 2-D view reaches (no copy unless ``copy_ok``), unit column stride, int32 row count and strides."""
+    H = t.shape[-1]
+    if not copy_ok:
+        try:
+            t.view(-1, H)
+        except RuntimeError:
+            fail(op, name, "leading dims that flatten to rows without a copy (it is written)",
+                 f"shape {tuple(t.shape)} strides {tuple(t.stride())}")
+    if H > 1 and t.stride(-1) != 1:
+        fail(op, name, "a unit stride in the last dim", f"strides {tuple(t.stride())}")
+    rows = t.numel() // max(1, H)
+    if rows > MAX_ROWS:
+        fail(op, name, f"at most {MAX_ROWS} rows (the leading dims' product)", str(rows))
+    for d in range(t.dim() - 1):
+        if t.shape[d] > 1 and not 0 < t.stride(d) <= MAX_STRIDE:
+            fail(op, name, f"strides of the leading dims in [1, {MAX_STRIDE}]", f"strides {tuple(t.stride())}")
+
+
+def check_eps(op: str, eps) -> None:
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)):
+        fail(op, "eps", "a float", type(eps).__name__)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Protocol: data, oracle, byte/FLOP model, baselines
+# ---------------------------------------------------------------------------------------------------------
+
+def generator() -> torch.Generator:
+    seed = int(os.environ["TIRX_SEED"]) if "TIRX_SEED" in os.environ else int.from_bytes(os.urandom(8), "little") >> 1
+    g = torch.Generator(device="cuda")
+    g.manual_seed(seed)
+    return g
+
+
+def random_rows(M: int, H: int, row_stride: int | None, t: torch.dtype, g) -> torch.Tensor:
+    return torch.randn(M, row_stride or H, generator=g, device="cuda", dtype=torch.float32).to(t)[:, :H]
+
+
+def prepare_data(dtype: str, M: int, H: int, eps: float = 1e-6, gemma: bool = False,
+                 input_row_stride: int | None = None, out_row_stride: int | None = None, **_) -> dict:
+    g = generator()
+    t = _DTYPES[dtype]
+    out = torch.full((M, out_row_stride or H), float("nan"), device="cuda", dtype=t)[:, :H]
+    return {"input": random_rows(M, H, input_row_stride, t, g),
+            "weight": torch.randn(H, generator=g, device="cuda", dtype=torch.float32).to(t), "eps": eps,
+            "gemma": bool(gemma), "out": out}
+
+
+def normalized(x: torch.Tensor, weight: torch.Tensor, eps: float, gemma: bool) -> torch.Tensor:
+    """fp32 ``x * rsqrt(mean(x**2) + eps) * w`` (Gemma ``1 + w``), x already fp32."""
+    w = weight.float() + 1 if gemma else weight.float()
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+def reference(input, weight, eps, gemma=False, **_) -> dict:  # noqa: A002
+    return {"out": normalized(input.float(), weight, eps, gemma)}
+
+
+def launch(cfg: dict, data: dict) -> None:
+    op = gemma_rmsnorm if data["gemma"] else rmsnorm
+    op(data["input"], data["weight"], data["eps"], out=data["out"])
+
+
+def roofline(dtype: str, M: int, H: int, **_) -> dict:
+    return {"bytes": 2 * M * H * 2 + H * 2, "flops": 4 * M * H}
+
+
+def get_baselines(**cfg) -> dict:
+    gemma = bool(cfg.get("gemma", False))
+
+    def _torch_fn(x, w, eps):
+        return normalized(x.float(), w, eps, gemma).to(x.dtype)
+
+    def torch_eager():
+        return lambda d: {"out": _torch_fn(d["input"], d["weight"], d["eps"])}
+
+    def torch_compile():
+        fn = torch.compile(_torch_fn, dynamic=False)
+        return lambda d: {"out": fn(d["input"], d["weight"], d["eps"])}
+
+    def flashinfer():
+        import flashinfer.norm
+
+        op = flashinfer.norm.gemma_rmsnorm if gemma else flashinfer.norm.rmsnorm
+        return lambda d: {"out": op(d["input"].contiguous(), d["weight"], d["eps"])}
+
+    return {"torch": torch_eager, "torch.compile": torch_compile, "flashinfer": flashinfer}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Public ops
+# ---------------------------------------------------------------------------------------------------------
+
+def _check_inputs(op: str, input, weight, eps, out) -> None:  # noqa: A002
+    checks.tensor(op, "input", input, dtypes=tuple(_DTYPES.values()), ndim=tuple(range(1, 9)), cuda=False)
+    H = input.shape[-1]
+    checks.in_range(op, "input", H, 1, MAX_H)
+    checks.tensor(op, "weight", weight, shape=(H,), cuda=False)
+    checks.same_dtype(op, "input", input, weight=weight)
+    check_eps(op, eps)
+    check_rows(op, "input", input, copy_ok=True)
+    if out is not None:
+        checks.tensor(op, "out", out, shape=tuple(input.shape), cuda=False)
+        checks.same_dtype(op, "input", input, out=out)
+        check_rows(op, "out", out)
+    checks.tensor(op, "input", input, cuda=True)
+    checks.same_device(op, "input", input, weight=weight, **({} if out is None else {"out": out}))
+
+
+_FUNCTIONS = runtime.FunctionCache(__name__)
+
+
+def _run(input, weight, eps: float, gemma: bool, out) -> None:  # noqa: A002
+    H = input.shape[-1]
+    x2d = unit_columns(input.reshape(-1, H))  # a view for every row layout the checks accept
+    y2d = unit_columns(out.view(-1, H))
+    weight = weight if weight.stride(0) == 1 else weight.as_strided((H,), (1,))
+    if x2d.shape[0] == 0:
+        return
+    dtype = str(input.dtype)[6:]
+    fn = _FUNCTIONS.get((input.dtype, gemma, input.get_device()), lambda: compile_params(dtype=dtype, gemma=gemma),
+                        input.device)
+    run_rows(fn, x2d, x2d, weight, y2d, None, eps)
+
+
+def _new_out(input, weight, eps, gemma):  # noqa: A002
+    return torch.empty(input.shape, dtype=input.dtype, device=input.device)
+
+
+# tirx::flashinfer_rmsnorm(input, weight, eps, gemma) and tirx::flashinfer_rmsnorm_out(..., out).
+_CUSTOM_OP = OutOp("flashinfer_rmsnorm", {"input": torch.Tensor, "weight": torch.Tensor, "eps": float, "gemma": bool},
+                   run=_run, new_out=_new_out)
+
+
+def rmsnorm(input: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, out: torch.Tensor | None = None,  # noqa: A002
+            enable_pdl: bool | None = None) -> torch.Tensor:
+    """``out = input * rsqrt(mean(input**2) + eps) * weight`` in fp32, rounded once. input (..., H) bf16/fp16 (2-D
+    or 3-D as FlashInfer, any leading dims here), any row strides; weight (H,); ``out`` (same shape and dtype, any
+    row strides) when given. ``enable_pdl``: FlashInfer's argument, accepted; the kernel always launches as a
+    programmatic dependent."""
+    _check_inputs("rmsnorm", input, weight, eps, out)
+    return _CUSTOM_OP(input, weight, float(eps), False, out=out)
+
+
+def gemma_rmsnorm(input: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,  # noqa: A002
+                  out: torch.Tensor | None = None, enable_pdl: bool | None = None) -> torch.Tensor:
+    """As ``rmsnorm`` with Gemma's weight form ``(1 + weight)``."""
+    _check_inputs("gemma_rmsnorm", input, weight, eps, out)
+    return _CUSTOM_OP(input, weight, float(eps), True, out=out)
+
+
+from tirx_kernels.core import harness  # noqa: E402
+
+run_test, run_bench = harness.bind(__name__)

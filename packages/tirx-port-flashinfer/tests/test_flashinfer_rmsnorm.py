@@ -1,0 +1,293 @@
+# SPDX-License-Identifier: Apache-2.0
+"""flashinfer_rmsnorm: params and bundle coverage, input validation, the row kernel's generated CUDA run on the CPU
+(``core.emulate``: every output element against the fp32 oracle, nothing outside the rows written, accesses inside
+their allocations, vector accesses aligned) at odd H, misaligned and strided rows, and split rows (both phases);
+on a GPU, the harness's checks of every config, views at every alignment, FlashInfer.
+
+The emulation helpers here also serve test_rmsnorm_quant.py and test_fused_add_rmsnorm_quant.py (same kernel)."""
+
+import random
+import shutil
+
+import pytest
+import torch
+
+from tirx_kernels.core import artifacts, runtime
+from tirx_kernels.core.checks import TirxInputError
+from tirx_kernels.ported.flashinfer.norm import rmsnorm as mod
+
+bf16 = torch.bfloat16
+
+# CPU stand-ins for the PTX the FP8 path adds to what core/emulate/cuda_cpu.h covers: the 8-byte store, rcp.approx
+# (exact here) and cvt.rn.satfinite.{e4m3,e5m2}x2.f32 (round to nearest even over the finite codes, saturating).
+EXTRA_HEADER = r"""
+static inline void tvm_builtin_ptx_st_vec_global_v2_b32(const void* p, uint32_t a, uint32_t b) {
+  if ((uintptr_t)p % 8 && emu_misaligned++ < 8) fprintf(stderr, "EMU misaligned 8-byte store at %p\n", p);
+  uint32_t w[2] = {a, b};
+  memcpy((void*)p, w, 8);
+}
+static inline void tvm_builtin_ptx_rcp_approx_ftz_f32(float& d, float v) { d = 1.0f / v; }
+static inline uint32_t emu_fp8(float x, int mbits, int bias, int max_code) {
+  if (std::isnan(x)) return 0x7f;
+  uint32_t sign = std::signbit(x) ? 0x80 : 0;
+  double a = std::fabs((double)x), best = 1e300;
+  int code = 0;
+  for (int c = 0; c <= max_code; ++c) {
+    int e = c >> mbits, m = c & ((1 << mbits) - 1);
+    double v = e == 0 ? std::ldexp((double)m, 1 - bias - mbits)
+                      : std::ldexp(1.0 + std::ldexp((double)m, -mbits), e - bias);
+    double d = std::fabs(v - a);
+    if (d < best || (d == best && (c & 1) == 0)) { best = d; code = c; }
+  }
+  return sign | code;
+}
+static inline void tvm_builtin_ptx_cvt_f8x2_f32_rn_satfinite_e4m3x2_f32(uint16_t& d, float hi, float lo) {
+  d = (uint16_t)((emu_fp8(hi, 3, 7, 0x7e) << 8) | emu_fp8(lo, 3, 7, 0x7e));
+}
+static inline void tvm_builtin_ptx_cvt_f8x2_f32_rn_satfinite_e5m2x2_f32(uint16_t& d, float hi, float lo) {
+  d = (uint16_t)((emu_fp8(hi, 2, 15, 0x7b) << 8) | emu_fp8(lo, 2, 15, 0x7b));
+}
+"""
+
+
+def emulated_rows():
+    """``get(dtype, gemma, residual, out_dtype)`` -> the row kernel compiled for the CPU (cached)."""
+    pytest.importorskip("tvm", reason="apache-tvm is needed to generate the kernels")
+    if shutil.which("g++") is None:
+        pytest.skip("no g++ to compile the emulation")
+    import tempfile
+    from pathlib import Path
+
+    from tirx_kernels.core import emulate
+    from tirx_kernels.core.build import codegen
+
+    header = Path(tempfile.mkdtemp()) / "cuda_cpu_fp8.h"
+    header.write_text(f'#include "{emulate.HEADER}"\n{EXTRA_HEADER}')
+    cache = {}
+
+    def get(dtype, gemma, residual=False, out_dtype=None):
+        key = (dtype, gemma, residual, out_dtype)
+        if key not in cache:
+            src = codegen(mod.build_rows(dtype, gemma, residual=residual, out_dtype=out_dtype))
+            saved, emulate.HEADER = emulate.HEADER, header
+            try:
+                cache[key] = emulate.compile(src)
+            finally:
+                emulate.HEADER = saved
+        return cache[key]
+    return get
+
+
+def _view(M, H, off, stride, dtype, g, fill=None):
+    buf = torch.randn(off + (M - 1) * stride + H, generator=g).to(dtype) if fill is None else \
+        torch.full((off + (M - 1) * stride + H,), fill, dtype=dtype)
+    return buf, buf.as_strided((M, H), (stride, 1), off)
+
+
+def run_rows_emulated(kern, M, H, *, dtype=bf16, gemma=False, residual=False, out_dtype=None, scale=1.0,
+                      x=(0, None), r=(0, None), y=(0, None), w_off=0, sm_count=132):
+    """The op's launches (``run_rows``' split plan for ``sm_count`` SMs; scalars by name) on buffers that end with
+    their last element; returns (out view, out buffer, want dict, the buffers for the untouched checks)."""
+    g = torch.Generator().manual_seed(H * 7 + M)
+    x_off, x_stride = x[0], x[1] or H
+    r_off, r_stride = r[0], r[1] or H
+    y_off, y_stride = y[0], y[1] or H
+    xb, xv = _view(M, H, x_off, x_stride, dtype, g)
+    rb, rv = _view(M, H, r_off, r_stride, dtype, g) if residual else (xb, xv)
+    wb = torch.randn(w_off + H, generator=g).to(dtype)
+    w = wb[w_off:]
+    if out_dtype is None:
+        yb, yv = _view(M, H, y_off, y_stride, dtype, g, fill=float("nan"))
+    else:
+        yb, yv = _view(M, H, y_off, y_stride, torch.uint8, g, fill=0x5A)
+    sc = torch.tensor([scale], dtype=torch.float32)
+    x_in = (xv.float() + rv.float()) if residual else xv.float()
+    want = {"out": mod.normalized(x_in, w, 1e-6, gemma), "residual": x_in.to(dtype).float() if residual else None}
+    before = {"x": xb.clone(), "r": rb.clone(), "w": wb.clone()}
+    span, S = mod.split_plan(M, H, sm_count)
+    ws = torch.full((M * S + 1,), float("nan"))
+    phases = [0] if S == 1 else [1, 2]
+    for phase in phases:
+        wsv = ws[:1].view(1, 1) if phase == 0 else ws[:M * S].view(M, S)
+        scalars = {"M": M, "H": H, "S": wsv.shape[1], "cse_v1": wsv.numel(), "eps": 1e-6, "phase": phase,
+                   "span": span, "x_stride": x_stride, "r_stride": r_stride, "y_stride": y_stride, "zero": 0}
+        ptrs = {"X_ptr": xv, "R_ptr": rv, "Wt_ptr": w, "Y_ptr": yv, "Sc_ptr": sc, "WS_ptr": wsv}
+        args = {p.name: ptrs[p.name] if p.pointer else scalars[p.name] for p in kern.params}
+        kern(grid=(M, wsv.shape[1]), block=(mod.THREADS,), **args).check()
+    return {"y": yv, "yb": yb, "y_view": (y_off, y_stride), "x": xv, "xb": xb, "x_view": (x_off, x_stride),
+            "r": rv, "rb": rb, "r_view": (r_off, r_stride), "wb": wb, "want": want, "before": before, "S": S}
+
+
+def outside(buf, M, H, off, stride):
+    inside = torch.zeros(buf.shape, dtype=torch.bool)
+    inside.as_strided((M, H), (stride, 1), off).fill_(True)
+    return ~inside
+
+
+def check_untouched(res, M, H, residual):
+    """Inputs unchanged (the residual outside its rows), the out buffer unchanged outside its rows."""
+    b = res["before"]
+    assert torch.equal(res["wb"], b["w"])
+    if residual:
+        mask = outside(res["rb"], M, H, *res["r_view"])
+        assert torch.equal(res["rb"][mask], b["r"][mask])
+        assert torch.equal(res["xb"], b["x"])
+    elif res["xb"].data_ptr() != res["yb"].data_ptr():
+        assert torch.equal(res["xb"], b["x"])
+    yb = res["yb"]
+    pad = yb[outside(yb, M, H, *res["y_view"])]
+    assert (pad.isnan().all() if yb.is_floating_point() else (pad == 0x5A).all())
+
+
+# ------------------------------------------------------------------------------------------------ params
+
+def test_every_call_resolves_to_a_bundled_artifact():
+    bundled = {artifacts.canonical_params(p) for p in mod.artifact_params()}
+    rng = random.Random(0)
+    for call in mod.call_samples(rng):
+        cands = [artifacts.canonical_params(p) for p in runtime.candidate_params(mod, mod.compile_params(**call))]
+        assert bundled & set(cands), call
+    for cfg in mod.CONFIGS + mod.BENCH_CONFIGS:
+        assert artifacts.canonical_params(mod.compile_params(**cfg)) in bundled
+
+
+@pytest.mark.parametrize("M, H, sms", [(1, 1, 132), (3, 65536, 132), (3, 1048576, 132), (989, 16384, 132),
+                                       (32, 4096, 132), (1, 8193, 132), (2, 1048577, 78)])
+def test_split_plan_covers_the_row(M, H, sms):
+    span, S = mod.split_plan(M, H, sms)
+    chunks = -(-H // 8)
+    assert span * S >= chunks > span * (S - 1)  # every span holds a chunk
+    assert S == 1 and span == chunks or span % mod.SLAB == 0
+
+
+def test_protocol_literals():
+    assert mod.KERNEL_META["name"] == "flashinfer_rmsnorm"
+    assert len(mod.KERNEL_META["upstream"]["commit"]) == 40
+    labels = [c["label"] for c in mod.CONFIGS + mod.BENCH_CONFIGS]
+    assert len(labels) == len(set(labels))
+    assert {111, 500, 1024, 3072, 4096, 8192, 16384} <= {c["H"] for c in mod.CONFIGS}
+    assert {1, 19, 99, 989} <= {c["M"] for c in mod.CONFIGS}
+
+
+def _t(*shape, dtype=bf16):
+    return torch.zeros(*shape, dtype=dtype)
+
+
+@pytest.mark.parametrize("args, kw, arg", [
+    ((_t(4, 64, dtype=torch.float32), _t(64)), {}, "input"),
+    ((_t(4, 64), _t(32)), {}, "weight"),
+    ((_t(4, 64), _t(64, dtype=torch.float16)), {}, "weight"),
+    ((_t(4, 0), _t(0)), {}, "input"),
+    ((_t(4, 64), _t(64)), {"out": _t(4, 32)}, "out"),
+    ((_t(4, 64), _t(64)), {"out": _t(64, 4).t()}, "out"),
+    ((_t(4, 64), _t(64)), {"eps": "1e-6"}, "eps"),
+    ((_t(4, 64), _t(64)), {}, "input"),  # CPU tensors
+])
+def test_rejected_inputs_name_the_argument(args, kw, arg):
+    for op in (mod.rmsnorm, mod.gemma_rmsnorm):
+        with pytest.raises(TirxInputError, match=f"argument '{arg}'"):
+            op(*args, **kw)
+
+
+# ------------------------------------------------------------------------------------------------ CPU emulation
+
+@pytest.fixture(scope="module")
+def emulated():
+    return emulated_rows()
+
+
+@pytest.mark.parametrize("gemma", [False, True])
+@pytest.mark.parametrize("M, H, x, y, w_off, sms", [
+    (5, 128, (0, None), (0, None), 0, 132), (3, 4096, (0, 4608), (0, 4160), 0, 132),
+    (19, 111, (3, 113), (0, None), 5, 132), (2, 500, (0, 503), (1, 500), 0, 132), (7, 3, (1, 5), (2, 3), 1, 132),
+    (5, 1, (0, 1), (0, 1), 0, 132), (3, 4095, (0, None), (0, None), 0, 132), (2, 8200, (0, None), (0, None), 0, 132),
+    (4, 16, (8, 24), (0, 16), 8, 132), (2, 20001, (0, None), (0, None), 0, 132),
+    # split rows: both phases, aligned and element-wise, a span's last slab partial
+    (3, 24576, (0, None), (0, None), 0, 132), (2, 20001, (1, 20003), (0, None), 0, 132),
+    (1, 9000, (0, None), (0, None), 0, 4),
+])
+def test_rows_emulated(emulated, gemma, M, H, x, y, w_off, sms):
+    res = run_rows_emulated(emulated("bfloat16", gemma), M, H, gemma=gemma, x=x, y=y, w_off=w_off, sm_count=sms)
+    torch.testing.assert_close(res["y"].float(), res["want"]["out"], atol=2e-2, rtol=1.6e-2)
+    check_untouched(res, M, H, False)
+
+
+def test_rows_emulated_fp16_in_place(emulated):
+    kern = emulated("float16", False)
+    res = run_rows_emulated(kern, 3, 77, dtype=torch.float16, x=(1, 80), y=(2, 81))
+    torch.testing.assert_close(res["y"].float(), res["want"]["out"], atol=2e-3, rtol=4e-3)
+    check_untouched(res, 3, 77, False)
+
+
+def test_split_rows_take_two_phases():
+    assert mod.split_plan(3, 24576, 132)[1] > 1 and mod.split_plan(3, 1048576, 132)[1] > 1
+    assert mod.split_plan(989, 16384, 132)[1] == 1
+
+
+# ------------------------------------------------------------------------------------------------ SASS
+
+@pytest.mark.parametrize("params", [{"dtype": "bfloat16", "gemma": False}, {"dtype": "float16", "gemma": True}])
+def test_sass(params):
+    pytest.importorskip("tvm", reason="apache-tvm is needed to build")
+    from tirx_kernels.core import testing
+
+    testing.build_and_check_sass(mod, "flashinfer_rmsnorm", params)
+
+
+# ------------------------------------------------------------------------------------------------ GPU
+
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (sm_90a)")
+
+
+@gpu
+@pytest.mark.parametrize("label", [c["label"] for c in mod.CONFIGS])
+def test_gpu_config(label):
+    mod.run_test(**next(c for c in mod.CONFIGS if c["label"] == label))
+
+
+@gpu
+@pytest.mark.parametrize("H", [1, 7, 8, 111, 128, 500, 4095, 4096, 16384, 16392, 65536])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gpu_any_alignment_and_stride(H, dtype):
+    torch.manual_seed(H)
+    M = 33 if H < 65536 else 3
+    gemma = H % 2 == 1
+    op = mod.gemma_rmsnorm if gemma else mod.rmsnorm
+    atol, rtol = (2e-2, 1.6e-2) if dtype == torch.bfloat16 else (2e-3, 4e-3)
+    w = torch.randn(H, device="cuda").to(dtype)
+    for x_off, x_pad, y_off, y_pad in [(0, 0, 0, 0), (1, 3, 0, 0), (0, 0, 3, 1), (7, 8, 7, 8)]:
+        xb = torch.randn(M, x_off + H + x_pad, device="cuda").to(dtype)
+        yb = torch.full((M, y_off + H + y_pad), float("nan"), device="cuda", dtype=dtype)
+        x, y = xb[:, x_off:x_off + H], yb[:, y_off:y_off + H]
+        want = mod.normalized(x.float(), w, 1e-6, gemma)
+        op(x, w, 1e-6, out=y)
+        torch.testing.assert_close(y.float(), want, atol=atol, rtol=rtol)
+        pad = torch.ones_like(yb, dtype=torch.bool)
+        pad[:, y_off:y_off + H] = False
+        assert yb[pad].isnan().all()
+        torch.testing.assert_close(op(x, w).float(), want, atol=atol, rtol=rtol)
+
+
+@gpu
+def test_gpu_matches_flashinfer_and_3d():
+    flashinfer = pytest.importorskip("flashinfer")
+    for gemma in (False, True):
+        for M, H in [(1, 4096), (19, 111), (99, 1024), (989, 8192)]:
+            x = torch.randn(M, H, device="cuda").to(bf16)
+            w = torch.randn(H, device="cuda").to(bf16)
+            ours = (mod.gemma_rmsnorm if gemma else mod.rmsnorm)(x, w)
+            theirs = (flashinfer.norm.gemma_rmsnorm if gemma else flashinfer.norm.rmsnorm)(x, w)
+            torch.testing.assert_close(ours, theirs, atol=1e-2, rtol=1e-2)
+    x = torch.randn(4, 8, 128, device="cuda").to(bf16)
+    w = torch.randn(128, device="cuda").to(bf16)
+    torch.testing.assert_close(mod.rmsnorm(x, w), flashinfer.norm.rmsnorm(x, w), atol=1e-2, rtol=1e-2)
+
+
+@gpu
+def test_gpu_empty_and_compile():
+    e = torch.empty(0, 64, device="cuda", dtype=bf16)
+    assert mod.rmsnorm(e, torch.ones(64, device="cuda", dtype=bf16)).shape == (0, 64)
+    x = torch.randn(8, 4096, device="cuda").to(bf16)
+    w = torch.randn(4096, device="cuda").to(bf16)
+    got = torch.compile(lambda a, b: mod.gemma_rmsnorm(a, b), fullgraph=True)(x, w)
+    torch.testing.assert_close(got.float(), mod.normalized(x.float(), w, 1e-6, True), atol=2e-2, rtol=1.6e-2)
