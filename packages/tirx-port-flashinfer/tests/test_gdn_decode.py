@@ -184,3 +184,27 @@ def test_launch_argument_order_is_the_primfuncs():
     pytest.importorskip("tvm", reason="apache-tvm is needed to trace the kernel")
     f = mtp_mod.get_kernel("bfloat16")
     assert [p.name for p in f.params] == list(gd.ARG_ORDER) + list(gd.SCALAR_ORDER)  # buffers by name
+
+
+@gpu
+@pytest.mark.parametrize("verify", [False, True])
+def test_gpu_mtp_matches_flashinfer(verify):
+    """T = 4 with an intermediate buffer (a leading slice of a longer cache), with and without the final write."""
+    flashinfer = pytest.importorskip("flashinfer")
+    d = mtp_mod.prepare_data(**{**mtp_mod.DEFAULTS, "batch": 24, "T": 4, "intermediate": True,
+                                "disable_state_update": verify, "pad": True})
+    kw = gd.op_kwargs(d)
+    ours, ref = dict(kw), dict(kw)
+    for x in (ours, ref):
+        x["initial_state"] = d["initial_state"].clone()
+        x["intermediate_states_buffer"] = d["intermediate_states_buffer"].clone()[:, :4]
+        x["output"] = torch.empty_like(d["output"])
+    mtp_mod.gated_delta_rule_decode_pretranspose(**ours)
+    flashinfer.gdn_decode.gated_delta_rule_decode_pretranspose(**ref)
+    torch.cuda.synchronize()
+    live = d["initial_state_indices"] >= 0  # a pad entry's output is undefined upstream (slot 0, the null buffer)
+    torch.testing.assert_close(ours["output"][live].float(), ref["output"][live].float(), atol=2e-2, rtol=2e-2)
+    for key in ("initial_state", "intermediate_states_buffer"):
+        torch.testing.assert_close(ours[key][1:].float() if key == "initial_state" else ours[key][live].float(),
+                                   ref[key][1:].float() if key == "initial_state" else ref[key][live].float(),
+                                   atol=2e-2, rtol=2e-2)
