@@ -521,7 +521,7 @@ def prepare_data(mtp: bool, batch: int, n_heads: int, n_vheads: int, dtype: str,
         "output": torch.empty(batch, T, n_vheads, V_DIM, dtype=t, device=device),
     }
     if mtp:
-        shape = (batch + 1, T + 1, n_vheads, V_DIM, K_DIM) if intermediate else (1, 1, 1, 1, 1)
+        shape = (batch, T + 1, n_vheads, V_DIM, K_DIM) if intermediate else (1, 1, 1, 1, 1)
         data["intermediate_states_buffer"] = torch.full(shape, 7.0, device=device).to(torch.bfloat16)
         data["intermediate"] = bool(intermediate)
         data["disable_state_update"] = bool(disable_state_update)
