@@ -15,7 +15,8 @@ is read as zeros and never written (its output is still computed). The state is 
 (rounded once; ``out`` uses the unrounded fp32 state), to ``dst_state_batch_indices`` where given, not at all with
 ``disable_state_update``; with ``intermediate_states_buffer`` every token's state goes to
 ``buffer[icache * cache_steps + t]`` instead (``icache = intermediate_state_indices[b]`` or the slot) and the pool is
-left alone, as upstream.
+left alone, as upstream's simple MTP kernel (the only MTP schedule FlashInfer builds for sm90; its sm100 vertical /
+horizontal ones also write the final state).
 
 Schedule (one kernel generator, its knobs pinned by the registered modules): a CTA owns ``rows_per_cta`` rows of one
 (b, h); a row is spread over ``lanes_per_row`` adjacent lanes, each holding ``dstate / lanes_per_row`` state columns
