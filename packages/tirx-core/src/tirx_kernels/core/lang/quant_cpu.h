@@ -41,3 +41,10 @@ static inline void tvm_builtin_ptx_cvt_f8x2_f32_rn_satfinite_e5m2x2_f32(uint16_t
   d = (uint16_t)((emu_f32_to_fp8_satfinite(a, 2, 15, 0x7Bu, 57344.0f) << 8) |
                  emu_f32_to_fp8_satfinite(b, 2, 15, 0x7Bu, 57344.0f));
 }
+
+// 8-byte stores (an NVFP4 block's 16 codes), as T.ptx.st.global_.v2.b32.
+static inline void tvm_builtin_ptx_st_vec_global_v2_b32(void* p, uint32_t a, uint32_t b) {
+  if ((uintptr_t)p % 8) __builtin_trap();  // a misaligned vector store faults on the GPU
+  uint32_t w[2] = {a, b};
+  memcpy(p, w, 8);
+}
