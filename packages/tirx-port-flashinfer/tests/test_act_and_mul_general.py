@@ -258,18 +258,22 @@ def emulated():
 
     if shutil.which("g++") is None:
         pytest.skip("no g++ to compile the emulation")
-    return {act: emulate.compile(mod.get_kernel(**mod.general_params({"act": act, "dtype": "bfloat16"})))
-            for act in ("silu", "gelu_tanh")}
+    kernels = {(act, 1): emulate.compile(mod.get_kernel(**mod.general_params({"act": act, "dtype": "bfloat16"})))
+               for act in ("silu", "gelu_tanh")}
+    # the odd-d knob (tools/sweeps/odd_sizes.py): two chunks a thread, three aligned vectors a source
+    kernels["silu", 2] = emulate.compile(gen.build_general("silu", "bfloat16", mod.LOAD_POLICY, mod.STORE_POLICY,
+                                                           mod.PDL, chunks_per_thread=2))
+    return kernels
 
 
-@pytest.mark.parametrize("act", ["silu", "gelu_tanh"])
+@pytest.mark.parametrize("act, chunks_per_thread", [("silu", 1), ("gelu_tanh", 1), ("silu", 2)])
 @pytest.mark.parametrize("M, d, x_off, x_stride, y_off, y_stride", [
     (5, 1, 0, 2, 0, 1), (7, 3, 1, 6, 3, 3), (300, 2, 1, 4, 7, 2), (33, 17, 2, 40, 6, 19),
     (9, 8, 0, 16, 3, 8), (9, 8, 5, 16, 0, 8), (4, 100, 3, 213, 1, 101), (3, 1024, 0, 2048, 3, 1024),
     (3, 4096, 0, 8192, 0, 4096), (2, 4096, 1, 8192, 2, 4100), (2, 2049, 1, 4098, 1, 2049),
     (3, 5121, 0, 10242, 0, 5121), (2, 14335, 7, 28670, 5, 14335),
 ])
-def test_general_kernel_emulated(emulated, act, M, d, x_off, x_stride, y_off, y_stride):
+def test_general_kernel_emulated(emulated, act, chunks_per_thread, M, d, x_off, x_stride, y_off, y_stride):
     """The launch the host code makes (its grid and scalar arguments), on buffers that end with their last
     element: every out element against the fp32 oracle, nothing else written, no access outside an allocation,
     every 16-byte access aligned."""
@@ -279,8 +283,8 @@ def test_general_kernel_emulated(emulated, act, M, d, x_off, x_stride, y_off, y_
     yb = torch.full((y_off + (M - 1) * y_stride + d,), float("nan"), dtype=torch.bfloat16)
     out = yb.as_strided((M, d), (y_stride, 1), y_off)
     x_before = xb.clone()
-    gx, gy = gen.plan(d, y_stride % 8 == 0)["grid"](M)
-    emulated[act](x, out, M, d & 7, y_stride & 7, d >> 3, (d + 14) >> 3, d, x_stride, y_stride, 0,
+    gx, gy = gen.plan(d, y_stride % 8 == 0, chunks_per_thread)["grid"](M)
+    emulated[act, chunks_per_thread](x, out, M, d & 7, y_stride & 7, d >> 3, (d + 14) >> 3, d, x_stride, y_stride, 0,
                   grid=(gx, gy), block=(gen.THREADS,)).check()
     torch.testing.assert_close(out.float(), _oracle(act, x), atol=1e-3, rtol=1e-2)
     written = torch.zeros_like(yb, dtype=torch.bool)
