@@ -1,0 +1,240 @@
+# SPDX-License-Identifier: Apache-2.0
+# Port of FlashInfer's rmsnorm_quant.
+# Upstream: flashinfer (https://github.com/flashinfer-ai/flashinfer), python/flashinfer/norm (rmsnorm_quant; the
+# CuTe-DSL RMSNormQuantKernel in flashinfer/norm/kernels/rmsnorm.py), release v0.7.4
+# (commit 77039051b0be921788dc2784ec41423b558878ec).
+# Written anew in TIRx: same arithmetic order, different structure.
+"""``out = sat_fp8(x * rsqrt(mean(x**2) + eps) * w * (1 / scale))``: RMSNorm of bf16/fp16 rows into FP8 (e4m3 or
+e5m2, the dtype of ``out``), in place into ``out``.
+
+As upstream: fp32 statistics; ``1 / scale`` is ``rcp.approx.ftz`` of the fp32 scale read on the device (a (1,)
+tensor, so a CUDA graph replays with the current scale); products in FlashInfer's order, clamped to the FP8 type's
+finite range, rounded to nearest even (``cvt.rn.satfinite``). The kernel is ``rmsnorm.build_rows`` with FP8 out:
+any H (to 2**30; upstream tests 1,048,576, which takes the split two-phase path at small M), any row strides.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tirx_kernels.core import checks, runtime
+from tirx_kernels.ported.flashinfer.norm import rmsnorm as rows
+
+KERNEL_META = {
+    "name": "flashinfer_rmsnorm_quant",
+    "category": "ported.flashinfer",
+    "runtime_cuda_archs": ["sm_90a"],
+    "description": "RMSNorm into FP8 e4m3/e5m2 with a per-tensor scale (device fp32), bf16/fp16 in, any H / strides",
+    "upstream": {"project": "flashinfer", "url": "https://github.com/flashinfer-ai/flashinfer",
+                 "commit": "77039051b0be921788dc2784ec41423b558878ec"},
+    "reference_requirements": [
+        {"package": "flashinfer-python", "import": "flashinfer", "specifier": "==0.7.4", "baseline": "flashinfer"},
+    ],
+    "public_ops": ["rmsnorm_quant"],
+}
+
+_E4M3, _E5M2 = "float8_e4m3fn", "float8_e5m2"
+CONFIGS = [
+    {"label": "bf16_e4m3_989x4096", "dtype": "bfloat16", "out_dtype": "float8_e4m3fn",
+     "M": 989, "H": 4096, "scale": 1.0},
+    {"label": "bf16_e4m3_19x8192_s10", "dtype": "bfloat16", "out_dtype": "float8_e4m3fn",
+     "M": 19, "H": 8192, "scale": 10.0},
+    {"label": "fp16_e4m3_1x16384_s001", "dtype": "float16", "out_dtype": "float8_e4m3fn",
+     "M": 1, "H": 16384, "scale": 0.01},
+    {"label": "bf16_e5m2_99x1024", "dtype": "bfloat16", "out_dtype": "float8_e5m2", "M": 99, "H": 1024, "scale": 1.0},
+    {"label": "fp16_e5m2_99x3072_s001", "dtype": "float16", "out_dtype": "float8_e5m2",
+     "M": 99, "H": 3072, "scale": 0.01},
+    {"label": "bf16_e4m3_19x500", "dtype": "bfloat16", "out_dtype": "float8_e4m3fn", "M": 19, "H": 500, "scale": 1.0},
+    {"label": "fp16_e4m3_989x111_s10", "dtype": "float16", "out_dtype": "float8_e4m3fn",
+     "M": 989, "H": 111, "scale": 10.0},
+    {"label": "bf16_e5m2_989x16384_s10", "dtype": "bfloat16", "out_dtype": "float8_e5m2", "M": 989, "H": 16384,
+     "scale": 10.0},
+    {"label": "bf16_e4m3_19x4096_strided", "dtype": "bfloat16", "out_dtype": "float8_e4m3fn", "M": 19, "H": 4096,
+     "scale": 1.0, "input_row_stride": 4608, "out_row_stride": 4104},
+    {"label": "bf16_e4m3_3x1048576", "dtype": "bfloat16", "out_dtype": "float8_e4m3fn",
+     "M": 3, "H": 1048576, "scale": 1.0},
+    {"label": "bf16_e5m2_3x1048576", "dtype": "bfloat16", "out_dtype": "float8_e5m2",
+     "M": 3, "H": 1048576, "scale": 1.0},
+]
+
+BENCH_CONFIGS = [
+    {"label": "bf16_e4m3_32x4096", "dtype": "bfloat16", "out_dtype": "float8_e4m3fn", "M": 32, "H": 4096, "scale": 1.0},
+    {"label": "bf16_e4m3_64x8192", "dtype": "bfloat16", "out_dtype": "float8_e4m3fn", "M": 64, "H": 8192, "scale": 1.0},
+    {"label": "bf16_e4m3_8192x4096", "dtype": "bfloat16", "out_dtype": "float8_e4m3fn",
+     "M": 8192, "H": 4096, "scale": 1.0},
+    {"label": "bf16_e5m2_3x1048576", "dtype": "bfloat16", "out_dtype": "float8_e5m2",
+     "M": 3, "H": 1048576, "scale": 1.0},
+]
+
+DEFAULTS = {"dtype": "bfloat16", "out_dtype": "float8_e4m3fn", "eps": 1e-6, "scale": 1.0}
+_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+_FP8_NAMES = {v[0]: k for k, v in rows.FP8.items()}
+
+
+def compile_params(**cfg) -> dict:
+    """One kernel per (dtype, out_dtype): H, strides and alignment are run-time arguments."""
+    return {"dtype": cfg["dtype"], "out_dtype": cfg.get("out_dtype", _E4M3)}
+
+
+def artifact_params() -> list[dict]:
+    return [compile_params(dtype=d, out_dtype=o) for d in _DTYPES for o in rows.FP8]
+
+
+def call_samples(rng) -> list[dict]:
+    from tirx_kernels.core import model_dims
+
+    sizes = model_dims.hidden_sizes() + [rng.randint(1, 64) for _ in range(3)] + [rng.randint(1, 2**20)]
+    return [{"dtype": d, "out_dtype": o, "M": rng.choice([1, 3, 4096]), "H": H}
+            for d in _DTYPES for o in rows.FP8 for H in sizes]
+
+
+def sass_expect(**_) -> list[str]:
+    return [r"LDG\.E(\.[A-Z]+)*\.128", r"STG\.E\.64", r"STG\.E\.U8", r"F2FP"]
+
+
+def get_kernel(dtype: str, out_dtype: str = _E4M3, pdl: str | None = rows.PDL):
+    if dtype not in _DTYPES:
+        raise ValueError(f"rmsnorm_quant: dtype {dtype!r} is not one of {sorted(_DTYPES)}")
+    return rows.build_rows(dtype, False, out_dtype=out_dtype, pdl=pdl)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Protocol
+# ---------------------------------------------------------------------------------------------------------
+
+def prepare_data(dtype: str, M: int, H: int, out_dtype: str = _E4M3, scale: float = 1.0, eps: float = 1e-6,
+                 input_row_stride: int | None = None, out_row_stride: int | None = None, **_) -> dict:
+    g = rows.generator()
+    t = _DTYPES[dtype]
+    out = torch.empty(M, out_row_stride or H, device="cuda", dtype=rows.FP8[out_dtype][0])[:, :H]
+    return {"out": out, "input": rows.random_rows(M, H, input_row_stride, t, g),
+            "weight": torch.randn(H, generator=g, device="cuda", dtype=torch.float32).to(t),
+            "scale": torch.tensor([scale], device="cuda", dtype=torch.float32), "eps": eps}
+
+
+def quantized(y: torch.Tensor, scale: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+    """fp32 ``y / scale`` clamped to the FP8 type's finite range (the oracle before rounding)."""
+    lim = torch.finfo(out_dtype).max
+    return (y / scale.float()).clamp(-lim, lim)
+
+
+def reference(out, input, weight, scale, eps, **_) -> dict:  # noqa: A002
+    return {"out": quantized(rows.normalized(input.float(), weight, eps, False), scale, out.dtype)}
+
+
+def launch(cfg: dict, data: dict) -> None:
+    rmsnorm_quant(data["out"], data["input"], data["weight"], data["scale"], data["eps"])
+
+
+def roofline(dtype: str, M: int, H: int, **_) -> dict:
+    return {"bytes": M * H * 2 + M * H + H * 2, "flops": 5 * M * H}
+
+
+def get_baselines(**cfg) -> dict:
+    def _torch_fn(out, x, w, scale, eps):
+        return quantized(rows.normalized(x.float(), w, eps, False), scale, out.dtype).to(out.dtype)
+
+    def torch_eager():
+        return lambda d: {"out": _torch_fn(d["out"], d["input"], d["weight"], d["scale"], d["eps"])}
+
+    def torch_compile():
+        fn = torch.compile(_torch_fn, dynamic=False)
+        return lambda d: {"out": fn(d["out"], d["input"], d["weight"], d["scale"], d["eps"])}
+
+    def flashinfer():
+        import flashinfer.norm
+
+        def fn(d):
+            out = torch.empty(d["out"].shape, dtype=d["out"].dtype, device="cuda")
+            flashinfer.norm.rmsnorm_quant(out, d["input"].contiguous(), d["weight"], d["scale"], d["eps"])
+            return {"out": out}
+        return fn
+
+    return {"torch": torch_eager, "torch.compile": torch_compile, "flashinfer": flashinfer}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Public op
+# ---------------------------------------------------------------------------------------------------------
+
+def check_scale(op: str, scale) -> None:
+    """FlashInfer's scale forms: a (1,) or 0-d fp32 tensor, or a Python float."""
+    if isinstance(scale, bool) or not isinstance(scale, (int, float, torch.Tensor)):
+        rows.fail(op, "scale", "a float or a (1,) float32 tensor", type(scale).__name__)
+    if isinstance(scale, torch.Tensor) and (scale.numel() != 1 or scale.dim() > 1 or scale.dtype != torch.float32):
+        rows.fail(op, "scale", "a (1,) or 0-d float32 tensor", f"{scale.dtype} shape {tuple(scale.shape)}")
+
+
+def scale_tensor(op: str, scale, like: torch.Tensor) -> torch.Tensor:
+    """The scale as a (1,) fp32 tensor: a tensor as is, a float copied to ``like``'s device (not capturable in a
+    CUDA graph, as upstream's own float path)."""
+    check_scale(op, scale)
+    if not isinstance(scale, torch.Tensor):
+        return torch.tensor([float(scale)], dtype=torch.float32, device=like.device)
+    return scale.reshape(1)
+
+
+def check_out(op: str, out, input) -> None:  # noqa: A002
+    checks.tensor(op, "out", out, dtypes=tuple(_FP8_NAMES), shape=tuple(input.shape), cuda=False)
+    rows.check_rows(op, "out", out)
+
+
+def _check_inputs(op: str, out, input, weight, scale, eps) -> None:  # noqa: A002
+    checks.tensor(op, "input", input, dtypes=tuple(_DTYPES.values()), ndim=tuple(range(1, 9)), cuda=False)
+    H = input.shape[-1]
+    checks.in_range(op, "input", H, 1, rows.MAX_H)
+    checks.tensor(op, "weight", weight, shape=(H,), cuda=False)
+    checks.same_dtype(op, "input", input, weight=weight)
+    check_scale(op, scale)
+    rows.check_eps(op, eps)
+    rows.check_rows(op, "input", input, copy_ok=True)
+    check_out(op, out, input)
+    checks.tensor(op, "input", input, cuda=True)
+    checks.same_device(op, "input", input, weight=weight, out=out)
+
+
+_FUNCTIONS = runtime.FunctionCache(__name__)
+
+
+def _run(out, input, weight, scale, eps: float) -> None:  # noqa: A002
+    H = input.shape[-1]
+    x2d = rows.unit_columns(input.reshape(-1, H))
+    y2d = rows.unit_columns(out.view(-1, H).view(torch.uint8))
+    weight = weight if weight.stride(0) == 1 else weight.as_strided((H,), (1,))
+    if x2d.shape[0] == 0:
+        return
+    dtype, out_dtype = str(input.dtype)[6:], _FP8_NAMES[out.dtype]
+    fn = _FUNCTIONS.get((input.dtype, out.dtype, input.get_device()),
+                        lambda: compile_params(dtype=dtype, out_dtype=out_dtype), input.device)
+    rows.run_rows(fn, x2d, x2d, weight, y2d, scale, eps)
+
+
+@torch.library.custom_op("tirx::flashinfer_rmsnorm_quant", mutates_args=("out",))
+def _rmsnorm_quant_op(out: torch.Tensor, input: torch.Tensor, weight: torch.Tensor,  # noqa: A002
+                      scale: torch.Tensor, eps: float) -> None:
+    _run(out, input, weight, scale, eps)
+
+
+@_rmsnorm_quant_op.register_fake
+def _(out, input, weight, scale, eps):  # noqa: A002
+    return None
+
+
+def rmsnorm_quant(out: torch.Tensor, input: torch.Tensor, weight: torch.Tensor, scale,  # noqa: A002
+                  eps: float = 1e-6, enable_pdl: bool | None = None) -> None:
+    """In place into ``out`` (FP8 e4m3/e5m2, input's shape, any row strides): ``sat(rmsnorm(input) * weight /
+    scale)``. input (..., H) bf16/fp16, weight (H,), scale a (1,) fp32 tensor or a float. ``enable_pdl``:
+    FlashInfer's argument, accepted; the kernel always launches as a programmatic dependent."""
+    _check_inputs("rmsnorm_quant", out, input, weight, scale, eps)
+    scale = scale_tensor("rmsnorm_quant", scale, input)
+    checks.same_device("rmsnorm_quant", "input", input, scale=scale)
+    if runtime.direct_call(out, input, weight, scale):
+        _run(out, input, weight, scale, float(eps))
+        runtime.mark_written(out)
+        return
+    _rmsnorm_quant_op(out, input, weight, scale, float(eps))
+
+
+from tirx_kernels.core import harness  # noqa: E402
+
+run_test, run_bench = harness.bind(__name__)

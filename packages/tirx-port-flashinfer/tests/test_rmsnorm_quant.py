@@ -1,0 +1,164 @@
+# SPDX-License-Identifier: Apache-2.0
+"""flashinfer_rmsnorm_quant: params and bundle coverage, validation, the FP8 row kernel run on the CPU (emulated, with
+exact RNE/satfinite stand-ins for the FP8 cvt: codes against the oracle rounded by torch, at odd H, misaligned and
+strided rows, split long rows); on a GPU, every config through the harness, raw bytes against FlashInfer."""
+
+import importlib.util
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from tirx_kernels.core import artifacts, runtime
+from tirx_kernels.core.checks import TirxInputError
+from tirx_kernels.ported.flashinfer.norm import rmsnorm_quant as mod
+
+_spec = importlib.util.spec_from_file_location("_rms_emu", Path(__file__).with_name("test_flashinfer_rmsnorm.py"))
+emu = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(emu)
+
+bf16 = torch.bfloat16
+FP8 = {"float8_e4m3fn": torch.float8_e4m3fn, "float8_e5m2": torch.float8_e5m2}
+
+
+def test_every_call_resolves_to_a_bundled_artifact():
+    bundled = {artifacts.canonical_params(p) for p in mod.artifact_params()}
+    for call in mod.call_samples(random.Random(0)):
+        cands = [artifacts.canonical_params(p) for p in runtime.candidate_params(mod, mod.compile_params(**call))]
+        assert bundled & set(cands), call
+    for cfg in mod.CONFIGS + mod.BENCH_CONFIGS:
+        assert artifacts.canonical_params(mod.compile_params(**cfg)) in bundled
+
+
+def test_protocol_literals():
+    assert mod.KERNEL_META["name"] == "flashinfer_rmsnorm_quant"
+    for table in (mod.CONFIGS, mod.BENCH_CONFIGS):
+        labels = [c["label"] for c in table]
+        assert len(labels) == len(set(labels))
+    assert {c["scale"] for c in mod.CONFIGS} == {0.01, 1.0, 10.0}
+    assert {c["out_dtype"] for c in mod.CONFIGS} == set(FP8)
+    assert max(c["H"] for c in mod.CONFIGS) == 1048576
+
+
+def _t(*shape, dtype=bf16):
+    return torch.zeros(*shape, dtype=dtype)
+
+
+@pytest.mark.parametrize("args, arg", [
+    ((_t(4, 64, dtype=torch.float8_e4m3fn), _t(4, 64, dtype=torch.float32), _t(64), 1.0), "input"),
+    ((_t(4, 64), _t(4, 64), _t(64), 1.0), "out"),
+    ((_t(4, 32, dtype=torch.float8_e5m2), _t(4, 64), _t(64), 1.0), "out"),
+    ((_t(4, 64, dtype=torch.float8_e4m3fn), _t(4, 64), _t(32), 1.0), "weight"),
+    ((_t(4, 64, dtype=torch.float8_e4m3fn), _t(4, 64), _t(64), "1"), "scale"),
+    ((_t(4, 64, dtype=torch.float8_e4m3fn), _t(4, 64), _t(64), 1.0), "input"),  # CPU tensors
+])
+def test_rejected_inputs_name_the_argument(args, arg):
+    with pytest.raises(TirxInputError, match=f"argument '{arg}'"):
+        mod.rmsnorm_quant(*args)
+
+
+def test_scale_forms():
+    like = _t(2, 8)
+    assert mod.scale_tensor("op", 2.5, like).tolist() == [2.5]
+    assert mod.scale_tensor("op", torch.tensor(3.0), like).shape == (1,)
+    with pytest.raises(TirxInputError, match="argument 'scale'"):
+        mod.scale_tensor("op", torch.ones(2), like)
+    with pytest.raises(TirxInputError, match="argument 'scale'"):
+        mod.scale_tensor("op", torch.ones(1, dtype=torch.float16), like)
+
+
+# ------------------------------------------------------------------------------------------------ CPU emulation
+
+@pytest.fixture(scope="module")
+def emulated():
+    return emu.emulated_rows()
+
+
+def check_codes(res, out_dtype: str, scale: float, dtype=bf16):
+    """The codes against the oracle rounded by torch: equal but for rare one-ulp differences (products rounded in
+    another order than the fp32 oracle's), none past one ulp."""
+    t = FP8[out_dtype]
+    got = res["y"].view(t).float()
+    want = mod.quantized(res["want"]["out"], torch.tensor([scale]), t)
+    want_codes = want.to(t).float()
+    tol = 0.13 if t == torch.float8_e4m3fn else 0.26
+    torch.testing.assert_close(got, want_codes, rtol=tol, atol=2.0**-9 if t == torch.float8_e4m3fn else 2.0**-16)
+    assert (got == want_codes).float().mean() > 0.99
+
+
+@pytest.mark.parametrize("out_dtype", list(FP8))
+@pytest.mark.parametrize("M, H, x, y, w_off, scale, sms", [
+    (5, 128, (0, None), (0, None), 0, 1.0, 132), (3, 4096, (0, 4608), (0, 4104), 0, 10.0, 132),
+    (19, 111, (3, 113), (0, None), 5, 0.01, 132), (2, 500, (0, 503), (1, 500), 0, 1.0, 132),
+    (7, 3, (1, 5), (2, 3), 1, 1.0, 132), (3, 4095, (0, None), (0, None), 0, 0.01, 132),
+    (2, 4096, (0, None), (4, 4100), 0, 1.0, 132),  # out rows off 8 bytes: bytes one by one
+    (3, 24576, (0, None), (0, None), 0, 1.0, 132), (2, 20001, (1, 20003), (0, None), 0, 10.0, 132),
+])
+def test_rows_emulated(emulated, out_dtype, M, H, x, y, w_off, scale, sms):
+    kern = emulated("bfloat16", False, out_dtype=out_dtype)
+    res = emu.run_rows_emulated(kern, M, H, out_dtype=out_dtype, scale=scale, x=x, y=y, w_off=w_off, sm_count=sms)
+    check_codes(res, out_dtype, scale)
+    emu.check_untouched(res, M, H, False)
+
+
+def test_rows_emulated_fp16_saturates(emulated):
+    """scale 0.001 pushes most values past e4m3's 448: saturated to +-448, never NaN."""
+    kern = emulated("float16", False, out_dtype="float8_e4m3fn")
+    res = emu.run_rows_emulated(kern, 3, 77, dtype=torch.float16, out_dtype="float8_e4m3fn", scale=0.001, x=(1, 80))
+    check_codes(res, "float8_e4m3fn", 0.001, torch.float16)
+    got = res["y"].view(torch.float8_e4m3fn).float()
+    assert not got.isnan().any() and (got.abs() == 448).float().mean() > 0.3
+
+
+@pytest.mark.parametrize("params", [{"dtype": "bfloat16", "out_dtype": "float8_e4m3fn"},
+                                    {"dtype": "float16", "out_dtype": "float8_e5m2"}])
+def test_sass(params):
+    pytest.importorskip("tvm", reason="apache-tvm is needed to build")
+    from tirx_kernels.core import testing
+
+    testing.build_and_check_sass(mod, "flashinfer_rmsnorm_quant", params)
+
+
+# ------------------------------------------------------------------------------------------------ GPU
+
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (sm_90a)")
+
+
+@gpu
+@pytest.mark.parametrize("label", [c["label"] for c in mod.CONFIGS])
+def test_gpu_config(label):
+    mod.run_test(**next(c for c in mod.CONFIGS if c["label"] == label))
+
+
+@gpu
+@pytest.mark.parametrize("out_dtype", list(FP8))
+@pytest.mark.parametrize("M, H", [(1, 4096), (19, 111), (99, 1024), (989, 8192), (3, 1048576)])
+def test_gpu_bytes_match_flashinfer(out_dtype, M, H):
+    """Raw bytes equal to FlashInfer's (same arithmetic order; a rare one-ulp difference from a different sum order
+    of the statistics is allowed, none past it)."""
+    flashinfer = pytest.importorskip("flashinfer")
+    t = FP8[out_dtype]
+    x = torch.randn(M, H, device="cuda").to(bf16)
+    w = torch.randn(H, device="cuda").to(bf16)
+    for s in (0.01, 1.0, 10.0):
+        scale = torch.tensor([s], device="cuda")
+        ours = torch.empty(M, H, device="cuda", dtype=t)
+        theirs = torch.empty(M, H, device="cuda", dtype=t)
+        mod.rmsnorm_quant(ours, x, w, scale)
+        flashinfer.norm.rmsnorm_quant(theirs, x, w, scale)
+        diff = (ours.view(torch.uint8).int() - theirs.view(torch.uint8).int()).abs()
+        assert (diff == 0).float().mean() > 0.999 and diff.max() <= 1, (out_dtype, M, H, s)
+
+
+@gpu
+def test_gpu_strided_misaligned_and_float_scale():
+    x = torch.randn(33, 4101, device="cuda").to(bf16)[:, 3:4099]
+    w = torch.randn(4096, device="cuda").to(bf16)
+    ob = torch.full((33, 4105), 0x5A, device="cuda", dtype=torch.uint8)
+    out = ob[:, 1:4097].view(torch.float8_e4m3fn)
+    mod.rmsnorm_quant(out, x, w, 2.0)
+    want = mod.quantized(emu.mod.normalized(x.float(), w, 1e-6, False), torch.tensor([2.0], device="cuda"),
+                         torch.float8_e4m3fn)
+    torch.testing.assert_close(out.float(), want, rtol=0.13, atol=2.0**-9)
+    assert (ob[:, 0] == 0x5A).all() and (ob[:, 4097:] == 0x5A).all()
