@@ -132,22 +132,42 @@ def build_kernel(dtype: str, fmt: str, layout: str, name: str):
 
 
 # --------------------------------------------------------------------------------------------------- host side
+_MODULES = {fmt: f"{__package__}.{fmt}_quantize" for fmt in FORMATS}
+# FlashInfer's SfLayout enum values (layout_128x4 = 0, layout_8x4 = 1, layout_linear = 2), its names and ours.
+_LAYOUT_NAMES = {0: "128x4", 1: "8x4", 2: "linear", "layout_128x4": "128x4", "layout_8x4": "8x4",
+                 "layout_linear": "linear", **{name: name for name in LAYOUTS}}
+
+
+def layout_name(op: str, sf_layout) -> str:
+    """Our layout name for a FlashInfer ``SfLayout`` (the enum, its int value or name) or one of ``LAYOUTS``."""
+    key = getattr(sf_layout, "name", None) or getattr(sf_layout, "value", sf_layout)
+    if key not in _LAYOUT_NAMES:
+        key = sf_layout
+    if key not in _LAYOUT_NAMES:
+        raise checks.TirxInputError(f"{op}: argument 'sfLayout': expected one of {LAYOUTS} or a FlashInfer SfLayout, "
+                                    f"got {sf_layout!r}")
+    return _LAYOUT_NAMES[key]
+
+
 def check_input(op: str, x: torch.Tensor, fmt: str) -> None:
     checks.tensor(op, "input", x, dtypes=tuple(DTYPES.values()), ndim=2, cuda=False)
     blk = block_of(fmt)
-    K = x.shape[-1]
+    K = x.shape[-1]  # noqa: N806
     if K % blk:
         raise checks.TirxInputError(f"{op}: argument 'input': K={K} is not a multiple of the scale block ({blk})")
-    if x.shape[0] * K >= 2**31 * 16:
-        raise checks.TirxInputError(f"{op}: argument 'input': {x.shape[0] * K} elements is too many")
+    if grid_blocks(x.shape[0], K, fmt, "128x4") >= 2**31 - THREADS:
+        raise checks.TirxInputError(f"{op}: argument 'input': {tuple(x.shape)} has too many scale blocks for one "
+                                    f"launch (2**31)")
+    checks.tensor(op, "input", x, cuda=True)
 
 
 def new_outputs(x: torch.Tensor, fmt: str, layout: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(codes, scales)``: codes uint8 ``[M, K/2]`` (fp4) / float8_e4m3fn ``[M, K]`` (mxfp8); scales uint8,
-    ``[M, K/block]`` linear, flat ``padded rows * padded columns`` swizzled."""
-    M, K = x.shape
-    blk, bits = FORMATS[fmt]
-    codes = torch.empty(M, K * bits // 8, dtype=torch.uint8, device=x.device)
+    """``(codes, scales)`` as returned: codes uint8 ``[M, K/2]`` (fp4) / float8_e4m3fn ``[M, K]`` (mxfp8); scales
+    uint8, ``[M, K/block]`` linear, flat ``padded rows * padded columns`` swizzled."""
+    M, K = x.shape  # noqa: N806
+    bits = FORMATS[fmt][1]
+    codes = torch.empty(M, K * bits // 8, dtype=torch.uint8 if bits == 4 else torch.float8_e4m3fn,
+                        device=x.device)
     rows, cols = sf_shape(M, K, fmt, layout)
     sf = torch.empty((M, cols) if layout == "linear" else (rows * cols,), dtype=torch.uint8, device=x.device)
     return codes, sf
@@ -157,23 +177,120 @@ def tiles(M: int, K: int, fmt: str, layout: str) -> int:  # noqa: N803
     return max(1, -(-grid_blocks(M, K, fmt, layout) // THREADS))
 
 
-def run(fn, x: torch.Tensor, global_scale: torch.Tensor, codes: torch.Tensor, sf: torch.Tensor, fmt: str,
-        layout: str) -> None:
-    M, K = x.shape
+_CACHES: dict = {}
+_UNIT: dict = {}
+
+
+def _unit(device) -> torch.Tensor:
+    """A placeholder global scale for the MX formats (their kernels do not read it)."""
+    key = (device.type, device.index)
+    if key not in _UNIT:
+        _UNIT[key] = torch.ones(1, dtype=torch.float32, device=device)
+    return _UNIT[key]
+
+
+def run(x: torch.Tensor, global_scale, codes: torch.Tensor, sf: torch.Tensor, fmt: str, layout: str) -> None:
+    """Quantize ``x`` into the given outputs (the kernel of ``fmt``'s module, cached per dtype / layout / device)."""
+    from tirx_kernels.core import runtime
+
+    M, K = x.shape  # noqa: N806
     if M == 0 or K == 0:
         return
     x = x.contiguous()
     if x.data_ptr() % 16:
         x = x.clone()
-    fn(x.view(-1), global_scale, codes.view(-1).view(torch.uint32), sf.view(-1), M, K, tiles(M, K, fmt, layout))
+    if codes.data_ptr() % 16:
+        raise checks.TirxInputError(f"{fmt}_quantize: the codes output must be 16-byte aligned")
+    if fmt not in _CACHES:
+        _CACHES[fmt] = runtime.FunctionCache(_MODULES[fmt])
+    dtype = str(x.dtype)[6:]
+    fn = _CACHES[fmt].get((x.dtype, layout, x.get_device()), lambda: {"dtype": dtype, "layout": layout}, x.device)
+    gs = _unit(x.device) if global_scale is None else global_scale.reshape(1).to(torch.float32)
+    fn(x.view(-1), gs, codes.view(-1).view(torch.uint8).view(torch.uint32), sf.view(-1).view(torch.uint8), M, K,
+       tiles(M, K, fmt, layout))
 
 
-def reference(x: torch.Tensor, fmt: str, layout: str, global_scale=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """core.quant_ref's codes and scales, shaped as the op returns them."""
+def quantize(op: str, x: torch.Tensor, global_scale, fmt: str, layout: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The public ops' body: checks, outputs, then the kernel (directly in eager mode, else the custom op)."""
+    from tirx_kernels.core import runtime
+
+    check_input(op, x, fmt)
     if fmt == "nvfp4":
-        codes, sf = quant_ref.nvfp4_quantize(x, global_scale, layout)
-    elif fmt == "mxfp4":
-        codes, sf = quant_ref.mxfp4_quantize(x, layout)
+        checks.tensor(op, "global_scale", global_scale, dtypes=(torch.float32,), cuda=False)
+        if global_scale.numel() != 1:
+            raise checks.TirxInputError(f"{op}: argument 'global_scale': expected one element, got "
+                                        f"{tuple(global_scale.shape)}")
+    codes, sf = new_outputs(x, fmt, layout)
+    if runtime.direct_call(x, global_scale):
+        run(x, global_scale, codes, sf, fmt, layout)
     else:
-        codes, sf = quant_ref.mxfp8_quantize(x, layout)
+        torch.ops.tirx.flashinfer_block_quantize(x, global_scale, codes, sf, fmt, layout)
     return codes, sf
+
+
+@torch.library.custom_op("tirx::flashinfer_block_quantize", mutates_args=("codes", "sf"))
+def _block_quantize_op(x: torch.Tensor, global_scale: torch.Tensor | None, codes: torch.Tensor, sf: torch.Tensor,
+                       fmt: str, layout: str) -> None:
+    run(x, global_scale, codes, sf, fmt, layout)
+
+
+@_block_quantize_op.register_fake
+def _(x, global_scale, codes, sf, fmt, layout):
+    return None
+
+
+# ------------------------------------------------------------------------------------------ protocol helpers
+def layout_of(sf: torch.Tensor, M: int, K: int, fmt: str) -> str:  # noqa: N803
+    """The layout of a scale buffer from its shape (2-D: linear; flat: 128x4 when its size fits, else 8x4)."""
+    if sf.dim() == 2:
+        return "linear"
+    return "128x4" if sf.numel() == grid_blocks(M, K, fmt, "128x4") else "8x4"
+
+
+def prepare_data(fmt: str, dtype: str, M: int, K: int, layout: str, **_) -> dict:  # noqa: N803
+    """Rows of widely different magnitude (1e-2 .. 1e2), a calibrated global scale (448 * 6 / amax), outputs
+    poisoned (0xFF)."""
+    import os
+
+    seed = int(os.environ.get("TIRX_SEED", "0")) or int.from_bytes(os.urandom(4), "little")
+    g = torch.Generator(device="cuda")
+    g.manual_seed(seed)
+    mag = torch.logspace(-2, 2, max(M, 1), device="cuda")[:M, None]
+    x = (torch.randn(M, K, generator=g, device="cuda") * mag).to(DTYPES[dtype])
+    codes, sf = new_outputs(x, fmt, layout)
+    codes.view(torch.uint8).fill_(0xFF)
+    sf.fill_(0xFF)
+    data = {"x": x, "x_q": codes, "sf": sf}
+    if fmt == "nvfp4":
+        data["global_scale"] = (448.0 * 6.0 / x.float().abs().amax().clamp_min(1e-12)).reshape(1).float()
+    return data
+
+
+def reference(fmt: str, x: torch.Tensor, sf: torch.Tensor, global_scale=None, **_) -> dict:
+    """core.quant_ref's codes and scales, shaped and typed as the op returns them."""
+    M, K = x.shape  # noqa: N806
+    layout = layout_of(sf, M, K, fmt)
+    if fmt == "nvfp4":
+        codes, ref_sf = quant_ref.nvfp4_quantize(x, global_scale, layout)
+    elif fmt == "mxfp4":
+        codes, ref_sf = quant_ref.mxfp4_quantize(x, layout)
+    else:
+        codes, ref_sf = quant_ref.mxfp8_quantize(x, layout)
+        codes = codes.view(torch.float8_e4m3fn)
+    return {"x_q": codes, "sf": ref_sf.reshape(sf.shape)}
+
+
+def roofline(fmt: str, M: int, K: int, layout: str, **_) -> dict:  # noqa: N803
+    """Input read once, codes and the scale buffer (padding included) written once."""
+    bits = FORMATS[fmt][1]
+    return {"bytes": M * K * 2 + M * K * bits // 8 + grid_blocks(M, K, fmt, layout), "flops": 4 * M * K}
+
+
+def call_samples(rng, fmt: str) -> list[dict]:
+    from tirx_kernels.core import model_dims
+
+    blk = block_of(fmt)
+    ks = sorted({k for k in (*model_dims.hidden_sizes(), *model_dims.intermediate_sizes()) if k % blk == 0})
+    ks += [blk * rng.randint(1, 700) for _ in range(4)]
+    return [{"dtype": t, "layout": lay, "M": rng.choice([1, 7, 128, 1000, rng.randint(1, 20000)]), "K": k}
+            for t in DTYPES for lay in LAYOUTS for k in ks]
