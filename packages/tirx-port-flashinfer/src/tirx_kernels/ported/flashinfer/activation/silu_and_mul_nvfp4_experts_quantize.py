@@ -114,7 +114,7 @@ def build_kernel(dtype: str, pdl: str | None = PDL):
 
     pdl_launch.check_trigger("silu_and_mul_nvfp4_experts_quantize", pdl)
     wpb = BLOCK // 2  # words of a block
-    quantizer = _fp4_rows.BlockQuantizer(dtype, BLOCK, "e4m3", True, product=False, recipe="trtllm")
+    quantizer = _fp4_rows.BlockQuantizer(dtype, BLOCK, "e4m3", True, values="words", recipe="trtllm")
 
     def position(first, u, tid, nb):
         """(index over the expert's (row, block) pairs, row, block) of this thread's ``u``-th block."""

@@ -55,36 +55,48 @@ def T_int64(v):  # noqa: N802
     return T.Cast("int64", v)
 
 
-class BlockQuantizer:
-    """Quantizes one block of a row held as packed 16-bit words (``block_size / 2`` words), in the kernel's order:
-    ``xw`` rounded to the dtype (``product=True``: x * w; else the words are the values), ``amax`` over the block,
-    SF, then the codes of ``xw * scale * inv_scale``; stores the block's codes (8-byte stores) and its SF byte."""
+# How a block's fp32 values ``y`` come from its words (``x``) and the weight's (``w``), by upstream kernel:
+# "rounded_product": y = (x * w rounded to the dtype) * scale (rmsnorm_fp4quant's packed bf16x2 / f16x2 multiply);
+# "scaled_product": y = (x * scale) * w in fp32 (add_rmsnorm_fp4quant's compute_y_and_max_abs_f32);
+# "words": y = x (the experts quantizer; scale 1).
+VALUE_MODES = ("rounded_product", "scaled_product", "words")
 
-    def __init__(self, dtype: str, block_size: int, scale_format: str, swizzled: bool, product: bool = True,
-                 recipe: str = "cute_dsl"):
-        if recipe not in RECIPES:
-            raise ValueError(f"BlockQuantizer: recipe {recipe!r} is not one of {RECIPES}")
+
+class BlockQuantizer:
+    """Quantizes one block of a row held as packed 16-bit words (``block_size / 2`` words) in its upstream kernel's
+    order (``values``, ``VALUE_MODES``): the block's fp32 values, their largest magnitude, the SF (``recipe``), then
+    the codes of ``y * inv_scale``; stores the block's codes (8-byte stores), its SF byte (and optionally the same
+    byte in a second, linear SF buffer, and ``y`` rounded to the dtype)."""
+
+    def __init__(self, dtype: str, block_size: int, scale_format: str, swizzled: bool,
+                 values: str = "rounded_product", recipe: str = "cute_dsl"):
+        if recipe not in RECIPES or values not in VALUE_MODES:
+            raise ValueError(f"BlockQuantizer: recipe {recipe!r} / values {values!r}: expected one of {RECIPES} / "
+                             f"{VALUE_MODES}")
         self.dtype, self.block_size, self.scale_format = dtype, block_size, scale_format
-        self.swizzled, self.product, self.recipe = swizzled, product, recipe
+        self.swizzled, self.values, self.recipe = swizzled, values, recipe
 
     def alloc(self):
         """The block's locals; call once in the kernel body, before :meth:`block`."""
         from tvm.script import tirx as T
 
         self.q = T.alloc_local((self.block_size,), "float32")
-        self.word = T.alloc_local((1,), "uint32")
+        self.word = T.alloc_local((_WORDS,), "uint32")
         self.sf = T.alloc_local((1,), "uint32")
         self.inv = T.alloc_local((1,), "float32")
         self.t = T.alloc_local((1,), "float32")
+        self.gs = T.alloc_local((1,), "float32")  # a kernel's global scale, loaded once (after the PDL wait)
 
-    def block(self, xr, wr, base, scale, gs, Y64, S, y_row, row, b, nb, pred, sf_base=None):  # noqa: N803
+    def block(self, xr, wr, base, scale, gs, Y64, S, y_row, row, b, nb, pred, sf_base=None, linear_sf=None,
+              normed=None):  # noqa: N803
         """Block ``b`` of ``row`` from ``xr[base:]`` (and ``wr[base:]``): codes to ``Y64[y_row + b * (block / 16)
-        + c]`` (``y_row``: int64 index of the row's first 8-byte word), SF to ``S[sf_base + offset(row, b)]``;
-        only where ``pred`` holds."""
+        + c]`` (``y_row``: int64 index of the row's first 8-byte word), SF to ``S[sf_base + offset(row, b)]``
+        (and to ``linear_sf[row * nb + b]``), ``y`` rounded to ``normed = (buffer, int64 index of the block's first
+        element)`` (16-byte stores); only where ``pred`` holds."""
         from tvm.script import tirx as T
 
         def body():
-            self._block(T, xr, wr, base, scale, gs, Y64, S, y_row, row, b, nb, sf_base)
+            self._block(T, xr, wr, base, scale, gs, Y64, S, y_row, row, b, nb, sf_base, linear_sf, normed)
 
         if pred is None:
             body()
@@ -93,23 +105,28 @@ class BlockQuantizer:
                 with T.Then():
                     body()
 
-    def _block(self, T, xr, wr, base, scale, gs, Y64, S, y_row, row, b, nb, sf_base):  # noqa: N803
+    def _block(self, T, xr, wr, base, scale, gs, Y64, S, y_row, row, b, nb, sf_base, linear_sf, normed):  # noqa: N803
         from tirx_kernels.core.lang import vector
 
         q = self.q
         for i in range(self.block_size // 2):
             lo, hi = vector.unpack2(xr[base + i], self.dtype)
-            if self.product:
+            if self.values == "rounded_product":
                 w_lo, w_hi = vector.unpack2(wr[base + i], self.dtype)
                 vector.pack2(self.word, 0, lo * w_lo, hi * w_hi, self.dtype)  # the packed multiply's rounding
                 lo, hi = vector.unpack2(self.word[0], self.dtype)
+            elif self.values == "scaled_product":
+                w_lo, w_hi = vector.unpack2(wr[base + i], self.dtype)
+                lo, hi = lo * scale * w_lo, hi * scale * w_hi
             T.buffer_store(q, lo, [2 * i])
             T.buffer_store(q, hi, [2 * i + 1])
+        if self.values == "scaled_product":
+            scale = None  # already applied
         amax = T.abs(q[0])
         for i in range(1, self.block_size):
             amax = T.max(amax, T.abs(q[i]))
         sf, inv, t = self.sf, self.inv, self.t
-        T.buffer_store(t, amax * scale, [0])  # the block's largest |y|
+        T.buffer_store(t, amax if scale is None else amax * scale, [0])  # the block's largest |y|
         if self.scale_format == "ue8m0":
             T.buffer_store(t, t[0] * T.float32(1.0 / FP4_MAX), [0])
             T.buffer_store(sf, quant.ue8m0_from_f32(t[0]), [0])
@@ -124,8 +141,19 @@ class BlockQuantizer:
                 quant.e4m3_to_f32(sf[0]) * (T.float32(1) / gs))), [0])
         offset = sf_offset(row, b, nb, self.swizzled)
         T.buffer_store(S, T.Cast("uint8", sf[0]), [offset if sf_base is None else sf_base + offset])
+        if linear_sf is not None:
+            T.buffer_store(linear_sf, T.Cast("uint8", sf[0]), [sf_offset(row, b, nb, False)])
+        if scale is not None:
+            for i in range(self.block_size):
+                T.buffer_store(q, q[i] * scale, [i])  # y
+        if normed is not None:
+            buf, index = normed
+            for v in range(self.block_size // _VEC):
+                for j in range(_WORDS):
+                    vector.pack2(self.word, j, q[v * _VEC + 2 * j], q[v * _VEC + 2 * j + 1], self.dtype)
+                vector.store_v4(buf.ptr_to([index + v * _VEC]), self.word, 0)
         for i in range(self.block_size):
-            T.buffer_store(q, q[i] * scale * inv[0], [i])  # y = xw * scale, then y * inv_scale
+            T.buffer_store(q, q[i] * inv[0], [i])  # y * inv_scale
         for c in range(self.block_size // 16):
             lo_word = quant.e2m1x8([q[16 * c + e] for e in range(8)])
             hi_word = quant.e2m1x8([q[16 * c + 8 + e] for e in range(8)])

@@ -209,10 +209,16 @@ def get_kernel(dtype: str, block_size: int = 16, scale_format: str = "e4m3", swi
 
 
 def build_kernel(dtype: str, block_size: int, scale_format: str, swizzled: bool, H_static: int | None,  # noqa: N803
-                 tpr: int, bpt: int, rows_per_cta: int, pdl: str | None = PDL):
+                 tpr: int, bpt: int, rows_per_cta: int, pdl: str | None = PDL, add: bool = False,
+                 normed: bool = False, both_layouts: bool = False):
     """One kernel for both kinds: ``H_static`` given, every block of a row is in registers (one read of x and w);
     None, H is a runtime argument and a row is walked in slabs of ``tpr * bpt`` blocks (x read again in the second
-    pass when the row spans several slabs)."""
+    pass when the row spans several slabs).
+
+    ``add`` (add_rmsnorm_fp4quant): the row is ``h = x + residual`` in fp32 (its sum of squares), the residual gets
+    ``h`` rounded and the quantized values are ``(h_rounded * rstd) * w`` (upstream's order); ``normed`` also
+    stores those values rounded to the dtype, ``both_layouts`` the SF in a second, linear buffer. The add kernel
+    takes ``(x, residual, w, y, sf, sf_linear, normed, gs, eps, zero)``; the unused buffers may be 1 element."""
     from tvm.script import tirx as T
 
     from tirx_kernels.core.lang import pdl as pdl_launch
@@ -226,7 +232,8 @@ def build_kernel(dtype: str, block_size: int, scale_format: str, swizzled: bool,
     slab = tpr * bpt  # blocks a pass covers
     general = H_static is None
     nb_static = None if general else H_static // block_size
-    quantizer = _fp4_rows.BlockQuantizer(dtype, block_size, scale_format, swizzled)
+    quantizer = _fp4_rows.BlockQuantizer(dtype, block_size, scale_format, swizzled,
+                                         values="scaled_product" if add else "rounded_product")
 
     def width(H):  # noqa: N803
         """The row length the device code computes with: the runtime H, or the static one (H stays an argument
@@ -242,6 +249,9 @@ def build_kernel(dtype: str, block_size: int, scale_format: str, swizzled: bool,
             return ok if pred is None else pred
         return T.And(ok, pred)
 
+    def col(j, k, first, lane):
+        return T.Cast("int64", (first + j * tpr + lane) * block_size + k * _VEC)
+
     def load_blocks(regs, buf, base, first, lane, nb, ok):
         """``regs`` <- this lane's blocks of the slab starting at block ``first`` (0 where masked: they add
         nothing to the sum of squares)."""
@@ -250,18 +260,125 @@ def build_kernel(dtype: str, block_size: int, scale_format: str, swizzled: bool,
             for k in range(vpb):
                 if pred is not None:
                     vector.fill(regs, (j * vpb + k) * _WORDS, _WORDS)
-                col = (first + j * tpr + lane) * block_size + k * _VEC
-                vector.load_v4(regs, (j * vpb + k) * _WORDS, buf.ptr_to([base + T.Cast("int64", col)]), pred)
+                vector.load_v4(regs, (j * vpb + k) * _WORDS, buf.ptr_to([base + col(j, k, first, lane)]), pred)
+
+    def store_blocks(buf, base, regs, first, lane, nb, ok):
+        for j in range(bpt):
+            pred = block_pred(j, lane, first, nb, ok)
+            for k in range(vpb):
+                vector.store_v4(buf.ptr_to([base + col(j, k, first, lane)]), regs, (j * vpb + k) * _WORDS, pred)
 
     def sum_squares(acc, xr):
         for i in range(bpt * wpb):
             lo, hi = vector.unpack2(xr[i], dtype)
             T.buffer_store(acc, acc[0] + lo * lo + hi * hi, [0])
 
-    def quantize_slab(xr, wr, first, lane, nb, ok, rstd, gs, Y64, S, y_row, row):  # noqa: N803
+    def add_residual(acc, xr, rr):
+        """``xr <- x + r`` rounded (the new residual); ``acc +=`` the squares of the unrounded fp32 sums."""
+        for i in range(bpt * wpb):
+            x_lo, x_hi = vector.unpack2(xr[i], dtype)
+            r_lo, r_hi = vector.unpack2(rr[i], dtype)
+            T.buffer_store(acc, acc[0] + (x_lo + r_lo) * (x_lo + r_lo) + (x_hi + r_hi) * (x_hi + r_hi), [0])
+            vector.pack2(xr, i, x_lo + r_lo, x_hi + r_hi, dtype)
+
+    def quantize_slab(xr, wr, first, lane, nb, ok, rstd, gs, Y64, S, S2, Nf, y_row, row, H):  # noqa: N803
         for j in range(bpt):
-            quantizer.block(xr, wr, j * wpb, rstd, gs, Y64, S, y_row, row, first + j * tpr + lane, nb,
-                            block_pred(j, lane, first, nb, ok))
+            b = first + j * tpr + lane
+            quantizer.block(xr, wr, j * wpb, rstd, gs, Y64, S, y_row, row, b, nb, block_pred(j, lane, first, nb, ok),
+                            linear_sf=S2 if both_layouts else None,
+                            normed=(Nf, T.Cast("int64", row) * T.Cast("int64", width(H)) + T.Cast(
+                                "int64", b * block_size)) if normed else None)
+
+    def row_kernel(M, H, Xf, x_stride, Rf, r_stride, Wt, Y64, S, S2, Nf, G, eps, zero, cta, tid,  # noqa: N803
+                   xr, rr, wr, acc, scratch):
+        """The kernel body after the PDL wait (both signatures)."""
+        row = cta * rows_per_cta + tid // tpr
+        lane = tid % tpr
+        x_base = T.Cast("int64", row) * T.Cast("int64", x_stride)
+        r_base = T.Cast("int64", row) * T.Cast("int64", r_stride) if add else None
+        y_row = T.Cast("int64", row) * T.Cast("int64", width(H) // 16)
+        nb = width(H) // block_size
+        ok = None if rows_per_cta == 1 and not swizzled and not general else row < M
+        T.buffer_store(acc, T.float32(0), [0])
+        T.buffer_store(quantizer.gs, G[0], [0])
+        if general:
+            slabs = (nb + slab - 1) // slab
+            with T.serial(slabs) as s:
+                load_blocks(xr, Xf, x_base, s * slab, lane, nb, ok)
+                if add:
+                    load_blocks(rr, Rf, r_base, s * slab, lane, nb, ok)
+                    T.buffer_store(acc, acc[0] + T.cuda.uint_as_float(vector.after_all(rr, bpt * wpb, zero)), [0])
+                    add_residual(acc, xr, rr)
+                    store_blocks(Rf, r_base, xr, s * slab, lane, nb, ok)
+                else:
+                    T.buffer_store(acc, acc[0] + T.cuda.uint_as_float(vector.after_all(xr, bpt * wpb, zero)), [0])
+                    sum_squares(acc, xr)
+        else:
+            load_blocks(wr, Wt, T.int64(0), 0, lane, nb, None)
+            load_blocks(xr, Xf, x_base, 0, lane, nb, ok)
+            if add:
+                load_blocks(rr, Rf, r_base, 0, lane, nb, ok)
+                T.buffer_store(acc, T.cuda.uint_as_float(vector.after_all(rr, bpt * wpb, zero)), [0])
+                add_residual(acc, xr, rr)
+                store_blocks(Rf, r_base, xr, 0, lane, nb, ok)
+            else:
+                T.buffer_store(acc, T.cuda.uint_as_float(vector.after_all(xr, bpt * wpb, zero)), [0])
+                sum_squares(acc, xr)
+        total = reduce.group_sum(acc[0], tid, tpr, scratch)
+        T.buffer_store(acc, T.rsqrt(total * (T.float32(1) / T.Cast("float32", width(H))) + eps), [0])
+        rstd = acc[0]
+        if general:
+            with T.serial(slabs) as s:
+                with T.If(slabs > 1):
+                    with T.Then():  # the slab again: x, or the new residual (this thread's own stores)
+                        load_blocks(xr, Rf if add else Xf, r_base if add else x_base, s * slab, lane, nb, ok)
+                load_blocks(wr, Wt, T.int64(0), s * slab, lane, nb, None)
+                quantize_slab(xr, wr, s * slab, lane, nb, ok, rstd, quantizer.gs[0], Y64, S, S2, Nf, y_row, row, H)
+        else:
+            quantize_slab(xr, wr, 0, lane, nb, ok, rstd, quantizer.gs[0], Y64, S, S2, Nf, y_row, row, H)
+        if swizzled:
+            quantizer.zero_padding(S, row, lane, tpr, M, nb)
+
+    def grid(M):  # noqa: N803
+        return ((M + 127) // 128 * 128 if swizzled else M + rows_per_cta - 1) // rows_per_cta
+
+    if add:
+        @T.prim_func
+        def add_rmsnorm_fp4quant(x_ptr: T.handle, r_ptr: T.handle, w_ptr: T.handle, y_ptr: T.handle, s_ptr: T.handle,
+                                 s2_ptr: T.handle, n_ptr: T.handle, g_ptr: T.handle, eps: T.float32, zero: T.int32):
+            M = T.int32()
+            H = T.int32()
+            x_stride = T.int32()
+            r_stride = T.int32()
+            sf_len = T.int32()
+            sf2_len = T.int32()
+            n_len = T.int64()
+            X = T.match_buffer(x_ptr, (M, H), dtype, strides=(x_stride, 1), align=16)
+            R = T.match_buffer(r_ptr, (M, H), dtype, strides=(r_stride, 1), align=16)
+            Wt = T.match_buffer(w_ptr, (H,), dtype, align=16)
+            Y = T.match_buffer(y_ptr, (M, H // 2), "uint8", align=8)
+            S = T.match_buffer(s_ptr, (sf_len,), "uint8")
+            S2 = T.match_buffer(s2_ptr, (sf2_len,), "uint8")
+            Nf = T.match_buffer(n_ptr, (n_len,), dtype, align=16)
+            G = T.match_buffer(g_ptr, (1,), "float32")
+            T.device_entry()
+            Xf = T.decl_buffer((M * x_stride,), dtype, data=X.data)
+            Rf = T.decl_buffer((M * r_stride,), dtype, data=R.data)
+            Y64 = T.decl_buffer((M * (H // 16),), "uint64", data=Y.data)
+            cta = T.cta_id([grid(M)])
+            tid = T.thread_id([threads])
+            xr = T.alloc_local((bpt * wpb,), "uint32")
+            rr = T.alloc_local((bpt * wpb,), "uint32")
+            wr = T.alloc_local((bpt * wpb,), "uint32")
+            acc = T.alloc_local((1,), "float32")
+            scratch = T.alloc_shared((scratch_len,), "float32")
+            quantizer.alloc()
+            pdl_launch.begin(pdl)  # nothing global before this: the previous kernel may still write the inputs
+            row_kernel(M, H, Xf, x_stride, Rf, r_stride, Wt, Y64, S, S2, Nf, G, eps, zero, cta, tid, xr, rr, wr, acc,
+                       scratch)
+            pdl_launch.end(pdl)
+
+        return pdl_launch.launch(add_rmsnorm_fp4quant, pdl)
 
     @T.prim_func
     def rmsnorm_fp4quant(x_ptr: T.handle, w_ptr: T.handle, y_ptr: T.handle, s_ptr: T.handle, g_ptr: T.handle,
@@ -279,7 +396,7 @@ def build_kernel(dtype: str, block_size: int, scale_format: str, swizzled: bool,
         # Flat views indexed row * stride + col (TIRx drops match_buffer strides from device indexing).
         Xf = T.decl_buffer((M * x_stride,), dtype, data=X.data)
         Y64 = T.decl_buffer((M * (H // 16),), "uint64", data=Y.data)
-        cta = T.cta_id([((M + 127) // 128 * 128 if swizzled else M + rows_per_cta - 1) // rows_per_cta])
+        cta = T.cta_id([grid(M)])
         tid = T.thread_id([threads])
         xr = T.alloc_local((bpt * wpb,), "uint32")
         wr = T.alloc_local((bpt * wpb,), "uint32")
@@ -287,38 +404,8 @@ def build_kernel(dtype: str, block_size: int, scale_format: str, swizzled: bool,
         scratch = T.alloc_shared((scratch_len,), "float32")
         quantizer.alloc()
         pdl_launch.begin(pdl)  # nothing global before this: the previous kernel may still write x, w or gs
-
-        row = cta * rows_per_cta + tid // tpr
-        lane = tid % tpr
-        x_base = T.Cast("int64", row) * T.Cast("int64", x_stride)
-        y_row = T.Cast("int64", row) * T.Cast("int64", width(H) // 16)
-        nb = width(H) // block_size
-        gs = G[0]
-        acc[0] = T.float32(0)
-        if general:
-            slabs = (nb + slab - 1) // slab
-            for s in T.serial(slabs):
-                load_blocks(xr, Xf, x_base, s * slab, lane, nb, row < M)
-                acc[0] = acc[0] + T.cuda.uint_as_float(vector.after_all(xr, bpt * wpb, zero))
-                sum_squares(acc, xr)
-        else:
-            load_blocks(wr, Wt, T.int64(0), 0, lane, nb, None)
-            load_blocks(xr, Xf, x_base, 0, lane, nb, None if rows_per_cta == 1 and not swizzled else row < M)
-            acc[0] = T.cuda.uint_as_float(vector.after_all(xr, bpt * wpb, zero))  # 0.0, after every load
-            sum_squares(acc, xr)
-        total = reduce.group_sum(acc[0], tid, tpr, scratch)
-        rstd = T.rsqrt(total * (T.float32(1) / T.Cast("float32", width(H))) + eps)
-        if general:
-            for s in T.serial(slabs):
-                if slabs > 1:
-                    load_blocks(xr, Xf, x_base, s * slab, lane, nb, row < M)
-                load_blocks(wr, Wt, T.int64(0), s * slab, lane, nb, None)
-                quantize_slab(xr, wr, s * slab, lane, nb, row < M, rstd, gs, Y64, S, y_row, row)
-        else:
-            quantize_slab(xr, wr, 0, lane, nb, None if rows_per_cta == 1 and not swizzled else row < M, rstd, gs,
-                          Y64, S, y_row, row)
-        if swizzled:
-            quantizer.zero_padding(S, row, lane, tpr, M, nb)
+        row_kernel(M, H, Xf, x_stride, None, None, Wt, Y64, S, None, None, G, eps, zero, cta, tid, xr, None, wr,
+                   acc, scratch)
         pdl_launch.end(pdl)
 
     return pdl_launch.launch(rmsnorm_fp4quant, pdl)
@@ -405,8 +492,8 @@ _OP = "rmsnorm_fp4quant"
 
 
 def _check_inputs(input, weight, y_fp4, block_scale, global_scale, eps, block_size, scale_format,  # noqa: A002
-                  swizzled) -> str:
-    op = _OP
+                  swizzled, op: str = "rmsnorm_fp4quant") -> str:
+    """Validates a call (add_rmsnorm_fp4quant's too, ``op``); returns the scale format."""
     checks.tensor(op, "input", input, dtypes=tuple(_DTYPES.values()), ndim=(2, 3), cuda=False)
     H = input.shape[-1]
     if block_size not in BLOCK_SIZES:
