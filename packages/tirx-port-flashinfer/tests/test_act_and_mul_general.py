@@ -97,6 +97,10 @@ def test_general_plan_examples():
     assert (p["cmax"], p["segments"], p["width"]) == (641, 3, 256)
     assert gen.plan(1024)["rows_per_cta"] == 2 and gen.plan(3)["rows_per_cta"] == 128
     assert gen.plan(1)["rows_per_cta"] == 256  # one chunk (two columns at most) a row
+    # chunks_per_thread=2: lanes count pairs of chunks (641 chunks -> 321 lanes, 2 segments; 200 -> 100 lanes, 2 rows)
+    p = gen.plan(5121, chunks_per_thread=2)
+    assert (p["cmax"], p["segments"], p["width"], p["grid"](3)) == (641, 2, 256, (3, 2))
+    assert gen.plan(1600, chunks_per_thread=2)["rows_per_cta"] == 2
 
 
 # ------------------------------------------------------------------------------------------------ replay

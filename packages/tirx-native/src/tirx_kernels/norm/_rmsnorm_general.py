@@ -47,14 +47,18 @@ MIN_CTAS_PER_SM = {"bfloat16": 8, "float16": 7}
 # priorities (rmsnorm.ROW_ACCESS, measured): the first read evict_last (a long row's second read, evict_first,
 # then finds it in L2 more often; H <= 7168 gained 2-4 % with it).
 X_POLICIES = {"x": "evict_last", "reload": "evict_first"}
+# The odd-H knobs' defaults (the schedule measured so far; tools/sweeps/odd_sizes.py times the others).
 EDGE_LOADS = ("scalar", "vector")
+DEFAULT_EDGE_LOADS = "scalar"
+ROWS_PER_CTA = 1
+WEIGHT_SMEM = False
 _VEC = 8
 _WORDS = 4
 
 
 def build_general(dtype: str, pdl: str | None = None, threads: int = THREADS, vectors: int = VECTORS,
-                  ctas_per_sm: int | None = None, edge_loads: str = "scalar", rows_per_cta: int = 1,
-                  weight_smem: bool = False):
+                  ctas_per_sm: int | None = None, edge_loads: str = DEFAULT_EDGE_LOADS,
+                  rows_per_cta: int = ROWS_PER_CTA, weight_smem: bool = WEIGHT_SMEM):
     """The general kernel (same arguments as the specialized one: ``x, weight, out, eps, zero``): CTAs of
     ``threads`` threads (a multiple of 32), ``vectors`` 16-byte vectors of x a thread per pass, launch bounds
     promising ``ctas_per_sm`` CTAs an SM (default ``MIN_CTAS_PER_SM``); ``edge_loads``, ``rows_per_cta`` and

@@ -33,6 +33,7 @@ boundary (base pointer + row * stride: a per-row value). One thread computes one
 from __future__ import annotations
 
 THREADS = 256
+CHUNKS_PER_THREAD = 1  # the odd-d knob's default (tools/sweeps/odd_sizes.py times 2)
 MAX_GRID_Y = 65535
 _VEC = 8
 _WORDS = 4
@@ -51,7 +52,7 @@ def lanes_log2(cmax, device: bool = False):
     return sum(T.Cast("int32", cmax > (1 << i)) for i in range(8))
 
 
-def plan(d: int, rows_aligned: bool = True, chunks_per_thread: int = 1) -> dict:
+def plan(d: int, rows_aligned: bool = True, chunks_per_thread: int = CHUNKS_PER_THREAD) -> dict:
     """The launch geometry for ``d`` (the kernel's expressions in Python, for tests): ``cmax`` chunks planned a
     row (``d / 8`` where d and out's row stride are multiples of 8, else ``ceil((d + 7) / 8)``, the most any
     alignment gives), ``rows_per_cta``, ``segments``, ``width`` lanes a segment, ``grid(M)`` -> (x, y)."""
@@ -66,7 +67,7 @@ def plan(d: int, rows_aligned: bool = True, chunks_per_thread: int = 1) -> dict:
 
 
 def build_general(act: str, dtype: str, load_policy: str | None, store_policy: str | None, pdl: str | None,
-                  chunks_per_thread: int = 1):
+                  chunks_per_thread: int = CHUNKS_PER_THREAD):
     """The general kernel for (act, dtype); ``chunks_per_thread`` (1 or 2): the odd-d knob of the docstring."""
     if chunks_per_thread not in (1, 2):
         raise ValueError(f"act_and_mul general: chunks_per_thread {chunks_per_thread} (1 or 2)")
