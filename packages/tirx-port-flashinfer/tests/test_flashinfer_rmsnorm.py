@@ -291,3 +291,24 @@ def test_gpu_empty_and_compile():
     w = torch.randn(4096, device="cuda").to(bf16)
     got = torch.compile(lambda a, b: mod.gemma_rmsnorm(a, b), fullgraph=True)(x, w)
     torch.testing.assert_close(got.float(), mod.normalized(x.float(), w, 1e-6, True), atol=2e-2, rtol=1.6e-2)
+
+
+def test_harness_wiring_on_cpu():
+    """reference's keys and the strided out through the harness's checks on CPU (a launch writing the oracle)."""
+    import types
+
+    from tirx_kernels.core import harness
+
+    def prepare_data(dtype, M, H, eps=1e-6, gemma=False, input_row_stride=None, **_):
+        t = getattr(torch, dtype)
+        return {"input": torch.randn(M, input_row_stride or H).to(t)[:, :H], "weight": torch.randn(H).to(t),
+                "eps": eps, "gemma": gemma, "out": torch.empty(M, H, dtype=t)}
+
+    def launch(cfg, data):
+        data["out"].copy_(mod.reference(**data)["out"])
+
+    fake = types.SimpleNamespace(KERNEL_META=mod.KERNEL_META, reference=mod.reference, prepare_data=prepare_data,
+                                 launch=launch, get_baselines=lambda **cfg: {})
+    for cfg in ({"dtype": "bfloat16", "M": 5, "H": 64, "gemma": True},
+                {"dtype": "float16", "M": 3, "H": 111, "input_row_stride": 120}):
+        assert harness.check_config(fake, cfg)["status"] == "passed"

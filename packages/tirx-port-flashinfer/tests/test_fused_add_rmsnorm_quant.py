@@ -134,3 +134,28 @@ def test_gpu_matches_flashinfer(out_dtype, M, H):
     torch.testing.assert_close(r1, r2, atol=0, rtol=0)
     diff = (ours.view(torch.uint8).int() - theirs.view(torch.uint8).int()).abs()
     assert (diff == 0).float().mean() > 0.999 and diff.max() <= 1
+
+
+def test_harness_wiring_on_cpu():
+    """The protocol pieces the harness combines (INPLACE, reference keys, FP8 out) on CPU: a launch that writes the
+    oracle's values, through the harness's guarded copies of residual and out."""
+    import types
+
+    from tirx_kernels.core import harness
+
+    def prepare_data(dtype, M, H, out_dtype="float8_e4m3fn", scale=1.0, eps=1e-6, **_):
+        t = getattr(torch, dtype)
+        return {"out": torch.empty(M, H, dtype=getattr(torch, out_dtype)), "input": torch.randn(M, H).to(t),
+                "residual": torch.randn(M, H).to(t), "weight": torch.randn(H).to(t),
+                "scale": torch.tensor([scale]), "eps": eps}
+
+    def launch(cfg, data):
+        want = mod.reference(**data)
+        data["residual"].copy_(want["residual"])
+        data["out"].copy_(want["out"])
+
+    fake = types.SimpleNamespace(**{k: getattr(mod, k) for k in ("KERNEL_META", "INPLACE", "reference")},
+                                 prepare_data=prepare_data, launch=launch, get_baselines=lambda **cfg: {})
+    for cfg in ({"dtype": "bfloat16", "M": 5, "H": 64, "scale": 10.0},
+                {"dtype": "float16", "M": 3, "H": 111, "out_dtype": "float8_e5m2", "scale": 0.01}):
+        assert harness.check_config(fake, cfg)["status"] == "passed"

@@ -162,3 +162,24 @@ def test_gpu_strided_misaligned_and_float_scale():
                          torch.float8_e4m3fn)
     torch.testing.assert_close(out.float(), want, rtol=0.13, atol=2.0**-9)
     assert (ob[:, 0] == 0x5A).all() and (ob[:, 4097:] == 0x5A).all()
+
+
+def test_harness_wiring_on_cpu():
+    """reference's keys and FP8 out through the harness's checks on CPU (a launch writing the oracle's values)."""
+    import types
+
+    from tirx_kernels.core import harness
+
+    def prepare_data(dtype, M, H, out_dtype="float8_e4m3fn", scale=1.0, eps=1e-6, **_):
+        t = getattr(torch, dtype)
+        return {"out": torch.empty(M, H, dtype=getattr(torch, out_dtype)), "input": torch.randn(M, H).to(t),
+                "weight": torch.randn(H).to(t), "scale": torch.tensor([scale]), "eps": eps}
+
+    def launch(cfg, data):
+        data["out"].copy_(mod.reference(**data)["out"])
+
+    fake = types.SimpleNamespace(KERNEL_META=mod.KERNEL_META, reference=mod.reference, prepare_data=prepare_data,
+                                 launch=launch, get_baselines=lambda **cfg: {})
+    for cfg in ({"dtype": "bfloat16", "M": 5, "H": 64, "scale": 0.01},
+                {"dtype": "float16", "M": 3, "H": 111, "out_dtype": "float8_e5m2", "scale": 10.0}):
+        assert harness.check_config(fake, cfg)["status"] == "passed"

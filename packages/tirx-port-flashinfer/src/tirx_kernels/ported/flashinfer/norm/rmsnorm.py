@@ -348,7 +348,7 @@ def run_rows(fn, x2d, r2d, weight, y2d, scale, eps: float) -> None:
     if sms is None:
         sms = _SM_COUNT[dev.index] = torch.cuda.get_device_properties(dev).multi_processor_count
     span, S = split_plan(M, H, sms)
-    ws, _ = _WORKSPACE.get(dev, M * S)
+    ws, _ = _WORKSPACE.get(dev, M * S if S > 1 else 1)
     sc = ws[:1] if scale is None else scale
     if S == 1:
         fn(x2d, r2d, weight, y2d, sc, ws[:1].view(1, 1), eps, span, 0, 0)
