@@ -294,3 +294,44 @@ def call_samples(rng, fmt: str) -> list[dict]:
     ks += [blk * rng.randint(1, 700) for _ in range(4)]
     return [{"dtype": t, "layout": lay, "M": rng.choice([1, 7, 128, 1000, rng.randint(1, 20000)]), "K": k}
             for t in DTYPES for lay in LAYOUTS for k in ks]
+
+
+# ------------------------------------------------------------------------------------------------ CPU evidence
+def emulate_quantize(x: torch.Tensor, global_scale, fmt: str, layout: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run the kernel's generated CUDA on the CPU (``core.emulate``, with core.lang.quant's stand-ins) on CPU
+    tensors; outputs start poisoned (0xAB / 0xCD), so every byte the result holds was written by the kernel."""
+    from tirx_kernels.core import emulate
+    from tirx_kernels.core.lang import quant
+
+    M, K = x.shape  # noqa: N806
+    codes, sf = new_outputs(x, fmt, layout)
+    codes.view(torch.uint8).fill_(0xAB)
+    sf.fill_(0xCD)
+    gs = torch.ones(1) if global_scale is None else torch.as_tensor(global_scale, dtype=torch.float32).reshape(1)
+    flags = emulate.CXXFLAGS
+    emulate.CXXFLAGS = [*flags, *quant.emulate_cxxflags()]
+    try:
+        kern = emulate.compile(build_kernel(str(x.dtype)[6:], fmt, layout, f"{fmt}_quantize"))
+    finally:
+        emulate.CXXFLAGS = flags
+    args = {"X_ptr": x.contiguous().view(-1), "Y_ptr": codes.view(-1).view(torch.uint8).view(torch.int32),
+            "S_ptr": sf.view(-1), "M": M, "K": K, "tiles": tiles(M, K, fmt, layout)}
+    if "G_ptr" in [p.name for p in kern.params]:
+        args["G_ptr"] = gs
+    kern(grid=(args["tiles"],), block=(THREADS,), **args).check()
+    return codes, sf
+
+
+def special_rows(M: int, K: int, dtype: torch.dtype, seed: int = 0) -> torch.Tensor:  # noqa: N803
+    """Test input: rows from 1e-2 to 1e2 in magnitude, plus (where M allows) an all-zero row, a row with +-inf and
+    NaN, one at the dtype's largest finite values, one of e2m1 / e4m3 midpoints, one of subnormals."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(M, K, generator=g) * torch.logspace(-2, 2, max(M, 1))[:M, None]
+    specials = [torch.zeros(K),
+                torch.tensor([float("inf"), -float("inf"), float("nan"), 1.0] * (K // 4)),
+                torch.full((K,), torch.finfo(dtype).max) * torch.sign(torch.randn(K, generator=g)),
+                torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0] * (K // 8)) * 1.5,
+                torch.full((K,), torch.finfo(dtype).tiny / 4)]
+    for i, row in enumerate(specials[:max(0, M - 1)]):
+        x[i + 1] = row
+    return x.to(dtype)
