@@ -312,3 +312,12 @@ def test_harness_wiring_on_cpu():
     for cfg in ({"dtype": "bfloat16", "M": 5, "H": 64, "gemma": True},
                 {"dtype": "float16", "M": 3, "H": 111, "input_row_stride": 120}):
         assert harness.check_config(fake, cfg)["status"] == "passed"
+
+
+@gpu
+@pytest.mark.parametrize("label", ["bf16_32x4096", "bf16_3x65536_split"])
+def test_gpu_graph_replay(label):
+    """Captured in a CUDA graph (the split rows' two launches and workspace too), replayed on new inputs."""
+    from tirx_kernels.core import testing
+
+    testing.check_graph_replay("flashinfer_rmsnorm", label)

@@ -159,3 +159,12 @@ def test_harness_wiring_on_cpu():
     for cfg in ({"dtype": "bfloat16", "M": 5, "H": 64, "scale": 10.0},
                 {"dtype": "float16", "M": 3, "H": 111, "out_dtype": "float8_e5m2", "scale": 0.01}):
         assert harness.check_config(fake, cfg)["status"] == "passed"
+
+
+@gpu
+@pytest.mark.parametrize("label", ["bf16_e4m3_19x500", "bf16_e4m3_3x65536_split"])
+def test_gpu_graph_replay(label):
+    """Captured in a CUDA graph (the split rows' two launches and workspace too), replayed on new inputs."""
+    from tirx_kernels.core import testing
+
+    testing.check_graph_replay("flashinfer_fused_add_rmsnorm_quant", label)

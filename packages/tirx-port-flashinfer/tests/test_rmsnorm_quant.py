@@ -183,3 +183,12 @@ def test_harness_wiring_on_cpu():
     for cfg in ({"dtype": "bfloat16", "M": 5, "H": 64, "scale": 0.01},
                 {"dtype": "float16", "M": 3, "H": 111, "out_dtype": "float8_e5m2", "scale": 10.0}):
         assert harness.check_config(fake, cfg)["status"] == "passed"
+
+
+@gpu
+@pytest.mark.parametrize("label", ["bf16_e4m3_989x4096", "bf16_e5m2_3x1048576"])
+def test_gpu_graph_replay(label):
+    """Captured in a CUDA graph (the split rows' two launches and workspace too), replayed on new inputs."""
+    from tirx_kernels.core import testing
+
+    testing.check_graph_replay("flashinfer_rmsnorm_quant", label)
