@@ -143,3 +143,74 @@ def test_protocol_literals():
     labels = [c["label"] for c in mod.CONFIGS + mod.BENCH_CONFIGS]
     assert len(mod.KERNEL_META["upstream"]["commit"]) == 40
     assert len(set(c["label"] for c in mod.CONFIGS)) == len(mod.CONFIGS) and labels
+
+
+# ------------------------------------------------------------------------------------------------ GPU
+
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (sm_90a)")
+
+
+@gpu
+@pytest.mark.parametrize("label", [c["label"] for c in mod.CONFIGS])
+def test_gpu_config(label):
+    cfg = next(c for c in mod.CONFIGS if c["label"] == label)
+    mod.run_test(**cfg)
+
+
+@gpu
+@pytest.mark.parametrize("M, N, k", [(64, 131072, 2048), (1, 131072, 2048), (256, 262144, 2048)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_gpu_issue_shapes_exact(M, N, k, dtype):
+    """The issue's shapes: the exact deterministic result (CPU oracle), twice bit-identical, sorted like torch."""
+    x = torch.randn(M, N, device="cuda").to(dtype)
+    v1, i1 = mod.top_k(x, k)
+    v2, i2 = mod.top_k(x, k, deterministic=True)
+    assert torch.equal(i1, i2) and torch.equal(v1.view(_RAW[dtype]), v2.view(_RAW[dtype]))
+    want_v, want_i = oracle(x.cpu(), k)
+    assert torch.equal(i1.cpu(), want_i) and torch.equal(v1.cpu().view(_RAW[dtype]), want_v.view(_RAW[dtype]))
+    sv, si = mod.top_k(x, k, sorted=True)
+    assert torch.equal(sv.float(), torch.topk(x.float(), k).values)
+    assert torch.equal(x.gather(-1, si), sv)
+
+
+@gpu
+@pytest.mark.parametrize("kind", ["ties", "constant", "special"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gpu_edge_rows_exact(kind, dtype):
+    x = make_rows(kind, 7, 50000, dtype, seed=3)
+    for k in (1, 300, 4096):
+        v, i = mod.top_k(x.cuda(), k)
+        want_v, want_i = oracle(x, k)
+        assert torch.equal(i.cpu(), want_i)
+        assert torch.equal(v.cpu().view(_RAW[dtype]), want_v.view(_RAW[dtype]))
+
+
+@gpu
+def test_gpu_k_past_row_strided_graph_and_compile():
+    base = torch.randn(5, 130, device="cuda")
+    x = base[:, :100]  # row stride 130
+    v, i = mod.top_k(x, 120)
+    want_v, want_i = oracle(x.cpu(), 120)
+    assert torch.equal(i.cpu(), want_i) and torch.equal(v.cpu(), want_v)
+    g = torch.cuda.CUDAGraph()
+    y = torch.randn(4, 8192, device="cuda")
+    mod.top_k(y, 256)
+    with torch.cuda.graph(g):
+        gv, gi = mod.top_k(y, 256)
+    y.copy_(torch.randn(4, 8192, device="cuda"))
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(gi.cpu(), oracle(y.cpu(), 256)[1])
+    cv, ci = torch.compile(lambda t: mod.top_k(t, 64), fullgraph=True)(y)
+    assert torch.equal(ci.cpu(), oracle(y.cpu(), 64)[1])
+
+
+def test_rejected_inputs():
+    from tirx_kernels.core.checks import TirxInputError
+
+    with pytest.raises(TirxInputError, match="argument 'k'"):
+        mod.top_k(torch.zeros(2, 8), 5000)
+    with pytest.raises(TirxInputError, match="argument 'input'"):
+        mod.top_k(torch.zeros(2, 8, dtype=torch.int32), 2)
+    with pytest.raises(TirxInputError, match="argument 'input'.*CUDA"):
+        mod.top_k(torch.zeros(2, 8), 2)

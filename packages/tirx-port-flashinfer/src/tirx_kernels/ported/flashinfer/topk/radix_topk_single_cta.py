@@ -78,8 +78,9 @@ def artifact_params() -> list[dict]:
 
 
 def call_samples(rng) -> list[dict]:
-    return [{"dtype": d, "M": rng.randint(1, 300), "N": rng.randint(1, 300000), "k": rng.randint(1, MAX_K)}
-            for d in _DTYPES for _ in range(4)]
+    """top_k's calls (int64 indices) and the transforms' (int32): every dtype, random rows, lengths and k."""
+    return [{"dtype": d, "index_dtype": i, "M": rng.randint(1, 300), "N": rng.randint(1, 524288),
+             "k": rng.randint(1, MAX_K)} for d in _DTYPES for i in ("int64", "int32") for _ in range(4)]
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -234,3 +235,148 @@ def build_kernel(dtype: str, index_dtype: str):
                 out_base[0] = out_base[0] + total[0]
 
     return radix_topk
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Protocol: data, oracle, byte model, baselines
+# ---------------------------------------------------------------------------------------------------------
+
+# Values: compared as multisets against torch.topk (the output is in index order, not torch's); indices: the same
+# multiset of scores as the oracle's (any choice among ties passes; the exact tie-break is the CPU tests' job).
+def _values_as_sets(got, want, cfg, inputs):
+    from tirx_kernels.core import harness
+
+    def canon(t):
+        t = t.float()
+        return torch.where(t.isnan(), torch.inf, t).sort(-1, descending=True).values
+
+    if got.shape != want.shape or not torch.equal(canon(got), canon(want)):
+        raise harness.KernelCheckError("the top-k values differ from torch.topk's (as multisets per row)")
+    return {"rows": int(got.shape[0])}
+
+
+def _indices(got, want, cfg, inputs):
+    from tirx_kernels.core import harness
+
+    return harness.topk_indices("scores")(got, want, cfg, inputs)
+
+
+COMPARATORS = {"values": _values_as_sets, "indices": _indices}
+
+
+def _generator() -> torch.Generator:
+    seed = int(os.environ["TIRX_SEED"]) if "TIRX_SEED" in os.environ else int.from_bytes(os.urandom(8), "little") >> 1
+    g = torch.Generator(device="cuda")
+    g.manual_seed(seed)
+    return g
+
+
+def prepare_data(dtype: str, M: int, N: int, k: int, ties: bool = False, **_) -> dict:
+    x = torch.randn(M, N, generator=_generator(), device="cuda")
+    if ties:
+        x = (x * 4).round() / 4  # few distinct values: many ties at the threshold
+    kk = min(k, N)
+    return {"scores": x.to(_DTYPES[dtype]), "k": k,
+            "values": torch.full((M, kk), float("nan"), device="cuda", dtype=_DTYPES[dtype]),
+            "indices": torch.empty(M, kk, device="cuda", dtype=torch.int64)}
+
+
+def reference(scores, k, **_) -> dict:
+    v, i = torch.topk(scores.float(), min(k, scores.shape[-1]), dim=-1)
+    return {"values": v, "indices": i}
+
+
+def launch(cfg: dict, data: dict) -> None:
+    v, i = top_k(data["scores"], min(data["k"], data["scores"].shape[-1]))
+    data["values"].copy_(v)
+    data["indices"].copy_(i)
+
+
+def roofline(dtype: str, M: int, N: int, k: int, **_) -> dict:
+    elem = torch.tensor([], dtype=_DTYPES[dtype]).element_size()
+    return {"bytes": M * N * elem + M * k * (elem + 8), "flops": 0}
+
+
+def get_baselines(**cfg) -> dict:
+    def torch_topk():
+        return lambda d: dict(zip(("values", "indices"), torch.topk(d["scores"], d["values"].shape[-1], dim=-1)))
+
+    def flashinfer():
+        import flashinfer
+
+        return lambda d: dict(zip(("values", "indices"), flashinfer.top_k(d["scores"], d["values"].shape[-1])))
+
+    return {"torch": torch_topk, "flashinfer": flashinfer}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Public op
+# ---------------------------------------------------------------------------------------------------------
+
+def _check_inputs(op: str, scores, k) -> None:
+    checks.tensor(op, "input", scores, dtypes=tuple(_DTYPES.values()), ndim=(2,), cuda=False)
+    checks.in_range(op, "input", scores.shape[-1], 1, MAX_N)
+    if isinstance(k, bool) or not isinstance(k, int):
+        raise checks.TirxInputError(f"{op}: argument 'k': expected an int, got {type(k).__name__}")
+    checks.in_range(op, "k", k, 1, MAX_K)
+    checks.tensor(op, "input", scores, cuda=True)
+
+
+def _run(scores: torch.Tensor, k: int, values: torch.Tensor, indices: torch.Tensor) -> None:
+    """Writes ``values`` / ``indices`` (M, k) for ``scores`` (M, N) with unit column stride."""
+    if scores.shape[0] == 0:
+        return
+    if scores.stride(-1) != 1:
+        scores = scores.contiguous()
+    x = scores if scores.shape[0] > 1 or scores.stride(0) >= scores.shape[1] else scores.as_strided(
+        scores.shape, (scores.shape[1], 1))
+    dtype = str(scores.dtype)[6:]
+    index_dtype = str(indices.dtype)[6:]
+    fn = _FUNCTIONS.get((scores.dtype, indices.dtype, scores.get_device()),
+                        lambda: compile_params(dtype, index_dtype), scores.device)
+    fn(x, values, indices)
+
+
+_FUNCTIONS = runtime.FunctionCache(__name__)
+
+
+@torch.library.custom_op("tirx::flashinfer_top_k", mutates_args=())
+def _top_k_op(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    M = scores.shape[0]
+    values = torch.empty(M, k, device=scores.device, dtype=scores.dtype)
+    indices = torch.empty(M, k, device=scores.device, dtype=torch.int64)
+    _run(scores, k, values, indices)
+    return values, indices
+
+
+@_top_k_op.register_fake
+def _(scores, k):
+    M = scores.shape[0]
+    return (scores.new_empty(M, k), scores.new_empty(M, k, dtype=torch.int64))
+
+
+def top_k(input: torch.Tensor, k: int, sorted: bool = False,  # noqa: A002
+          deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """FlashInfer's ``top_k``: the k largest of each row of ``input`` (M, N) fp32/fp16/bf16 -> (values (M, k),
+    int64 indices (M, k)). Unsorted: ascending index order; ``sorted=True``: descending value, stable. Every call is
+    deterministic (ties at the threshold to the lowest indices), so ``deterministic`` changes nothing. k > N: the
+    places past N hold index -1 and value 0 (as FlashInfer's kernels write them)."""
+    _check_inputs("top_k", input, k)
+    if runtime.direct_call(input):
+        M = input.shape[0]
+        values = torch.empty(M, k, device=input.device, dtype=input.dtype)
+        indices = torch.empty(M, k, device=input.device, dtype=torch.int64)
+        _run(input, k, values, indices)
+    else:
+        values, indices = torch.ops.tirx.flashinfer_top_k(input, k)
+    if sorted:
+        n = min(k, input.shape[-1])
+        order = torch.sort(values[:, :n], dim=-1, descending=True, stable=True).indices
+        values = torch.cat([values[:, :n].gather(-1, order), values[:, n:]], -1)
+        indices = torch.cat([indices[:, :n].gather(-1, order), indices[:, n:]], -1)
+    return values, indices
+
+
+from tirx_kernels.core import harness  # noqa: E402
+
+run_test, run_bench = harness.bind(__name__)
