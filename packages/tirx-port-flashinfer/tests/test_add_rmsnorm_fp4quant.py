@@ -4,6 +4,7 @@ CPU (``core.emulate``): the in-place residual, codes, both SF layouts and the no
 oracle where the inputs make rstd exact, within one step elsewhere, nothing written outside the outputs; SASS; on a
 GPU, the harness's checks of every config and the dequantized output against the fp32 oracle."""
 
+import contextlib
 import random
 import re
 
@@ -62,23 +63,35 @@ def _narrow_warp_sums(src: str) -> str:
                             "v += __shfl_xor_sync(0xffffffffu, v, m); return v; })(", src)
 
 
+@contextlib.contextmanager
+def _flags(emulate, flags):
+    saved, emulate.CXXFLAGS = emulate.CXXFLAGS, flags
+    try:
+        yield
+    finally:
+        emulate.CXXFLAGS = saved
+
+
 @pytest.fixture(scope="module")
 def emulated():
     pytest.importorskip("tvm", reason="apache-tvm is needed to generate the kernels")
     import shutil
 
     from tirx_kernels.core import emulate
+    from tirx_kernels.core.lang import quant
 
     if shutil.which("g++") is None:
         pytest.skip("no g++ to compile the emulation")
     from tirx_kernels.core.build import codegen
 
     cache = {}
+    flags = [*emulate.CXXFLAGS, *quant.emulate_cxxflags()]  # core.lang.quant's PTX stand-ins
 
     def get(params):
         key = artifacts.canonical_params(params)
         if key not in cache:
-            cache[key] = emulate.compile(_narrow_warp_sums(codegen(mod.get_kernel(**params))))
+            with _flags(emulate, flags):
+                cache[key] = emulate.compile(_narrow_warp_sums(codegen(mod.get_kernel(**params))))
         return cache[key]
     return get
 

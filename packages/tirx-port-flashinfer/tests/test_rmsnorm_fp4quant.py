@@ -4,17 +4,17 @@ the CPU (``core.emulate``): codes and scale factors bit for bit against the orac
 rstd exact, within one step elsewhere, nothing written outside the outputs, the swizzled padding zero; SASS; on a
 GPU, the harness's checks of every config and the dequantized output against the fp32 oracle."""
 
+import contextlib
 import random
 import re
 
 import pytest
 import torch
 
-from tirx_kernels.core import artifacts, runtime
+from tirx_kernels.core import artifacts, quant_ref, runtime
 from tirx_kernels.core.checks import TirxInputError
 from tirx_kernels.ported.flashinfer.norm import _fp4_rows
 from tirx_kernels.ported.flashinfer.norm import rmsnorm_fp4quant as mod
-from tirx_kernels.ported.flashinfer.norm._fp4_encoders import ref as quant_ref
 
 bf16 = torch.bfloat16
 
@@ -93,38 +93,16 @@ def test_protocol_literals():
     assert {"bench_nv_3d_b32_s32_h128", "bench_nv_m32_h4096", "bench_nv_large_m64_h8192"} <= set(labels)
 
 
-# ------------------------------------------------------------------------------------------------ oracle pieces
-
-def test_swizzle_matches_flashinfers_offsets():
-    """quant_ref's swizzle puts SF (r, c) at FlashInfer's documented offset (and zero in the padding)."""
-    rows, cols = 130, 6
-    sf = torch.arange(rows * cols, dtype=torch.int32).remainder(251).add(1).to(torch.uint8).view(rows, cols)
-    flat = quant_ref.swizzle_128x4(sf)
-    assert flat.numel() == 256 * 8
-    k_tiles = 2
-    seen = torch.zeros_like(flat, dtype=torch.bool)
-    for r in range(rows):
-        for c in range(cols):
-            off = (r // 128) * k_tiles * 512 + (c // 4) * 512 + (r % 32) * 16 + ((r % 128) // 32) * 4 + c % 4
-            assert flat[off] == sf[r, c]
-            seen[off] = True
-    assert (flat[~seen] == 0).all()
-
-
-def test_encoders_known_values():
-    v = torch.tensor([0.0, 0.25, 0.26, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 5.01, 100.0, -0.0, -0.3, -6.0])
-    assert quant_ref.e2m1_from_f32(v).tolist() == [0, 0, 1, 2, 2, 4, 4, 6, 6, 7, 7, 8, 9, 15]
-    s = torch.tensor([0.0, 2.0**-9, 2.0**-6, 1.0, 1.0625, 1.125, 448.0, 1.5 * 2**-9])
-    assert quant_ref.e4m3_from_f32(s).tolist() == [0, 1, 8, 0x38, 0x38, 0x39, 0x7E, 2]
-    exact = s[[1, 2, 3, 5, 6]]
-    assert torch.equal(quant_ref.e4m3_to_f32(quant_ref.e4m3_from_f32(exact)), exact)
-    u = torch.tensor([0.0, 1.0, 1.0001, 0.5, 3.0, 2.0**-127, 2.0**-126])
-    assert quant_ref.ue8m0_from_f32(u).tolist() == [0, 127, 128, 126, 129, 0, 1]
-    assert quant_ref.ue8m0_inverse(torch.tensor([0, 127, 126, 255], dtype=torch.uint8)).tolist() == [
-        0.0, 1.0, 2.0, 2.0**-128]
-
-
 # ------------------------------------------------------------------------------------------------ CPU emulation
+
+@contextlib.contextmanager
+def _flags(emulate, flags):
+    saved, emulate.CXXFLAGS = emulate.CXXFLAGS, flags
+    try:
+        yield
+    finally:
+        emulate.CXXFLAGS = saved
+
 
 @pytest.fixture(scope="module")
 def emulated():
@@ -132,17 +110,20 @@ def emulated():
     import shutil
 
     from tirx_kernels.core import emulate
+    from tirx_kernels.core.lang import quant
 
     if shutil.which("g++") is None:
         pytest.skip("no g++ to compile the emulation")
     from tirx_kernels.core.build import codegen
 
     cache = {}
+    flags = [*emulate.CXXFLAGS, *quant.emulate_cxxflags()]  # core.lang.quant's PTX stand-ins
 
     def get(params):
         key = artifacts.canonical_params(params)
         if key not in cache:
-            cache[key] = emulate.compile(_narrow_warp_sums(codegen(mod.get_kernel(**params))))
+            with _flags(emulate, flags):
+                cache[key] = emulate.compile(_narrow_warp_sums(codegen(mod.get_kernel(**params))))
         return cache[key]
     return get
 
@@ -248,9 +229,9 @@ def _dequantized(codes, sf, params, rows, H, gs):
         off = (r // 128) * k_tiles * 512 + (c // 4) * 512 + (r % 32) * 16 + ((r % 128) // 32) * 4 + c % 4
         sf = sf.view(torch.uint8)[off]
     sf = sf.view(torch.uint8).view(rows, nb)
-    scale = quant_ref.ue8m0_inverse(sf).reciprocal() if params["scale_format"] == "ue8m0" else \
-        quant_ref.e4m3_to_f32(sf) / (1.0 if gs is None else gs)
-    vals = quant_ref.e2m1_to_f32(quant_ref.e2m1_unpack(codes.view(rows, H // 2))).view(rows, nb, bs)
+    scale = quant_ref.ue8m0_inv_scale(sf).reciprocal() if params["scale_format"] == "ue8m0" else \
+        quant_ref.fp8_decode(sf) / (1.0 if gs is None else gs)
+    vals = quant_ref.e2m1_decode(quant_ref.unpack_e2m1(codes.view(rows, H // 2))).view(rows, nb, bs)
     return (vals * scale.unsqueeze(-1)).view(rows, H)
 
 

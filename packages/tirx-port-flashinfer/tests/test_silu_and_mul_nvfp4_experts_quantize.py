@@ -4,6 +4,7 @@ the CPU (``core.emulate``): codes and SF of every valid row bit for bit against 
 taken from the same libm the emulation links), rows past each expert's mask and the SF padding left untouched as
 upstream leaves them; SASS; on a GPU, the harness's checks of every config and upstream's output views."""
 
+import contextlib
 import ctypes
 import ctypes.util
 import random
@@ -59,22 +60,34 @@ def test_rejected_inputs_name_the_argument(args, arg, what):
 
 # ------------------------------------------------------------------------------------------------ CPU emulation
 
+@contextlib.contextmanager
+def _flags(emulate, flags):
+    saved, emulate.CXXFLAGS = emulate.CXXFLAGS, flags
+    try:
+        yield
+    finally:
+        emulate.CXXFLAGS = saved
+
+
 @pytest.fixture(scope="module")
 def emulated():
     pytest.importorskip("tvm", reason="apache-tvm is needed to generate the kernels")
     import shutil
 
     from tirx_kernels.core import emulate
+    from tirx_kernels.core.lang import quant
 
     if shutil.which("g++") is None:
         pytest.skip("no g++ to compile the emulation")
     from tirx_kernels.core.build import codegen
 
     cache = {}
+    flags = [*emulate.CXXFLAGS, *quant.emulate_cxxflags()]  # core.lang.quant's PTX stand-ins
 
     def get(dtype):
         if dtype not in cache:
-            cache[dtype] = emulate.compile(codegen(mod.get_kernel(dtype)))
+            with _flags(emulate, flags):
+                cache[dtype] = emulate.compile(codegen(mod.get_kernel(dtype)))
         return cache[dtype]
     return get
 
@@ -195,14 +208,14 @@ def test_gpu_views_and_masked_rows():
     assert sf.shape == (32, 4, 3, 4, K // 64, E)
     codes = x_q.permute(2, 0, 1).cpu()
     sf_flat = sf.permute(5, 2, 4, 0, 1, 3).reshape(E, -1).view(torch.uint8).cpu()
-    from tirx_kernels.ported.flashinfer.norm._fp4_encoders import ref as quant_ref
+    from tirx_kernels.core import quant_ref
 
     h = mod.silu_and_mul_ref(a).cpu()
     pos = _sf_positions(M, K // 16)
     for e in range(E):
         n = int(mask[e].clamp(0, M))
-        vals = quant_ref.e2m1_to_f32(quant_ref.e2m1_unpack(codes[e, :n])).view(n, K // 16, 16)
-        scale = quant_ref.e4m3_to_f32(sf_flat[e][pos[:n]]) / gs[e].item()
+        vals = quant_ref.e2m1_decode(quant_ref.unpack_e2m1(codes[e, :n])).view(n, K // 16, 16)
+        scale = quant_ref.fp8_decode(sf_flat[e][pos[:n]]) / gs[e].item()
         deq = (vals * scale.unsqueeze(-1)).view(n, K)
         torch.testing.assert_close(deq, h[e, :n], rtol=0.5, atol=2.0 * max(1e-3, float(h[e, :n].abs().max()) / 6))
 

@@ -243,7 +243,8 @@ def reference(a, mask, a_global_sf, **_) -> dict:
     h = silu_and_mul_ref(a).reshape(E * M, K)
     gs = a_global_sf.float().repeat_interleave(M)
     codes, sf = _fp4_rows.encode_rows(h, BLOCK, "e4m3", gs, False, recipe="trtllm")
-    swz = torch.stack([_fp4_rows.quant_ref.swizzle_128x4(sf.view(torch.uint8).view(E, M, -1)[e]) for e in range(E)])
+    per_expert = sf.view(torch.uint8).view(E, M, -1)
+    swz = torch.stack([_fp4_rows.quant_ref.sf_swizzle(per_expert[e], "128x4") for e in range(E)])
     return {"x_q": codes.view(E, M, K // 2), "sf": swz}
 
 

@@ -12,10 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from tirx_kernels.core import checks
-
-from ._fp4_encoders import ref as quant_ref
-from ._fp4_encoders import tir as quant
+from tirx_kernels.core import checks, quant_ref
 
 FP4_MAX = 6.0
 E4M3_MAX = 448.0
@@ -42,17 +39,16 @@ def sf_rows(rows: int, swizzled: bool) -> int:
 # ---------------------------------------------------------------------------------------------------------
 
 def sf_offset(row, col, nb, swizzled: bool):
-    """int64 byte offset of SF (row, col): linear ``row * nb + col``; swizzled 128x4 (FlashInfer's layout:
-    ``[row / 128][col / 4][row % 32][(row % 128) / 32][col % 4]``, a tile of 512 bytes)."""
-    if swizzled:
-        return quant.sf_offset_128x4(row, col, nb)
-    return T_int64(row) * T_int64(nb) + T_int64(col)
-
-
-def T_int64(v):  # noqa: N802
+    """int64 byte offset of SF (row, col) of ``nb`` SF columns: linear, or FlashInfer's swizzled 128x4
+    (``core.lang.quant.sf_offset``)."""
     from tvm.script import tirx as T
 
-    return T.Cast("int64", v)
+    from tirx_kernels.core.lang import quant
+
+    r, c, n = T.Cast("int64", row), T.Cast("int64", col), T.Cast("int64", nb)
+    if swizzled:
+        return quant.sf_offset(r, c, quant.sf_cols_padded(n, "128x4"), "128x4")
+    return quant.sf_offset(r, c, n, "linear")
 
 
 # How a block's fp32 values ``y`` come from its words (``x``) and the weight's (``w``), by upstream kernel:
@@ -86,6 +82,7 @@ class BlockQuantizer:
         self.inv = T.alloc_local((1,), "float32")
         self.t = T.alloc_local((1,), "float32")
         self.gs = T.alloc_local((1,), "float32")  # a kernel's global scale, loaded once (after the PDL wait)
+        self.fp8 = T.alloc_local((1,), "uint16")
 
     def block(self, xr, wr, base, scale, gs, Y64, S, y_row, row, b, nb, pred, sf_base=None, linear_sf=None,
               normed=None):  # noqa: N803
@@ -106,7 +103,15 @@ class BlockQuantizer:
                     body()
 
     def _block(self, T, xr, wr, base, scale, gs, Y64, S, y_row, row, b, nb, sf_base, linear_sf, normed):  # noqa: N803
-        from tirx_kernels.core.lang import vector
+        from tirx_kernels.core.lang import quant, vector
+
+        def e4m3(value):
+            """The e4m3 byte of ``value`` (``cvt.rn.satfinite.e4m3x2.f32``) as uint32."""
+            quant.fp8x2(self.fp8[0], T.float32(0), value, "e4m3")
+            return T.Cast("uint32", self.fp8[0]) & T.uint32(0xFF)
+
+        def e4m3_inverse(code):
+            return T.if_then_else(code == T.uint32(0), T.float32(0), T.float32(1) / quant.e4m3_to_f32(code))
 
         q = self.q
         for i in range(self.block_size // 2):
@@ -129,14 +134,14 @@ class BlockQuantizer:
         T.buffer_store(t, amax if scale is None else amax * scale, [0])  # the block's largest |y|
         if self.scale_format == "ue8m0":
             T.buffer_store(t, t[0] * T.float32(1.0 / FP4_MAX), [0])
-            T.buffer_store(sf, quant.ue8m0_from_f32(t[0]), [0])
-            T.buffer_store(inv, quant.ue8m0_inverse(sf[0]), [0])
+            T.buffer_store(sf, quant.ue8m0_ceil(t[0]), [0])
+            T.buffer_store(inv, quant.ue8m0_inv_scale(sf[0]), [0])
         elif self.recipe == "cute_dsl":
             T.buffer_store(t, T.min(gs * t[0] * T.float32(1.0 / FP4_MAX), T.float32(E4M3_MAX)), [0])
-            T.buffer_store(sf, quant.e4m3_from_f32(t[0]), [0])
-            T.buffer_store(inv, quant.e4m3_inverse(sf[0]) * gs, [0])
+            T.buffer_store(sf, e4m3(t[0]), [0])
+            T.buffer_store(inv, e4m3_inverse(sf[0]) * gs, [0])
         else:  # trtllm: SF = e4m3(gs * (amax / 6)), inv = 1 / (SF / gs); 0 for an all-zero block
-            T.buffer_store(sf, quant.e4m3_from_f32(gs * (t[0] * T.float32(1.0 / FP4_MAX))), [0])
+            T.buffer_store(sf, e4m3(gs * (t[0] * T.float32(1.0 / FP4_MAX))), [0])
             T.buffer_store(inv, T.if_then_else(t[0] == T.float32(0), T.float32(0), T.float32(1) / (
                 quant.e4m3_to_f32(sf[0]) * (T.float32(1) / gs))), [0])
         offset = sf_offset(row, b, nb, self.swizzled)
@@ -251,11 +256,20 @@ _UNIT = {}
 
 
 def unit_scale(device) -> torch.Tensor:
-    """A cached fp32 ``[1.0]`` (FlashInfer's default global scale) per device."""
+    """A cached fp32 ``[1.0]`` (FlashInfer's default global scale) per device; a fresh one while torch.compile
+    traces (a cached tensor made under its fake mode would be fake)."""
+    if torch.compiler.is_compiling():
+        return torch.ones(1, dtype=torch.float32, device=device)
     key = (device.type, device.index)
     if key not in _UNIT:
         _UNIT[key] = torch.ones(1, dtype=torch.float32, device=device)
     return _UNIT[key]
+
+
+def e4m3_inverse(sf: torch.Tensor) -> torch.Tensor:
+    """``1 / e4m3(sf)``, 0 for a zero scale (the kernels' rule)."""
+    f = quant_ref.fp8_decode(sf)
+    return torch.where(f == 0, torch.zeros_like(f), 1.0 / f)
 
 
 def encode_rows(y: torch.Tensor, block_size: int, scale_format: str, global_scale, swizzled: bool,
@@ -268,22 +282,22 @@ def encode_rows(y: torch.Tensor, block_size: int, scale_format: str, global_scal
     blocks = rows.view(rows.shape[0], H // block_size, block_size)
     amax = blocks.abs().amax(-1)
     if scale_format == "ue8m0":
-        sf = quant_ref.ue8m0_from_f32(amax * torch.tensor(1.0 / FP4_MAX, dtype=torch.float32))
-        inv = quant_ref.ue8m0_inverse(sf)
+        sf = quant_ref.ue8m0_ceil(amax * torch.tensor(1.0 / FP4_MAX, dtype=torch.float32))
+        inv = quant_ref.ue8m0_inv_scale(sf)
     else:
         gs = (global_scale.float() if global_scale is not None else torch.ones(1)).to(y.device)
         gs = gs.reshape(-1, 1) if gs.numel() > 1 else gs  # one scale per row (the experts' per-expert scales)
         sixth = torch.tensor(1.0 / FP4_MAX, dtype=torch.float32)
         if recipe == "cute_dsl":
-            sf = quant_ref.e4m3_from_f32(torch.clamp_max(gs * amax * sixth, E4M3_MAX))
-            inv = quant_ref.e4m3_inverse(sf) * gs
+            sf = quant_ref.fp8_encode(torch.clamp_max(gs * amax * sixth, E4M3_MAX), "e4m3")
+            inv = e4m3_inverse(sf) * gs
         else:
-            sf = quant_ref.e4m3_from_f32(gs * (amax * sixth))
-            inv = torch.where(amax == 0, torch.zeros_like(amax), 1.0 / (quant_ref.e4m3_to_f32(sf) * (1.0 / gs)))
-    codes = quant_ref.e2m1_pack(quant_ref.e2m1_from_f32(blocks * inv.unsqueeze(-1)).view(rows.shape[0], H))
+            sf = quant_ref.fp8_encode(gs * (amax * sixth), "e4m3")
+            inv = torch.where(amax == 0, torch.zeros_like(amax), 1.0 / (quant_ref.fp8_decode(sf) * (1.0 / gs)))
+    codes = quant_ref.pack_e2m1(quant_ref.e2m1_encode(blocks * inv.unsqueeze(-1)).view(rows.shape[0], H))
     sf = sf.view(torch.uint8) if sf.dtype != torch.uint8 else sf
     if swizzled:
-        flat = quant_ref.swizzle_128x4(sf)
+        flat = quant_ref.sf_swizzle(sf, "128x4")
     else:
         flat = sf.reshape(*lead, H // block_size)
     return codes.reshape(*lead, H // 2), flat.view(sf_dtype(scale_format))

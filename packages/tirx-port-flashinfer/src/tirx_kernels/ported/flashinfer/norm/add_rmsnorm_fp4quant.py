@@ -297,7 +297,10 @@ _SPARE = {}
 
 
 def _spare(device):
-    """Placeholders for the kernel arguments of outputs a call does not ask for (never written)."""
+    """Placeholders for the kernel arguments of outputs a call does not ask for (never written); fresh ones while
+    torch.compile traces."""
+    if torch.compiler.is_compiling():
+        return (torch.empty(16, dtype=torch.uint8, device=device), torch.empty(16, dtype=torch.uint8, device=device))
     key = (device.type, device.index)
     if key not in _SPARE:
         _SPARE[key] = (torch.zeros(16, dtype=torch.uint8, device=device),

@@ -561,6 +561,7 @@ def _run(input, weight, y_fp4, block_scale, global_scale, eps: float, block_size
     x2d = _fp4_rows.rows_on_16_bytes(input)
     if x2d.shape[0] == 0:
         return
+    _fp4_rows.check_alignment(_OP, y_fp4=y_fp4)
     weight = _fp4_rows.on_16_bytes(weight)
     if global_scale is None:
         global_scale = _fp4_rows.unit_scale(input.device)
