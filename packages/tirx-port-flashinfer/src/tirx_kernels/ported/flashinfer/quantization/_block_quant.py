@@ -44,17 +44,92 @@ def grid_blocks(M: int, K: int, fmt: str, layout: str) -> int:  # noqa: N803
     return rows * cols
 
 
-def build_kernel(dtype: str, fmt: str, layout: str, name: str):
-    from tvm.script import tirx as T
+class _Block:
+    """The device code of one scale block (locals allocated by :meth:`alloc`): :meth:`emit` loads the block's
+    16 / 32 elements (16-byte loads), takes their amax, the scale (``gs``: NVFP4's global scale), the codes, and
+    stores the codes and the scale byte; :meth:`amax_of` only loads and returns the amax (the per-token pass)."""
 
-    from tirx_kernels.core.lang import quant, vector
+    def __init__(self, dtype: str, fmt: str, layout: str):
+        self.dtype, self.fmt, self.layout = dtype, fmt, layout
+        self.blk, self.bits = FORMATS[fmt]
 
+    def alloc(self):
+        from tvm.script import tirx as T
+
+        self.xr = T.alloc_local((self.blk // 2,), "uint32")
+        self.v = T.alloc_local((self.blk,), "float32")
+        self.out = T.alloc_local((self.blk * self.bits // 32,), "uint32")
+        self.amax = T.alloc_local((1,), "float32")
+        self.scale = T.alloc_local((1,), "float32")  # the factor applied to each element before its encoding
+        self.code = T.alloc_local((1,), "uint32")  # the block's scale byte
+        self.pair = T.alloc_local((2,), "uint16")  # two: an expression reads the first after the second is written
+
+    def amax_of(self, X, row, col, K):  # noqa: N803
+        """Load block (row, col) of ``X`` (flat, row stride K; int64 row / col) into registers; its amax."""
+        from tvm.script import tirx as T
+
+        from tirx_kernels.core.lang import quant, vector
+
+        base = row * T.Cast("int64", K) + col * self.blk
+        for j in range(self.blk // _VEC):
+            vector.load_v4(self.xr, j * _WORDS, X.ptr_to([base + j * _VEC]), cache="nc_stream")
+        T.buffer_store(self.amax, T.float32(0), [0])
+        for i in range(self.blk // 2):
+            lo, hi = vector.unpack2(self.xr[i], self.dtype)
+            T.buffer_store(self.v, lo, [2 * i])
+            T.buffer_store(self.v, hi, [2 * i + 1])
+            T.buffer_store(self.amax, quant.amax_step(quant.amax_step(self.amax[0], lo), hi), [0])
+        return self.amax[0]
+
+    def emit(self, X, Y, S, row, col, K, cols, gs=None):  # noqa: N803
+        from tvm.script import tirx as T
+
+        from tirx_kernels.core.lang import quant, vector
+
+        amax, scale, code, pair, v, out = self.amax, self.scale, self.code, self.pair, self.v, self.out
+        self.amax_of(X, row, col, K)
+        if self.fmt == "nvfp4":
+            s = quant.nvfp4_block_scale(amax[0], gs)
+            quant.fp8x2(pair[0], s, s, "e4m3")
+            T.buffer_store(code, T.Cast("uint32", pair[0]) & T.uint32(0xFF), [0])
+            T.buffer_store(scale, quant.nvfp4_output_scale(quant.e4m3_to_f32(code[0]), gs, amax[0]), [0])
+        else:
+            e = quant.mxfp4_block_scale(amax[0]) if self.fmt == "mxfp4" else quant.mxfp8_block_scale(amax[0])
+            T.buffer_store(code, e, [0])
+            T.buffer_store(scale, quant.ue8m0_inv_scale(code[0]), [0])
+        out_words = self.blk * self.bits // 32
+        if self.bits == 4:
+            for w in range(out_words):
+                T.buffer_store(out, quant.e2m1x8([v[8 * w + e] * scale[0] for e in range(8)]), [w])
+        else:
+            for w in range(out_words):
+                quant.fp8x2(pair[0], v[4 * w + 1] * scale[0], v[4 * w] * scale[0], "e4m3")
+                quant.fp8x2(pair[1], v[4 * w + 3] * scale[0], v[4 * w + 2] * scale[0], "e4m3")
+                T.buffer_store(out, T.Cast("uint32", pair[0]) | (T.Cast("uint32", pair[1]) << T.uint32(16)), [w])
+        y0 = (row * T.Cast("int64", K) + col * self.blk) * self.bits // 32  # the block's first output word
+        if out_words == 2:
+            T.evaluate(T.ptx.st.global_.v2.b32(Y.ptr_to([y0]), out[0], out[1]))
+        else:
+            for j in range(out_words // _WORDS):
+                vector.store_v4(Y.ptr_to([y0 + j * _WORDS]), out, j * _WORDS)
+        T.buffer_store(S, T.Cast("uint8", code[0]), [quant.sf_offset(row, col, cols, self.layout)])
+
+
+def _check_params(dtype: str, fmt: str, layout: str, name: str):
     if dtype not in DTYPES or fmt not in FORMATS or layout not in LAYOUTS:
         raise ValueError(f"{name}: dtype {dtype!r} / format {fmt!r} / layout {layout!r}: expected one of "
                          f"{sorted(DTYPES)} / {sorted(FORMATS)} / {LAYOUTS}")
-    blk, bits = FORMATS[fmt]
-    nwords = blk // 2  # input words (two 16-bit elements each) of a block
-    out_words = blk * bits // 32  # output words of a block
+
+
+def build_kernel(dtype: str, fmt: str, layout: str, name: str):
+    """One thread per block of the scale buffer as stored (padding blocks write a zero scale byte)."""
+    from tvm.script import tirx as T
+
+    from tirx_kernels.core.lang import quant
+
+    _check_params(dtype, fmt, layout, name)
+    blk = FORMATS[fmt][0]
+    block = _Block(dtype, fmt, layout)
 
     def i64(v):
         return T.Cast("int64", v)
@@ -72,13 +147,7 @@ def build_kernel(dtype: str, fmt: str, layout: str, name: str):
         T.device_entry()
         cta = T.cta_id([tiles])
         tid = T.thread_id([THREADS])
-        xr = T.alloc_local((nwords,), "uint32")
-        v = T.alloc_local((blk,), "float32")
-        out = T.alloc_local((out_words,), "uint32")
-        amax = T.alloc_local((1,), "float32")
-        scale = T.alloc_local((1,), "float32")  # the factor applied to each element before its encoding
-        code = T.alloc_local((1,), "uint32")  # the block's scale byte
-        pair = T.alloc_local((1,), "uint16")
+        block.alloc()
 
         nb = i64(K // blk)
         cols = nb if layout == "linear" else (nb + 3) // 4 * 4
@@ -90,45 +159,98 @@ def build_kernel(dtype: str, fmt: str, layout: str, name: str):
             with T.Then():
                 with T.If(T.And(row < i64(M), col < nb)):
                     with T.Then():
-                        base = row * i64(K) + col * blk
-                        for j in range(blk // _VEC):
-                            vector.load_v4(xr, j * _WORDS, X.ptr_to([base + j * _VEC]), cache="nc_stream")
-                        amax[0] = T.float32(0)
-                        for i in range(nwords):
-                            lo, hi = vector.unpack2(xr[i], dtype)
-                            v[2 * i] = lo
-                            v[2 * i + 1] = hi
-                            amax[0] = quant.amax_step(quant.amax_step(amax[0], lo), hi)
-                        if fmt == "nvfp4":
-                            gs = G[0]
-                            s = quant.nvfp4_block_scale(amax[0], gs)
-                            quant.fp8x2(pair[0], s, s, "e4m3")
-                            code[0] = T.Cast("uint32", pair[0]) & T.uint32(0xFF)
-                            scale[0] = quant.nvfp4_output_scale(quant.e4m3_to_f32(code[0]), gs, amax[0])
-                        else:
-                            code[0] = (quant.mxfp4_block_scale(amax[0]) if fmt == "mxfp4"
-                                       else quant.mxfp8_block_scale(amax[0]))
-                            scale[0] = quant.ue8m0_inv_scale(code[0])
-                        if bits == 4:
-                            for w in range(out_words):
-                                out[w] = quant.e2m1x8([v[8 * w + e] * scale[0] for e in range(8)])
-                        else:
-                            for w in range(out_words):
-                                quant.fp8x2(pair[0], v[4 * w + 1] * scale[0], v[4 * w] * scale[0], "e4m3")
-                                lo16 = T.Cast("uint32", pair[0])
-                                quant.fp8x2(pair[0], v[4 * w + 3] * scale[0], v[4 * w + 2] * scale[0], "e4m3")
-                                out[w] = lo16 | (T.Cast("uint32", pair[0]) << T.uint32(16))
-                        y0 = (row * i64(K) + col * blk) * bits // 32  # the block's first output word
-                        if out_words == 2:
-                            T.evaluate(T.ptx.st.global_.v2.b32(Y.ptr_to([y0]), out[0], out[1]))
-                        else:
-                            for j in range(out_words // _WORDS):
-                                vector.store_v4(Y.ptr_to([y0 + j * _WORDS]), out, j * _WORDS)
-                        S[quant.sf_offset(row, col, cols, layout)] = T.Cast("uint8", code[0])
+                        block.emit(X, Y, S, row, col, K, cols, G[0] if fmt == "nvfp4" else None)
                     with T.Else():
                         S[quant.sf_offset(row, col, cols, layout)] = T.uint8(0)
 
     return block_quantize.with_attr("global_symbol", name)
+
+
+PT_THREADS = 128  # the per-token kernel: one CTA per row
+
+
+def build_per_token_kernel(dtype: str, layout: str, name: str):
+    """NVFP4 with a per-row global scale (FlashInfer's per-token path, IEEE recipe): one CTA per row of the scale
+    buffer as stored. Pass 1 takes the row's amax (16-byte loads, warp max, one shared exchange); the row's encode
+    scale is ``min((1 / gsi) / row_amax, FLT_MAX)`` (1 where that is 0; FLT_MAX for an all-zero row) and its
+    per-token scale ``1 / encode`` (0 for an all-zero row); pass 2 reloads (L1 / L2) and quantizes each block with
+    the encode scale as NVFP4's global scale. Padding rows / columns of a swizzled layout get zero scale bytes."""
+    from tvm.script import tirx as T
+
+    from tirx_kernels.core.lang import quant
+
+    _check_params(dtype, "nvfp4", layout, name)
+    blk = FORMATS["nvfp4"][0]
+    block = _Block(dtype, "nvfp4", layout)
+    warps = PT_THREADS // 32
+    flt_max = T.cuda.uint_as_float(T.uint32(quant.FLT_MAX_BITS))
+
+    def i64(v):
+        return T.Cast("int64", v)
+
+    @T.prim_func
+    def per_token_quantize(x_ptr: T.handle, g_ptr: T.handle, y_ptr: T.handle, s_ptr: T.handle, p_ptr: T.handle,
+                           M: T.int32, K: T.int32, rows_padded: T.int32):
+        x_len = T.int64()
+        y_len = T.int64()
+        s_len = T.int64()
+        X = T.match_buffer(x_ptr, (x_len,), dtype, align=16)
+        G = T.match_buffer(g_ptr, (1,), "float32")
+        Y = T.match_buffer(y_ptr, (y_len,), "uint32", align=8)
+        S = T.match_buffer(s_ptr, (s_len,), "uint8")
+        P = T.match_buffer(p_ptr, (M,), "float32")
+        T.device_entry()
+        cta = T.cta_id([rows_padded])
+        tid = T.thread_id([PT_THREADS])
+        block.alloc()
+        local = T.alloc_local((1,), "float32")
+        enc = T.alloc_local((1,), "float32")
+        part = T.alloc_shared((warps,), "float32")
+
+        nb = K // blk
+        cols = nb if layout == "linear" else (nb + 3) // 4 * 4
+        row = i64(cta)
+        with T.If(cta < M):
+            with T.Then():
+                local[0] = T.float32(0)
+                for it in T.serial((nb + PT_THREADS - 1) // PT_THREADS):
+                    col = it * PT_THREADS + tid
+                    with T.If(col < nb):
+                        with T.Then():
+                            a = block.amax_of(X, row, i64(col), K)
+                            local[0] = T.if_then_else(a > local[0], a, local[0])
+                local[0] = T.cuda.warp_max(local[0], 32)
+                with T.If(tid % 32 == 0):
+                    with T.Then():
+                        part[tid // 32] = local[0]
+                T.evaluate(T.cuda.cta_sync())
+                local[0] = part[0]
+                for w in range(1, warps):
+                    local[0] = T.if_then_else(part[w] > local[0], part[w], local[0])
+                ratio = (T.float32(1) / G[0]) / local[0]
+                ratio = T.if_then_else(ratio < flt_max, ratio, flt_max)
+                enc[0] = T.if_then_else(local[0] == T.float32(0), flt_max,
+                                        T.if_then_else(ratio == T.float32(0), T.float32(1), ratio))
+                with T.If(tid == 0):
+                    with T.Then():
+                        P[cta] = T.if_then_else(local[0] == T.float32(0), T.float32(0), T.float32(1) / enc[0])
+                for it in T.serial((cols + PT_THREADS - 1) // PT_THREADS):
+                    col = it * PT_THREADS + tid
+                    with T.If(col < nb):
+                        with T.Then():
+                            block.emit(X, Y, S, row, i64(col), K, i64(cols), enc[0])
+                        with T.Else():
+                            with T.If(col < cols):
+                                with T.Then():
+                                    S[quant.sf_offset(row, i64(col), i64(cols), layout)] = T.uint8(0)
+            with T.Else():
+                for it in T.serial((cols + PT_THREADS - 1) // PT_THREADS):
+                    col = it * PT_THREADS + tid
+                    with T.If(col < cols):
+                        with T.Then():
+                            S[quant.sf_offset(row, i64(col), i64(cols), layout)] = T.uint8(0)
+
+    return per_token_quantize.with_attr("global_symbol", name)
 
 
 # --------------------------------------------------------------------------------------------------- host side
