@@ -77,7 +77,9 @@ def emulated():
 
 
 def _cpu_builtins(src: str) -> str:
-    """Stand-ins cuda_cpu.h lacks, inlined: the shared atomic add and the warp ballot (built from shuffles)."""
+    """Stand-ins cuda_cpu.h lacks, inlined: the shared atomic add and the warp ballot (built from shuffles); the
+    register cap (``__maxnreg__``, which the emulator's kernel parser does not expect) dropped."""
+    src = re.sub(r"__maxnreg__\(\d+\) ", "", src)
     src = src.replace("tvm_builtin_cuda_atomic_add(",
                       "([](auto* p, auto v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); })(")
     return re.sub(r"tvm_builtin_ballot_sync\(",
@@ -214,3 +216,12 @@ def test_rejected_inputs():
         mod.top_k(torch.zeros(2, 8, dtype=torch.int32), 2)
     with pytest.raises(TirxInputError, match="argument 'input'.*CUDA"):
         mod.top_k(torch.zeros(2, 8), 2)
+
+
+@pytest.mark.parametrize("params", [{"dtype": "float32", "index_dtype": "int64"},
+                                    {"dtype": "bfloat16", "index_dtype": "int32"}])
+def test_sass(params):
+    pytest.importorskip("tvm", reason="apache-tvm is needed to build")
+    from tirx_kernels.core import testing
+
+    testing.build_and_check_sass(mod, "radix_topk_single_cta", params)
