@@ -69,10 +69,15 @@ def emulated():
 
     cache = {}
 
-    def get(dtype, index_dtype="int64"):
-        if (dtype, index_dtype) not in cache:
-            cache[dtype, index_dtype] = emulate.compile(_cpu_builtins(codegen(mod.get_kernel(dtype, index_dtype))))
-        return cache[dtype, index_dtype]
+    def get(dtype, index_dtype="int64", mode="plain"):
+        key = (dtype, index_dtype, mode)
+        if key not in cache:
+            src = codegen(mod.get_kernel(dtype, index_dtype, mode))
+            # the host code's products it passes to the kernel (cse_vN = (A * B)), by name
+            cse = {m.group(1): (m.group(2), m.group(3))
+                   for m in re.finditer(r"int32_t (cse_v\d+) = \((\w+) \* (\w+)\);", src)}
+            cache[key] = (emulate.compile(_cpu_builtins(src)), cse)
+        return cache[key]
     return get
 
 
@@ -87,16 +92,20 @@ def _cpu_builtins(src: str) -> str:
                   "b |= (__shfl_sync(m, (unsigned)pr, s) & 1u) << s; return b; })(", src)
 
 
-def _run_emulated(kern, x: torch.Tensor, k: int, index_dtype=torch.int64, row_pad: int = 0):
+def _run_emulated(kern, x: torch.Tensor, k: int, index_dtype=torch.int64, row_pad: int = 0, lengths=None, aux=None,
+                  aux_stride: int = 1):
+    kern, cse = kern
     M, N = x.shape
     buf = torch.full((M, N + row_pad), float("nan"), dtype=x.dtype)
     buf[:, :N] = x
     xs = buf[:, :N]
-    vals = torch.full((M, k), 7.0, dtype=x.dtype)
+    vals = torch.full((M, k) if lengths is None else (1, 1), 7.0, dtype=x.dtype)
     idx = torch.full((M, k), 12345, dtype=index_dtype)
-    scalars = {"M": M, "N": N, "K": k, "x_stride": N + row_pad, "cse_v1": M * k}
-    args = [{"X_ptr": xs, "V_ptr": vals, "Ix_ptr": idx}.get(p.name) if p.pointer else scalars[p.name]
-            for p in kern.params]
+    dims = {"M": M, "N": N, "K": k, "VM": vals.shape[0], "VK": vals.shape[1]}
+    scalars = {**dims, "x_stride": N + row_pad, "aux_stride": aux_stride,
+               **{name: dims[a] * dims[b] for name, (a, b) in cse.items()}}
+    tensors = {"X_ptr": xs, "V_ptr": vals, "Ix_ptr": idx, "Lens_ptr": lengths, "Aux_ptr": aux}
+    args = [tensors[p.name] if p.pointer else scalars[p.name] for p in kern.params]
     kern(*args, grid=(M,), block=(1024,)).check()
     return vals, idx
 
@@ -133,6 +142,27 @@ def test_emulated_int32_indices(emulated):
     x = make_rows("ties", 2, 2500, torch.float32, seed=5)
     vals, idx = _run_emulated(emulated("float32", "int32"), x, 250, index_dtype=torch.int32)
     _check(vals, idx, x, 250)
+
+
+@pytest.mark.parametrize("mode", ["page_table", "ragged"])
+def test_emulated_transforms(emulated, mode):
+    """Per-row lengths (0, shorter than k, longer, past the width: clamped) and the index mapping."""
+    M, N, k = 5, 3000, 200
+    x = make_rows("ties", M, N, torch.float32, seed=11)
+    lengths = torch.tensor([0, 150, 3000, 2100, 5000], dtype=torch.int32)
+    stride = N + 5
+    table = torch.randint(0, 10**6, (M, stride), dtype=torch.int32)
+    offsets = torch.tensor([0, 7, 100000, 3, 42], dtype=torch.int32)
+    aux = table.flatten() if mode == "page_table" else offsets
+    _, idx = _run_emulated(emulated("float32", "int32", mode), x, k, index_dtype=torch.int32, lengths=lengths,
+                           aux=aux, aux_stride=stride)
+    for r in range(M):
+        n = min(int(lengths[r]), N)
+        _, want = oracle(x[r:r + 1, :n], k) if n else (None, torch.full((1, k), -1))
+        want = want[0]
+        mapped = torch.where(want >= 0, table[r].long()[want.clamp(min=0)] if mode == "page_table"
+                             else want + int(offsets[r]), -1)
+        assert torch.equal(idx[r].long(), mapped), r
 
 
 def test_oracle_keys_order_like_torch():
@@ -225,3 +255,24 @@ def test_sass(params):
     from tirx_kernels.core import testing
 
     testing.build_and_check_sass(mod, "radix_topk_single_cta", params)
+
+
+@gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gpu_transforms(dtype):
+    """DSA-indexer shapes: per-row lengths (0, < k, full, past the width), a page table with padded rows, offsets."""
+    M, N, k = 6, 65536, 2048
+    x = torch.randn(M, N, device="cuda").to(dtype)
+    lengths = torch.tensor([0, 1000, N, 40000, 2048, 70000], device="cuda", dtype=torch.int32)
+    table = torch.randint(0, 2**30, (M, N + 64), device="cuda", dtype=torch.int32)
+    offsets = torch.tensor([0, 5, 1 << 20, 3, 9, 77], device="cuda", dtype=torch.int32)
+    got_p = mod.top_k_page_table_transform(x, table, lengths, k)
+    got_r = mod.top_k_ragged_transform(x, offsets, lengths, k)
+    for r in range(M):
+        n = min(int(lengths[r]), N)
+        want = oracle(x[r:r + 1, :n].cpu(), k)[1][0] if n else torch.full((k,), -1)
+        valid = want >= 0
+        want_p = torch.where(valid, table[r].cpu().long()[want.clamp(min=0)], -1)
+        want_r = torch.where(valid, want + int(offsets[r]), -1)
+        assert torch.equal(got_p[r].cpu().long(), want_p), r
+        assert torch.equal(got_r[r].cpu().long(), want_r), r

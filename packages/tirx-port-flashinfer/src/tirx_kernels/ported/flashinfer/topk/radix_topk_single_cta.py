@@ -36,7 +36,7 @@ KERNEL_META = {
     "reference_requirements": [
         {"package": "flashinfer-python", "import": "flashinfer", "specifier": "==0.7.4", "baseline": "flashinfer"},
     ],
-    "public_ops": ["top_k"],
+    "public_ops": ["top_k", "top_k_page_table_transform", "top_k_ragged_transform"],
 }
 
 # The issue's speed rows (fp32, k = 2048) and FlashInfer's test shapes; ties, constant and short rows.
@@ -68,22 +68,25 @@ MAX_K = 4096
 MAX_N = 2**31 - 1  # int32 indices
 
 
-def compile_params(dtype: str, index_dtype: str = "int64", **_) -> dict:
-    """One general artifact per (score dtype, index dtype): rows, row length, stride and k are run-time args."""
-    return {"dtype": dtype, "index_dtype": index_dtype}
+def compile_params(dtype: str, index_dtype: str = "int64", mode: str = "plain", **_) -> dict:
+    """One general artifact per (score dtype, index dtype, mode): rows, row length, stride and k are run-time args.
+    top_k: int64 indices; the transforms: int32 (FlashInfer's dtypes)."""
+    return {"dtype": dtype, "index_dtype": index_dtype, "mode": mode}
 
 
 def artifact_params() -> list[dict]:
-    return [compile_params(d, i) for d in _DTYPES for i in ("int32", "int64")]
+    return [compile_params(d, "int64", "plain") for d in _DTYPES] + [
+        compile_params(d, "int32", m) for d in _DTYPES for m in ("page_table", "ragged")]
 
 
 def call_samples(rng) -> list[dict]:
     """top_k's calls (int64 indices) and the transforms' (int32): every dtype, random rows, lengths and k."""
-    return [{"dtype": d, "index_dtype": i, "M": rng.randint(1, 300), "N": rng.randint(1, 524288),
-             "k": rng.randint(1, MAX_K)} for d in _DTYPES for i in ("int64", "int32") for _ in range(4)]
+    return [{"dtype": d, "index_dtype": "int64" if m == "plain" else "int32", "mode": m, "M": rng.randint(1, 300),
+             "N": rng.randint(1, 524288), "k": rng.randint(1, MAX_K)} for d in _DTYPES for m in MODES
+            for _ in range(3)]
 
 
-def sass_expect(dtype: str, index_dtype: str = "int64", **_) -> list[str]:
+def sass_expect(dtype: str, index_dtype: str = "int64", mode: str = "plain", **_) -> list[str]:
     """SASS the CPU build test asserts: shared-memory atomics (the histograms) and warp votes (the gather)."""
     return [r"\bATOMS\.", r"\bVOTE"]
 
@@ -92,15 +95,24 @@ def sass_expect(dtype: str, index_dtype: str = "int64", **_) -> list[str]:
 # The TIRx function
 # ---------------------------------------------------------------------------------------------------------
 
-def get_kernel(dtype: str, index_dtype: str = "int64"):
+MODES = ("plain", "page_table", "ragged")
+
+
+def get_kernel(dtype: str, index_dtype: str = "int64", mode: str = "plain"):
     if dtype not in _DTYPES:
         raise ValueError(f"radix_topk_single_cta: dtype {dtype!r} is not one of {sorted(_DTYPES)}")
     if index_dtype not in ("int32", "int64"):
         raise ValueError(f"radix_topk_single_cta: index_dtype {index_dtype!r} is not int32 or int64")
-    return build_kernel(dtype, index_dtype)
+    if mode not in MODES:
+        raise ValueError(f"radix_topk_single_cta: mode {mode!r} is not one of {MODES}")
+    return build_kernel(dtype, index_dtype, mode)
 
 
-def build_kernel(dtype: str, index_dtype: str):
+def build_kernel(dtype: str, index_dtype: str, mode: str):
+    """``mode``: "plain" writes values and indices of rows of width N; "page_table" / "ragged" read each row's
+    length from ``lengths`` (clamped to [0, N]) and write only indices, mapped through ``aux`` (the page table's
+    row ``row`` at ``row * aux_stride``) or offset by ``aux[row]``. The unused tensors of a mode are 1-element
+    dummies the op keeps per device."""
     from tvm.script import tirx as T
 
     from . import _radix as rx
@@ -109,23 +121,39 @@ def build_kernel(dtype: str, index_dtype: str):
     key_bits = rx.KEY_BITS[dtype]
     threads, E = rx.THREADS, rx.GATHER_ELEMS
     tile = threads * E
+    plain = mode == "plain"
+
+    def out_index(col, row, Aux, aux_stride):  # noqa: N803
+        """What the output holds for a selected column: the column, its page-table entry, or column + offset."""
+        if mode == "page_table":
+            return T.Cast(index_dtype, Aux[T.Cast("int64", row) * T.Cast("int64", aux_stride) + T.Cast("int64", col)])
+        if mode == "ragged":
+            return T.Cast(index_dtype, Aux[row] + col)
+        return T.Cast(index_dtype, col)
 
     @T.prim_func
-    def radix_topk(x_ptr: T.handle, v_ptr: T.handle, i_ptr: T.handle):
+    def radix_topk(x_ptr: T.handle, v_ptr: T.handle, i_ptr: T.handle, len_ptr: T.handle, aux_ptr: T.handle,
+                   aux_stride: T.int32):
         M = T.int32()
         N = T.int32()
         K = T.int32()
+        VM = T.int32()
+        VK = T.int32()
+        L = T.int32()
+        A = T.int32()
         x_stride = T.int32()
         X = T.match_buffer(x_ptr, (M, N), dtype, strides=(x_stride, 1), align=2)
-        V = T.match_buffer(v_ptr, (M, K), dtype, align=2)
+        V = T.match_buffer(v_ptr, (VM, VK), dtype, align=2)
         Ix = T.match_buffer(i_ptr, (M, K), index_dtype, align=4)
+        Lens = T.match_buffer(len_ptr, (L,), "int32", align=4)
+        Aux = T.match_buffer(aux_ptr, (A,), "int32", align=4)
         T.device_entry()
         # ptxas, left to __launch_bounds__(1024) alone, spilled 16-20 bytes in the 16-bit and int32-index kernels
         # at 32 registers; with __maxnreg__(64) it keeps 32 registers and no stack frame.
         T.attr({"tirx.max_registers": 64})
         # Raw-bit views, indexed row * stride + col: keys come from the bits, values are copied as bits.
         Xr = T.decl_buffer((M * x_stride,), raw_t, data=X.data)
-        Vr = T.decl_buffer((M * K,), raw_t, data=V.data)
+        Vr = T.decl_buffer((VM * VK,), raw_t, data=V.data)
         If = T.decl_buffer((M * K,), index_dtype, data=Ix.data)
         row = T.cta_id([M])
         tid = T.thread_id([threads])
@@ -145,19 +173,27 @@ def build_kernel(dtype: str, index_dtype: str):
         warp = tid // 32
         x_base = T.Cast("int64", row) * T.Cast("int64", x_stride)
         o_base = T.Cast("int64", row) * T.Cast("int64", K)
-        iters = (N + (threads - 1)) // threads
+        nrow = T.alloc_local((1,), "int32")
+        if plain:
+            nrow[0] = N
+        else:
+            nrow[0] = T.min(T.max(Lens[row], 0), N)
+        n = nrow[0]
+        iters = (n + (threads - 1)) // threads
 
-        if N <= K:
+        if n <= K:
             # Every entry, in index order; FlashInfer's index -1 and value 0 in the places left.
             for it in T.serial((K + (threads - 1)) // threads):
                 c = it * threads + tid
                 if c < K:
-                    if c < N:
-                        If[o_base + T.Cast("int64", c)] = T.Cast(index_dtype, c)
-                        Vr[o_base + T.Cast("int64", c)] = Xr[x_base + T.Cast("int64", c)]
+                    if c < n:
+                        If[o_base + T.Cast("int64", c)] = out_index(c, row, Aux, aux_stride)
+                        if plain:
+                            Vr[o_base + T.Cast("int64", c)] = Xr[x_base + T.Cast("int64", c)]
                     else:
                         If[o_base + T.Cast("int64", c)] = T.Cast(index_dtype, -1)
-                        Vr[o_base + T.Cast("int64", c)] = T.Cast(raw_t, 0)
+                        if plain:
+                            Vr[o_base + T.Cast("int64", c)] = T.Cast(raw_t, 0)
         else:
             # The threshold key, one digit a pass; bins count down (bin 255 - digit) so the scan finds the k-th
             # largest with the same ascending prefix count as the index passes below.
@@ -168,7 +204,7 @@ def build_kernel(dtype: str, index_dtype: str):
                 rx.clear_hist(hist, tid)
                 for it in T.serial(iters):
                     i = it * threads + tid
-                    if i < N:
+                    if i < n:
                         key = rx.key_of(Xr[x_base + T.Cast("int64", i)], dtype)
                         if p == 0:
                             rx.count(hist, T.uint32(255) - (key >> shift))
@@ -181,7 +217,7 @@ def build_kernel(dtype: str, index_dtype: str):
                 eq[0] = state[2]
             # Ties at the threshold beyond the places left: the lowest indices win. The index of the rem-th tie
             # (in index order) is found digit by digit as above, over the index bits.
-            last_tie[0] = T.Cast("uint32", N - 1)
+            last_tie[0] = T.Cast("uint32", n - 1)
             if rem[0] < eq[0]:
                 last_tie[0] = T.uint32(0)
                 for p in range(4):
@@ -189,7 +225,7 @@ def build_kernel(dtype: str, index_dtype: str):
                     rx.clear_hist(hist, tid)
                     for it in T.serial(iters):
                         i = it * threads + tid
-                        if i < N:
+                        if i < n:
                             key = rx.key_of(Xr[x_base + T.Cast("int64", i)], dtype)
                             ui = T.Cast("uint32", i)
                             if key == prefix[0]:
@@ -205,12 +241,12 @@ def build_kernel(dtype: str, index_dtype: str):
             # ballots give the places inside the warp, one barrier a tile gives the warps' (two buffers of warp
             # totals alternate, so a tile needs no second barrier).
             out_base[0] = T.uint32(0)
-            for t in T.serial((N + (tile - 1)) // tile):
+            for t in T.serial((n + (tile - 1)) // tile):
                 for j in T.unroll(E):
                     i = t * tile + warp * (32 * E) + j * 32 + lane
                     sel[j] = T.uint32(0)
                     raws[j] = T.uint32(0)
-                    if i < N:
+                    if i < n:
                         raws[j] = T.Cast("uint32", Xr[x_base + T.Cast("int64", i)])
                         key = rx.key_of(raws[j], dtype)
                         if key > prefix[0] or (key == prefix[0] and T.Cast("uint32", i) <= last_tie[0]):
@@ -238,8 +274,10 @@ def build_kernel(dtype: str, index_dtype: str):
                 for j in T.unroll(E):
                     if sel[j] != T.uint32(0):
                         pos = T.Cast("int64", run[0] + T.Cast("uint32", T.popcount(ball[j] & below)))
-                        If[o_base + pos] = T.Cast(index_dtype, t * tile + warp * (32 * E) + j * 32 + lane)
-                        Vr[o_base + pos] = T.Cast(raw_t, raws[j])
+                        If[o_base + pos] = out_index(t * tile + warp * (32 * E) + j * 32 + lane, row, Aux,
+                                                     aux_stride)
+                        if plain:
+                            Vr[o_base + pos] = T.Cast(raw_t, raws[j])
                     run[0] = run[0] + T.Cast("uint32", T.popcount(ball[j]))
                 out_base[0] = out_base[0] + total[0]
 
@@ -331,19 +369,41 @@ def _check_inputs(op: str, scores, k) -> None:
     checks.tensor(op, "input", scores, cuda=True)
 
 
-def _run(scores: torch.Tensor, k: int, values: torch.Tensor, indices: torch.Tensor) -> None:
-    """Writes ``values`` / ``indices`` (M, k) for ``scores`` (M, N) with unit column stride."""
-    if scores.shape[0] == 0:
-        return
+_DUMMIES: dict = {}
+
+
+def _dummy(device, dtype) -> torch.Tensor:
+    """A 1-element tensor for the arguments a mode does not read (kept: no allocation per call, graph-safe)."""
+    key = (device, dtype)
+    if key not in _DUMMIES:
+        _DUMMIES[key] = torch.zeros(1, 1, device=device, dtype=dtype)
+    return _DUMMIES[key]
+
+
+def _rows(scores: torch.Tensor) -> torch.Tensor:
+    """A view with unit column stride and a row stride the kernel accepts (one row: its width)."""
     if scores.stride(-1) != 1:
         scores = scores.contiguous()
-    x = scores if scores.shape[0] > 1 or scores.stride(0) >= scores.shape[1] else scores.as_strided(
-        scores.shape, (scores.shape[1], 1))
+    if scores.shape[0] <= 1:
+        return scores.as_strided(scores.shape, (scores.shape[1], 1))
+    return scores
+
+
+def _run(scores: torch.Tensor, k: int, values, indices: torch.Tensor, mode: str = "plain", lengths=None,
+         aux=None, aux_stride: int = 1) -> None:
+    """Writes ``indices`` (M, k) (and ``values`` in plain mode) for ``scores`` (M, N)."""
+    if scores.shape[0] == 0:
+        return
+    x = _rows(scores)
     dtype = str(scores.dtype)[6:]
     index_dtype = str(indices.dtype)[6:]
-    fn = _FUNCTIONS.get((scores.dtype, indices.dtype, scores.get_device()),
-                        lambda: compile_params(dtype, index_dtype), scores.device)
-    fn(x, values, indices)
+    dev = scores.device
+    fn = _FUNCTIONS.get((scores.dtype, indices.dtype, mode, scores.get_device()),
+                        lambda: compile_params(dtype, index_dtype, mode), dev)
+    if mode == "plain":
+        fn(x, values, indices, _dummy(dev, torch.int32).view(1), _dummy(dev, torch.int32).view(1), 1)
+    else:
+        fn(x, _dummy(dev, scores.dtype), indices, lengths, aux, aux_stride)
 
 
 _FUNCTIONS = runtime.FunctionCache(__name__)
@@ -384,6 +444,51 @@ def top_k(input: torch.Tensor, k: int, sorted: bool = False,  # noqa: A002
         values = torch.cat([values[:, :n].gather(-1, order), values[:, n:]], -1)
         indices = torch.cat([indices[:, :n].gather(-1, order), indices[:, n:]], -1)
     return values, indices
+
+
+def _check_lengths(op: str, name: str, t, rows: int, input) -> None:  # noqa: A002
+    checks.tensor(op, name, t, dtypes=(torch.int32,), shape=(rows,), cuda=False)
+    if not t.is_contiguous():
+        raise checks.TirxInputError(f"{op}: argument '{name}': expected a contiguous tensor, got strides {t.stride()}")
+    checks.same_device(op, "input", input, **{name: t})
+
+
+def top_k_page_table_transform(input: torch.Tensor, src_page_table: torch.Tensor, lengths: torch.Tensor,  # noqa: A002
+                               k: int, row_to_batch: torch.Tensor | None = None,
+                               deterministic: bool = False) -> torch.Tensor:
+    """FlashInfer's ``top_k_page_table_transform``: per row r, the top-k of ``input[r, :lengths[r]]`` mapped through
+    ``src_page_table[r]`` -> int32 (M, k); rows shorter than k: their entries in index order, then -1. Same
+    selection and order as ``top_k``. ``row_to_batch`` (a row's page-table row) is not supported yet."""
+    op = "top_k_page_table_transform"
+    _check_inputs(op, input, k)
+    M = input.shape[0]
+    if row_to_batch is not None:
+        raise checks.TirxInputError(f"{op}: argument 'row_to_batch': expected None (not supported yet), got a tensor")
+    checks.tensor(op, "src_page_table", src_page_table, dtypes=(torch.int32,), ndim=(2,), cuda=False)
+    if src_page_table.shape[0] != M or src_page_table.shape[1] < input.shape[1] or (
+            src_page_table.stride(1) != 1 and src_page_table.shape[1] > 1):
+        raise checks.TirxInputError(f"{op}: argument 'src_page_table': expected ({M}, >= {input.shape[1]}) with unit "
+                                    f"column stride, got {tuple(src_page_table.shape)} {src_page_table.stride()}")
+    _check_lengths(op, "lengths", lengths, M, input)
+    out = torch.empty(M, k, device=input.device, dtype=torch.int32)
+    stride = src_page_table.stride(0) if M > 1 else src_page_table.shape[1]
+    flat = src_page_table.as_strided(((M - 1) * stride + src_page_table.shape[1],), (1,))
+    _run(input, k, None, out, "page_table", lengths, flat, stride)
+    return out
+
+
+def top_k_ragged_transform(input: torch.Tensor, offsets: torch.Tensor, lengths: torch.Tensor, k: int,  # noqa: A002
+                           deterministic: bool = False) -> torch.Tensor:
+    """FlashInfer's ``top_k_ragged_transform``: per row r, the top-k indices of ``input[r, :lengths[r]]`` plus
+    ``offsets[r]`` -> int32 (M, k); rows shorter than k: their entries in index order, then -1."""
+    op = "top_k_ragged_transform"
+    _check_inputs(op, input, k)
+    M = input.shape[0]
+    _check_lengths(op, "offsets", offsets, M, input)
+    _check_lengths(op, "lengths", lengths, M, input)
+    out = torch.empty(M, k, device=input.device, dtype=torch.int32)
+    _run(input, k, None, out, "ragged", lengths, offsets)
+    return out
 
 
 from tirx_kernels.core import harness  # noqa: E402
