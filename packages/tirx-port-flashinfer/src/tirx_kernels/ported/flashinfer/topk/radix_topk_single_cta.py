@@ -16,6 +16,13 @@ sorts them by value, descending (stable: equal values keep ascending index order
 through the transforms' per-row lengths, or k > the row's width): its entries in index order, then index -1 and
 value 0 in the places left, as FlashInfer's kernels write them. Indices are int64, as flashinfer.top_k returns them
 (the kernel writes them directly; the transforms' kernels write int32).
+
+``top_k_page_table_transform`` / ``top_k_ragged_transform`` (FlashInfer's DSA indexer ops) run the same kernel in
+another mode: row r is ``input[r, :lengths[r]]`` (lengths clamped to [0, N]), the selected columns are written
+mapped through ``src_page_table[r]`` or plus ``offsets[r]`` (int32), padded with -1 past a short row.
+
+Not yet: the multi-CTA path for long rows, staging a row in shared memory, filtering candidates after the first
+pass (every pass re-reads the row from L2), FlashInfer's ``tie_break`` and ``row_to_batch`` arguments.
 """
 
 from __future__ import annotations
@@ -65,7 +72,7 @@ DEFAULTS = {"dtype": "float32", "ties": False}
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 MAX_K = 4096
-MAX_N = 2**31 - 1  # int32 indices
+MAX_N = 2**30  # int32 column arithmetic in the gather (a tile's last column may pass the row by 4095)
 
 
 def compile_params(dtype: str, index_dtype: str = "int64", mode: str = "plain", **_) -> dict:
