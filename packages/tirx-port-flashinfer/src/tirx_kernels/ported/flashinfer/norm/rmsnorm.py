@@ -302,7 +302,10 @@ def build_rows(dtype: str, gemma: bool, residual: bool = False, out_dtype: str |
         if phase != 2:
             for s in T.serial(slabs):
                 load_slab(xr, rr, Xf, Rf, x_base, r_base, k0, k1, s, tid, H, vec_ok)
-                acc[0] = acc[0] + T.cuda.uint_as_float(vector.after_all(xr, vectors * _WORDS, zero))
+                loaded = vector.after_all(xr, vectors * _WORDS, zero)
+                if residual:  # the residual's loads too, before any math
+                    loaded = loaded | vector.after_all(rr, vectors * _WORDS, zero)
+                acc[0] = acc[0] + T.cuda.uint_as_float(loaded)
                 for i in range(vectors * _WORDS):
                     lo, hi = values(xr, rr, i)
                     acc[0] = acc[0] + lo * lo + hi * hi
