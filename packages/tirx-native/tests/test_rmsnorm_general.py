@@ -177,7 +177,7 @@ def test_general_kernel_cpu_emulation(dtype, knobs):
     from tirx_kernels.core import emulate
 
     threads = knobs.get("threads_per_row", _rmsnorm_general.THREADS)
-    rows = knobs.get("rows_per_cta", 1)
+    rows = knobs.get("rows_per_cta", _rmsnorm_general.ROWS_PER_CTA)
     odd = {k: knobs[k] for k in ("edge_loads", "rows_per_cta", "weight_smem") if k in knobs}
     kern = emulate.compile(_rmsnorm_general.build_general(
         dtype, mod.PDL, threads, knobs.get("vectors_per_thread", _rmsnorm_general.VECTORS), knobs.get("ctas_per_sm"),

@@ -262,15 +262,16 @@ def emulated():
 
     if shutil.which("g++") is None:
         pytest.skip("no g++ to compile the emulation")
-    kernels = {(act, 1): emulate.compile(mod.get_kernel(**mod.general_params({"act": act, "dtype": "bfloat16"})))
-               for act in ("silu", "gelu_tanh")}
-    # the odd-d knob (tools/sweeps/odd_sizes.py): two chunks a thread, three aligned vectors a source
-    kernels["silu", 2] = emulate.compile(gen.build_general("silu", "bfloat16", mod.LOAD_POLICY, mod.STORE_POLICY,
-                                                           mod.PDL, chunks_per_thread=2))
+    kernels = {(act, gen.CHUNKS_PER_THREAD): emulate.compile(
+        mod.get_kernel(**mod.general_params({"act": act, "dtype": "bfloat16"}))) for act in ("silu", "gelu_tanh")}
+    # the odd-d knob's other value (tools/sweeps/odd_sizes.py; 2: two chunks a thread, three aligned vectors a source)
+    other = 3 - gen.CHUNKS_PER_THREAD
+    kernels["silu", other] = emulate.compile(gen.build_general("silu", "bfloat16", mod.LOAD_POLICY, mod.STORE_POLICY,
+                                                               mod.PDL, chunks_per_thread=other))
     return kernels
 
 
-@pytest.mark.parametrize("act, chunks_per_thread", [("silu", 1), ("gelu_tanh", 1), ("silu", 2)])
+@pytest.mark.parametrize("act, chunks_per_thread", [("silu", 1), ("silu", 2), ("gelu_tanh", gen.CHUNKS_PER_THREAD)])
 @pytest.mark.parametrize("M, d, x_off, x_stride, y_off, y_stride", [
     (5, 1, 0, 2, 0, 1), (7, 3, 1, 6, 3, 3), (300, 2, 1, 4, 7, 2), (33, 17, 2, 40, 6, 19),
     (9, 8, 0, 16, 3, 8), (9, 8, 5, 16, 0, 8), (4, 100, 3, 213, 1, 101), (3, 1024, 0, 2048, 3, 1024),
