@@ -14,7 +14,11 @@ PACKAGES = ["tirx-core", "tirx-native", "tirx-port-flashinfer"]
 
 
 def _run(*cmd, **kw):
-    r = subprocess.run(cmd, capture_output=True, text=True, **kw)
+    # Without the caller's PYTHONPATH: on the GPU host it names the staged wheels' directory, so the venv's pip saw
+    # tirx-port-flashinfer installed there, and its uninstall deleted the port from under the other tests (every
+    # later flashinfer-port test of that pytest worker read its bundle as stale, 2026-12-05 H100 run).
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "PIP_TARGET")}
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, **kw)
     assert r.returncode == 0, f"{' '.join(cmd)}\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}"
     return r.stdout
 
