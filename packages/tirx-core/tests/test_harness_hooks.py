@@ -75,6 +75,28 @@ def test_plain_module_is_checked_as_before(device):
         run(mod)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_baselines_get_fresh_output_buffers_like_the_bench_gives_them(device):
+    """An upstream op that writes into a given ``out`` (FlashInfer's convention) reads the buffer from its data
+    dict: the correctness check must hand it one (fresh, unpoisoned, the output's shape and dtype)."""
+    seen = {}
+
+    def launch(cfg, data):
+        torch.mul(data["x"], data["w"], out=data["out"])
+
+    def writes_into_out(d):
+        seen["out"] = (tuple(d["out"].shape), d["out"].dtype, bool(torch.isnan(d["out"]).all()))
+        torch.mul(d["x"], d["w"], out=d["out"])
+        return {"out": d["out"]}
+
+    mod = fake(device, lambda g, d: {"x": _randn(g, d, 64, 32), "w": _randn(g, d, 32), "out": _nan(d, 64, 32)},
+               lambda x, w, **_: {"out": x.float() * w.float()}, launch,
+               get_baselines=lambda **cfg: {"torch": lambda: writes_into_out})
+    res = run(mod)
+    assert res["references"]["torch"]["status"] == "passed"
+    assert seen["out"][:2] == ((64, 32), torch.bfloat16)
+
+
 # ------------------------------------------------------------------ INPLACE
 
 

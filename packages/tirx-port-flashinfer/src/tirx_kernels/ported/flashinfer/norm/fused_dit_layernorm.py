@@ -828,9 +828,11 @@ def _fused_dit_layernorm_op(input: torch.Tensor, residual: torch.Tensor | None, 
                             scale_bias: torch.Tensor | None, shift_bias: torch.Tensor | None,
                             gamma: torch.Tensor | None, beta: torch.Tensor | None,
                             input_global_scaling_factor: torch.Tensor | None, residual_out: torch.Tensor,
-                            norm_out: torch.Tensor, epsilon: float, mode: str, general: bool) -> None:
+                            norm_out: torch.Tensor, epsilon: float, norm_mode: str, general: bool) -> None:
+    # ``norm_mode``, not ``mode``: torch.compile's auto_functionalized_v2 takes a ``mode`` argument of its own and a
+    # custom-op argument of that name made every compiled call raise (H100 run, 2026-12-05).
     _run(input, residual, gate, scale, shift, gate_bias, scale_bias, shift_bias, gamma, beta,
-         input_global_scaling_factor, residual_out, norm_out, epsilon, mode, general)
+         input_global_scaling_factor, residual_out, norm_out, epsilon, norm_mode, general)
 
 
 @_fused_dit_layernorm_op.register_fake
