@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 # Port of FlashInfer's mxfp8_quantize (flashinfer/quantization/fp4_quantization.py, CuTe-DSL kernel
 # flashinfer/quantization/kernels/mxfp8_quantize.py) at flashinfer-ai/flashinfer
-# f2e04400e330fb2debe0bf8730d9424a1d37927f. Written anew in TIRx for sm_90a (its CuTe-DSL kernel targets SM100).
+# f2e04400e330fb2debe0bf8730d9424a1d37927f (the semantics; KERNEL_META cites the locked v0.7.4).
+# Written anew in TIRx for sm_90a (its CuTe-DSL kernel targets SM100).
 """MXFP4: ``a`` [M, K] bf16/fp16 -> e2m1 codes [M, K/2] (two a byte, the even element low) and one ue8m0 scale per
 32 elements: ``e = ceil_ue8m0(amax * fp32(1/6))`` (FlashInfer's ``float_to_ue8m0_fast``), codes
 ``e2m1(x * 2**(127 - e))`` (0 for e == 0), bit-exact with ``core.quant_ref.mxfp8_quantize``. Scales linear
@@ -26,7 +27,7 @@ KERNEL_META = {
     "runtime_cuda_archs": ["sm_90a"],
     "description": "MXFP8 quantization (e4m3 + ue8m0 scale per 32), linear / 128x4 / 8x4 scales",
     "upstream": {"project": "flashinfer", "url": "https://github.com/flashinfer-ai/flashinfer",
-                 "commit": "f2e04400e330fb2debe0bf8730d9424a1d37927f"},
+                 "commit": "77039051b0be921788dc2784ec41423b558878ec"},  # v0.7.4, the package's lock
     "public_ops": ["mxfp8_quantize"],
 }
 

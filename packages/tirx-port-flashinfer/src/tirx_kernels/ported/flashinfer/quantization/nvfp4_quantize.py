@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 # Port of FlashInfer's nvfp4_quantize (flashinfer/quantization/fp4_quantization.py, CuTe-DSL kernel
 # flashinfer/quantization/kernels/nvfp4_quantize.py) at flashinfer-ai/flashinfer
-# f2e04400e330fb2debe0bf8730d9424a1d37927f. Written anew in TIRx for sm_90a (FlashInfer's FP4 kernels need SM100).
+# f2e04400e330fb2debe0bf8730d9424a1d37927f (the semantics; KERNEL_META cites the locked v0.7.4).
+# Written anew in TIRx for sm_90a (FlashInfer's FP4 kernels need SM100).
 """NVFP4: ``a`` [M, K] bf16/fp16 and a global fp32 scale ``gs`` -> e2m1 codes [M, K/2] (two a byte, the even
 element low) and one e4m3 scale per 16 elements: ``sf = e4m3(amax * (gs * fp32(1/6)))``, codes
 ``e2m1(x * min(1 / (f32(sf) * (1 / gs)), FLT_MAX))`` -- FlashInfer's IEEE recipe
@@ -25,7 +26,7 @@ KERNEL_META = {
     "runtime_cuda_archs": ["sm_90a"],
     "description": "NVFP4 quantization (e2m1 + e4m3 scale per 16, global scale), linear / 128x4 / 8x4 scales",
     "upstream": {"project": "flashinfer", "url": "https://github.com/flashinfer-ai/flashinfer",
-                 "commit": "f2e04400e330fb2debe0bf8730d9424a1d37927f"},
+                 "commit": "77039051b0be921788dc2784ec41423b558878ec"},  # v0.7.4, the package's lock
     "public_ops": ["nvfp4_quantize"],
 }
 
