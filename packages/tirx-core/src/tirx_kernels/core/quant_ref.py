@@ -188,10 +188,11 @@ def _check_k(k: int, block: int, what: str):
 
 
 def nvfp4_quantize(x: torch.Tensor, global_scale, layout: str = "128x4") -> tuple[torch.Tensor, torch.Tensor]:
-    """NVFP4 (IEEE path): ``([M, K/2] uint8 packed e2m1, scales in ``layout`` as uint8)``."""
+    """NVFP4 (IEEE path): ``([M, K/2] uint8 packed e2m1, scales in ``layout`` as uint8)``; ``global_scale``: one
+    value, or one per row."""
     m, k = x.shape
     _check_k(k, NVFP4_BLOCK, "nvfp4_quantize")
-    gs = torch.as_tensor(global_scale, dtype=torch.float32, device=x.device).reshape(())
+    gs = torch.as_tensor(global_scale, dtype=torch.float32, device=x.device).reshape(-1, 1)
     amax = block_amax(x, NVFP4_BLOCK)
     s = amax * (gs * rcp_e2m1_max(x.device))
     s = torch.where(amax == 0, torch.zeros_like(s), s)
@@ -241,3 +242,21 @@ def mxfp8_dequantize(codes: torch.Tensor, sf: torch.Tensor, m: int, k: int, layo
     scale = ue8m0_decode(sf_unswizzle(sf, m, k // MX_BLOCK, layout))
     v = fp8_decode(codes.reshape(m, k), "e4m3").reshape(m, k // MX_BLOCK, MX_BLOCK)
     return (v * scale[..., None]).reshape(m, k)
+
+
+def nvfp4_quantize_per_token(x: torch.Tensor, global_scale_inv, layout: str = "128x4"):
+    """NVFP4 with a per-row global scale (FlashInfer's per-token path, IEEE recipe): ``(packed, scales,
+    per_token_scale [M] fp32)``. Per row: ``enc = min((1 / gsi) / row_amax, FLT_MAX)`` (1 where that is 0,
+    FLT_MAX for an all-zero row), ``per_token_scale = 1 / enc`` (0 for an all-zero row); the row's blocks are
+    ``nvfp4_quantize`` with global scale ``enc``."""
+    m, k = x.shape
+    _check_k(k, NVFP4_BLOCK, "nvfp4_quantize_per_token")
+    gsi = torch.as_tensor(global_scale_inv, dtype=torch.float32, device=x.device).reshape(())
+    flt_max = torch.tensor(torch.finfo(torch.float32).max, device=x.device)
+    row_amax = block_amax(x, k)[:, 0]
+    ratio = torch.fmin((1.0 / gsi) / row_amax, flt_max)
+    enc = torch.where(ratio == 0, torch.ones_like(ratio), ratio)
+    enc = torch.where(row_amax == 0, flt_max.expand_as(enc), enc)
+    pts = torch.where(row_amax == 0, torch.zeros_like(enc), 1.0 / enc)
+    packed, sf = nvfp4_quantize(x, enc, layout)
+    return packed, sf, pts

@@ -271,7 +271,9 @@ def layout_name(op: str, sf_layout) -> str:
     return _LAYOUT_NAMES[key]
 
 
-def check_input(op: str, x: torch.Tensor, fmt: str) -> None:
+def check_input(op: str, x: torch.Tensor, fmt: str, cuda: bool = True) -> None:
+    """dtype, 2-D, K a multiple of the block, the launch's size; on CUDA (``cuda``: callers checking further
+    arguments first pass False and call :func:`check_cuda` after)."""
     checks.tensor(op, "input", x, dtypes=tuple(DTYPES.values()), ndim=2, cuda=False)
     blk = block_of(fmt)
     K = x.shape[-1]  # noqa: N806
@@ -280,6 +282,11 @@ def check_input(op: str, x: torch.Tensor, fmt: str) -> None:
     if grid_blocks(x.shape[0], K, fmt, "128x4") >= 2**31 - THREADS:
         raise checks.TirxInputError(f"{op}: argument 'input': {tuple(x.shape)} has too many scale blocks for one "
                                     f"launch (2**31)")
+    if cuda:
+        check_cuda(op, x)
+
+
+def check_cuda(op: str, x: torch.Tensor) -> None:
     checks.tensor(op, "input", x, cuda=True)
 
 
@@ -336,12 +343,13 @@ def quantize(op: str, x: torch.Tensor, global_scale, fmt: str, layout: str) -> t
     """The public ops' body: checks, outputs, then the kernel (directly in eager mode, else the custom op)."""
     from tirx_kernels.core import runtime
 
-    check_input(op, x, fmt)
+    check_input(op, x, fmt, cuda=False)
     if fmt == "nvfp4":
         checks.tensor(op, "global_scale", global_scale, dtypes=(torch.float32,), cuda=False)
         if global_scale.numel() != 1:
             raise checks.TirxInputError(f"{op}: argument 'global_scale': expected one element, got "
                                         f"{tuple(global_scale.shape)}")
+    check_cuda(op, x)
     codes, sf = new_outputs(x, fmt, layout)
     if runtime.direct_call(x, global_scale):
         run(x, global_scale, codes, sf, fmt, layout)
