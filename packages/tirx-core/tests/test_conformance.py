@@ -100,6 +100,13 @@ def test_harness_hooks_name_real_tensors(entry):
 
         if not torch.cuda.is_available():
             pytest.skip("prepare_data makes CUDA tensors: the names are checked on the GPU")
-        data = mod.prepare_data(**harness.full_config(mod, entry.configs[0]))
-        missing = [n for n in declared if n not in data and n not in mod.reference(**data)]
-        assert not missing, f"{entry.module}: hooks name {missing}, which prepare_data / reference do not return"
+        # A name must come back from some config (an optional output, e.g. add_rmsnorm_fp4quant's second scale
+        # layout, exists only in the configs that ask for it).
+        missing = set(declared)
+        for cfg in entry.configs:
+            data = mod.prepare_data(**harness.full_config(mod, cfg))
+            missing -= set(data) | set(mod.reference(**data))
+            del data
+            if not missing:
+                break
+        assert not missing, f"{entry.module}: hooks name {sorted(missing)}, which no config's prepare_data / reference return"

@@ -135,10 +135,10 @@ def test_gpu_config(which, label):
 @gpu
 @pytest.mark.parametrize("which", list(MODULES))
 def test_gpu_graph_replay(which):
-    from tirx_kernels.core import harness, testing
+    from tirx_kernels.core import testing
 
     m = MODULES[which]
-    testing.check_graph_replay(m, harness.full_config(m, m.CONFIGS[0]))
+    testing.check_graph_replay(m.KERNEL_META["name"], m.CONFIGS[0]["label"])
 
 
 @gpu

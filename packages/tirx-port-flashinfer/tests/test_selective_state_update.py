@@ -299,10 +299,10 @@ def test_gpu_config(schedule, label):
 @gpu
 @pytest.mark.parametrize("schedule", SCHEDULES)
 def test_gpu_graph_replay(schedule):
-    from tirx_kernels.core import harness, testing
+    from tirx_kernels.core import testing
 
     mod = _module(schedule)
-    testing.check_graph_replay(mod, harness.full_config(mod, mod.CONFIGS[-1]))
+    testing.check_graph_replay(mod.KERNEL_META["name"], mod.CONFIGS[-1]["label"])
 
 
 @gpu
