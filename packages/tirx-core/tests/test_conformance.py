@@ -109,4 +109,4 @@ def test_harness_hooks_name_real_tensors(entry):
             del data
             if not missing:
                 break
-        assert not missing, f"{entry.module}: hooks name {sorted(missing)}, which no config's prepare_data / reference return"
+        assert not missing, f"{entry.module}: hooks name {sorted(missing)}, which no config's data / reference return"

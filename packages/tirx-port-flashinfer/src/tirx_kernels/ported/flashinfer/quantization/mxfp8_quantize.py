@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 # Port of FlashInfer's mxfp8_quantize (flashinfer/quantization/fp4_quantization.py, CuTe-DSL kernel
 # flashinfer/quantization/kernels/mxfp8_quantize.py) at flashinfer-ai/flashinfer
-# f2e04400e330fb2debe0bf8730d9424a1d37927f (the semantics; KERNEL_META cites the locked v0.7.4).
+# f2e04400e330fb2debe0bf8730d9424a1d37927f (the semantics; KERNEL_META cites
+# the locked v0.7.4, 77039051b0be921788dc2784ec41423b558878ec).
 # Written anew in TIRx for sm_90a (its CuTe-DSL kernel targets SM100).
 """MXFP4: ``a`` [M, K] bf16/fp16 -> e2m1 codes [M, K/2] (two a byte, the even element low) and one ue8m0 scale per
 32 elements: ``e = ceil_ue8m0(amax * fp32(1/6))`` (FlashInfer's ``float_to_ue8m0_fast``), codes

@@ -2,7 +2,8 @@
 # Port of FlashInfer's per-token NVFP4 quantization (nvfp4_quantize(..., per_token_activation=True) in
 # flashinfer/quantization/fp4_quantization.py; CuTe-DSL kernel nvfp4_quantize_per_token_cute_dsl in
 # flashinfer/quantization/kernels/nvfp4_quantize.py) at flashinfer-ai/flashinfer
-# f2e04400e330fb2debe0bf8730d9424a1d37927f (the semantics; KERNEL_META cites the locked v0.7.4).
+# f2e04400e330fb2debe0bf8730d9424a1d37927f (the semantics; KERNEL_META cites
+# the locked v0.7.4, 77039051b0be921788dc2784ec41423b558878ec).
 # Written anew in TIRx for sm_90a (FlashInfer's FP4 kernels need SM100).
 """Per-token NVFP4: ``a`` [M, K] bf16/fp16 and ``a_global_sf`` (the *inverse* global scale ``gsi``, one fp32) ->
 e2m1 codes [M, K/2], e4m3 scales per 16 (linear / 128x4 / 8x4) and a per-token fp32 scale [M]. The row's amax is
