@@ -10,8 +10,7 @@ dtype, input dtype and dstate."""
 
 from __future__ import annotations
 
-import torch
-
+from tirx_kernels.ported.flashinfer.mamba import _registered
 from tirx_kernels.ported.flashinfer.mamba import _selective_state_update as _impl
 from tirx_kernels.ported.flashinfer.mamba._selective_state_update import selective_state_update  # noqa: F401
 
@@ -99,92 +98,11 @@ COMPARATORS = {"state": _impl.state_comparator("state", _impl.STATE_TOLERANCE)}
 SCHEDULE = "stp_simple"
 
 
-def compile_params(**cfg) -> dict:
-    return _impl.compile_params(SCHEDULE, **cfg)
-
-
-def get_kernel(**params):
-    return _impl.get_kernel(**params)
-
-
-def artifact_params() -> list[dict]:
-    return _impl.artifact_params(SCHEDULE)
-
-
-def call_samples(rng) -> list[dict]:
-    return _impl.call_samples(SCHEDULE, rng)
-
-
-def prepare_data(**cfg) -> dict:
-    return _impl.prepare_data(SCHEDULE, **cfg)
-
-
-def reference(**data) -> dict:
-    return _impl.reference(**data)
-
-
-def launch(cfg: dict, data: dict) -> None:
-    _impl.launch(SCHEDULE, cfg, data)
-
-
-def roofline(**cfg) -> dict:
-    return _impl.roofline(SCHEDULE, **cfg)
-
-
-def get_baselines(**cfg) -> dict:
-    return _impl.get_baselines(SCHEDULE, **cfg)
-
-
-@torch.library.custom_op(
-    "tirx::selective_state_update_stp_simple", mutates_args=("state", "out", "intermediate_states_buffer")
-)
-def _op(
-    state: torch.Tensor,
-    x: torch.Tensor,
-    dt: torch.Tensor,
-    A: torch.Tensor,
-    B: torch.Tensor,  # noqa: N803
-    C: torch.Tensor,
-    D: torch.Tensor,
-    z: torch.Tensor | None,
-    dt_bias: torch.Tensor | None,  # noqa: N803
-    dt_softplus: bool,
-    state_batch_indices: torch.Tensor | None,
-    pad_slot_id: int,
-    out: torch.Tensor,
-    disable_state_update: bool,
-    intermediate_states_buffer: torch.Tensor | None,
-    intermediate_state_indices: torch.Tensor | None,
-    cache_steps: int,
-    dst_state_batch_indices: torch.Tensor | None,
-) -> None:
-    _impl.custom_op_body(
-        SCHEDULE,
-        state,
-        x,
-        dt,
-        A,
-        B,
-        C,
-        D,
-        z,
-        dt_bias,
-        dt_softplus,
-        state_batch_indices,
-        pad_slot_id,
-        out,
-        disable_state_update,
-        intermediate_states_buffer,
-        intermediate_state_indices,
-        cache_steps,
-        dst_state_batch_indices,
-    )
-
-
-@_op.register_fake
-def _(*args) -> None:
-    return None
-
+(compile_params, get_kernel, artifact_params, call_samples, prepare_data, reference, launch, roofline,
+ get_baselines) = _registered.protocol(SCHEDULE)
+# The torch.library custom op tirx::selective_state_update_<SCHEDULE> and its register_fake (_registered.py).
+# The public op dispatches to it.
+_op = _registered.register_custom_op(SCHEDULE)
 
 from tirx_kernels.core import harness  # noqa: E402
 
