@@ -170,7 +170,8 @@ def test_scans_are_cached_on_the_files_stat(tmp_path, monkeypatch):
     monkeypatch.setattr(registry, "_literal_assignments", lambda path, names: parsed.append(path) or real(path, names))
     assert list(registry.scan(eps)) == ["good_kernel"]
     assert list(registry.scan(eps)) == ["good_kernel"]
-    assert len(parsed) == 1
+    # Once each: the package's protocol declaration and the module; the second scan parses nothing.
+    assert [os.path.basename(p) for p in parsed] == ["__init__.py", "good.py"]
     path = tmp_path / "tirx_kernels" / "fakecat" / "good.py"
     path.write_text(GOOD_IMPORTABLE.replace("good_kernel", "renamed_kernel"))  # another size
     assert list(registry.scan(eps)) == ["renamed_kernel"]
@@ -186,7 +187,10 @@ def _installed_fake_dist(tmp_path, files: dict[str, str]) -> dict:
         (root / name).write_text(body)
     info = tmp_path / "tirx_fake-0.0.0.dist-info"
     info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: tirx-fake\nVersion: 0.0.0\n")
+    # A compatible package (test_registry_compat.py covers the refused ones): a tirx-core range and a protocol.
+    (root / "__init__.py").write_text(f"{registry.PROTOCOL_ATTR} = {registry.PROTOCOL_VERSION}\n")
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: tirx-fake\nVersion: 0.0.0\n"
+                                   "Requires-Dist: tirx-core>=0.1\n")
     (info / "entry_points.txt").write_text(f"[{registry.ENTRY_POINT_GROUP}]\nfakecat = tirx_kernels.fakecat\n")
     return {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
 

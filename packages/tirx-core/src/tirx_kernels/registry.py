@@ -10,6 +10,13 @@ in one installed package does not take down every other kernel; ``load`` of a sk
 ``SkippedKernelError`` carrying the problem. ``scan(strict=True)`` and ``--strict`` (CI) raise / exit 1.
 Scans are cached on the entry points and the stat (mtime, size) of every module file.
 
+Compatibility is by contract, not by pin: tirx-core speaks the kernel protocol ``PROTOCOL_VERSION`` (what
+``KERNEL_META``, ``CONFIGS`` and the op skeleton mean; PROTOCOL.md, "Versions"). An installed kernel package
+declares the tirx-core range it works with (``tirx-core>=X,<Y`` in its dependencies) and, in the
+``__init__.py`` of each entry-point package, the protocol its modules follow (``TIRX_KERNELS_PROTOCOL = 1``).
+A package whose range excludes the installed tirx-core, or whose protocol this core does not speak, is
+*refused*: a problem naming the package and both versions, its kernels unlisted, every other package kept.
+
     python -m tirx_kernels.registry [--format text|json] [--category C] [--arch sm_90a] [--strict]
 """
 
@@ -27,6 +34,10 @@ import warnings
 from dataclasses import asdict, dataclass, field
 
 ENTRY_POINT_GROUP = "tirx_kernels.kernels"
+CORE_DISTRIBUTION = "tirx-core"
+PROTOCOL_VERSION = 1  # the protocol this core defines (PROTOCOL.md); bump on a change old modules would misread
+SUPPORTED_PROTOCOLS = (1,)  # the protocols whose modules this core still reads correctly
+PROTOCOL_ATTR = "TIRX_KERNELS_PROTOCOL"
 REQUIRED_META = ("name", "category", "runtime_cuda_archs")
 OPTIONAL_META = ("description", "reference_requirements", "upstream", "public_ops")
 REQUIRED_REQUIREMENT = ("package", "import")
@@ -206,21 +217,83 @@ def _declared_name(path: str) -> str | None:
     return name if isinstance(name, str) else None
 
 
+def core_version() -> str | None:
+    """The installed tirx-core's version; None when it runs from a source tree without metadata."""
+    try:
+        return importlib.metadata.version(CORE_DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _declared_protocol(package: str):
+    """``(path, value)`` of ``TIRX_KERNELS_PROTOCOL`` in the package's ``__init__.py``; value None when absent."""
+    inits = [os.path.join(d, "__init__.py") for d in _package_dirs(package)]
+    inits = [p for p in inits if os.path.isfile(p)]
+    if not inits:
+        return os.path.join(_package_dirs(package)[0], "__init__.py"), None
+    try:
+        return inits[0], _literal_assignments(inits[0], (PROTOCOL_ATTR,)).get(PROTOCOL_ATTR)
+    except SyntaxError as e:
+        raise RegistryError(f"{inits[0]}: does not parse (line {e.lineno}): {e.msg}") from None
+
+
+def refusal(ep) -> str | None:
+    """Why the registry refuses the distribution of entry point ``ep``, or None when it is compatible.
+
+    A bare entry point with no distribution (one built by a test or a tool) has no range to check; its
+    package's protocol declaration is still read when it has one.
+    """
+    from packaging.requirements import InvalidRequirement, Requirement
+    from packaging.utils import canonicalize_name
+
+    dist = getattr(ep, "dist", None)
+    who = f"{dist.name} {dist.version}" if dist is not None else f"entry point {ep.value}"
+    core = core_version()
+    core_text = f"tirx-core {core or '(source tree)'}, kernel protocol(s) {', '.join(map(str, SUPPORTED_PROTOCOLS))}"
+    if dist is not None:
+        specs = []
+        for text in dist.requires or []:
+            try:
+                req = Requirement(text)
+            except InvalidRequirement:
+                continue
+            if canonicalize_name(req.name) == CORE_DISTRIBUTION and (
+                    req.marker is None or req.marker.evaluate({"extra": ""})):
+                specs.append(req.specifier)
+        if not specs:
+            return (f"{who} declares no tirx-core requirement: its dependencies need tirx-core>=X,<Y "
+                    f"(installed: {core_text})")
+        for spec in specs:
+            if core is not None and not spec.contains(core, prereleases=True):
+                return f"{who} requires tirx-core{spec}, but the installed core is {core_text}"
+    path, declared = _declared_protocol(ep.value)
+    if declared is None:
+        if dist is None:
+            return None
+        return (f"{who} declares no kernel protocol: add `{PROTOCOL_ATTR} = {PROTOCOL_VERSION}` to {path} "
+                f"(PROTOCOL.md, Versions; installed: {core_text})")
+    if declared not in SUPPORTED_PROTOCOLS:
+        return f"{who} follows kernel protocol {declared!r} ({path}), but the installed core is {core_text}"
+    return None
+
+
 def _layout(eps) -> tuple[list, list[Problem], tuple]:
     """Module files per entry point, entry points that name no package, and the cache key of the scan."""
-    layout, problems, key = [], [], []
+    layout, problems, key = [], [], [core_version()]
     for ep in eps:
         dist = ep.dist.name if getattr(ep, "dist", None) is not None else "?"
-        key.append((ep.name, ep.value, dist))
+        key.append((ep.name, ep.value, dist, ep.dist.version if dist != "?" else None))
         try:
+            inits = [os.path.join(d, "__init__.py") for d in _package_dirs(ep.value)]
             files = list(_iter_module_files(ep.value))
         except RegistryError as e:
             problems.append(Problem(ep.value, str(e)))
             continue
-        for path, _ in files:
+        # The __init__.py files hold the protocol declaration: an edit must re-check the package.
+        for path in [p for p in inits if os.path.isfile(p)] + [path for path, _ in files]:
             st = os.stat(path)
             key.append((path, st.st_mtime_ns, st.st_size))
-        layout.append((dist, files))
+        layout.append((ep, dist, files))
     return layout, problems, tuple(key)
 
 
@@ -235,7 +308,14 @@ def _scan(eps) -> tuple[dict[str, KernelEntry], list[Problem]]:
         return _SCANS[key]
     kernels: dict[str, KernelEntry] = {}
     duplicated: dict[str, list[str]] = {}
-    for dist, files in layout:
+    for ep, dist, files in layout:
+        try:
+            refused = refusal(ep)
+        except RegistryError as e:
+            refused = str(e)
+        if refused:
+            problems.append(Problem(ep.value, f"refused {refused}"))
+            continue
         for path, module in files:
             try:
                 found = _read_module(path, module)
@@ -304,7 +384,9 @@ def load(name: str, entry_points=None):
         skipped = [p.message for p in problems(entry_points) if p.kernel == name]
         if skipped:
             raise SkippedKernelError(f"kernel '{name}' is installed but was skipped: " + "; ".join(skipped))
-        raise KeyError(f"no kernel named '{name}'; installed: {', '.join(sorted(entries)) or 'none'}")
+        refused = [p.message for p in problems(entry_points) if p.message.startswith("refused ")]
+        raise KeyError(f"no kernel named '{name}'; installed: {', '.join(sorted(entries)) or 'none'}"
+                       + (f" (and packages {'; '.join(refused)})" if refused else ""))
     return importlib.import_module(entries[name].module)
 
 

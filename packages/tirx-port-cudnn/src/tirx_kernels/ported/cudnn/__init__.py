@@ -1,2 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """TIRx ports of cuDNN Frontend (NVIDIA/cudnn-frontend) (no kernel yet: see the package README)."""
+
+# The kernel protocol these modules follow (packages/tirx-core/PROTOCOL.md, "Versions"); read by the registry
+# without importing, which refuses the package where the installed tirx-core does not speak it.
+TIRX_KERNELS_PROTOCOL = 1
