@@ -26,6 +26,45 @@ thread. Each allocation is a buffer of its size rounded up to 16 bytes, so Addre
 that (scalar or vector, read or write, before or after); a write into the round-up is reported (``past_end``), and
 16-byte accesses are checked for 16-byte alignment.
 
+Hopper kernels (wgmma, TMA, mbarriers, clusters): the *module path* runs a whole generated module, host function
+included, so a built kernel needs no extra input::
+
+    mod = emulate.compile_module(func)      # a TIRx PrimFunc, or build.codegen(func)'s source
+    rep = mod(a, b, c)                       # the tvm-ffi function's arguments: CPU tensors, ints, floats
+    rep.check()                              # or emulate.run(func, a, b, c, hang_timeout=10.0)
+
+The module's own host code runs (``host_cpu.h``): its argument checks (a tensor arrives as a CUDA DLTensor with the
+tensor's shape and strides), its ``cuTensorMapEncodeTiled`` calls (which fill the 128-byte ``CUtensorMap`` with
+the map's address, dims, byte strides, box, element size, swizzle and OOB fill; the driver's argument rules are
+checked) and its launch (grid, block, dynamic shared memory against the 227 KB / cudaFuncSetAttribute limits,
+the cluster dimension attribute). Then (``hopper_cpu.h``): the CTAs of one cluster run at once, one host thread
+per CUDA thread, clusters one after another, so a grid whose CTAs wait for each other across clusters (stream-K
+flags) cannot run. Each CTA has its own shared memory, exactly the launch's size under AddressSanitizer, filled
+with 0xa5 garbage, static ``__shared__`` first at shared address 0x400 and the dynamic part after it as on the GPU.
+PTX wrappers of the generated source become stand-ins by instruction text; modelled:
+
+- wgmma.mma_async m64nNkK, f32 accumulators, SS and RS (A fragments gathered from the warpgroup at issue),
+  bf16 / f16 / tf32 (low 13 mantissa bits dropped) / e4m3 / e5m2 (exact decode), the transpose (MN-major)
+  immediates, scale-a/b, scale-d; descriptors decoded as the PTX ISA defines them (start address, LBO, SBO, layout
+  type none / 32B / 64B / 128B; base_offset ignored: tiles sit on their swizzle repeat). Products summed in double
+  and added to the f32 accumulator per instruction: compare with a tolerance, not bitwise. An instruction is
+  recorded at issue and computed when ``wgmma.wait_group`` retires its group (commit_group groups them), from the
+  shared memory of that moment; a thread returning with unretired wgmma is a fault.
+- cp.async.bulk.tensor 1-5D tiled loads (OOB elements zero-filled, or NaN with the NaN fill; 16-byte chunks
+  swizzled by the shared address; ``.multicast::cluster`` into every CTA of the mask, complete_tx on the mbarrier at
+  the same offset in each) and stores (clipped to the tensor), both whole at issue; bulk commit/wait_group no-ops.
+- mbarrier init / arrive (local, remote through ``mapa``) / arrive.expect_tx / complete_tx / parity wait: phase,
+  pending arrivals and a signed tx-count per barrier; more arrivals than expected, or a barrier used before its
+  init, is a fault.
+- bar.sync / bar.arrive named barriers with thread counts, __syncthreads (exited threads drop out),
+  barrier.cluster arrive/wait, %cluster_ctarank; fences, setmaxnreg, griddepcontrol, prefetches as no-ops.
+
+Outcomes: ``Report.ok`` as above; ``rc 88`` a fault (``EMU fault ...`` in ``stderr``: a shared address outside the
+CTA, a misaligned TMA box, a PTX wrapper with no stand-in -- named with its instruction); ``rc 3`` the host function
+raised (its message in ``stderr``); ``Report.hang``: no thread made progress for ``hang_timeout`` seconds while some
+waited -- every waiter prints what it waits for (mbarrier address, parity, pending arrivals, tx-count).
+Cost: a 384-thread persistent GEMM of 300 x 520 x 136 (15 CTAs) runs in about a second after a ~20 s compile.
+
 Limits: a builtin without a stand-in fails the compile (add it to cuda_cpu.h); the device code must be host-
 compilable C++ (no inline asm outside the wrappers); float math is the host's (the kernel's fp32 expressions, but
 no FMA contraction and libm's tanhf/expf for the approximate PTX ones: compare with a tolerance). Executables are
@@ -64,6 +103,7 @@ class Report:
     past_end: int  # bytes written in an allocation's round-up to 16 bytes (outside the tensor's storage)
     asan: str  # AddressSanitizer's report ('' when none)
     stderr: str
+    hang: bool = False  # the module path's hang detector ended the run (no thread made progress)
 
     @property
     def ok(self) -> bool:
@@ -71,7 +111,8 @@ class Report:
 
     def check(self) -> Report:
         if not self.ok:
-            raise EmulationError(f"emulated kernel failed (rc {self.returncode}, {self.misaligned} misaligned, "
+            raise EmulationError(f"emulated kernel failed (rc {self.returncode}{', hang' if self.hang else ''}, "
+                                 f"{self.misaligned} misaligned, "
                                  f"{self.past_end} written past the end):\n"
                                  + (self.asan or self.stderr)[-4000:])
         return self
@@ -153,12 +194,16 @@ int main(int argc, char** argv) {{
   int nthreads = (int)(b[0] * b[1] * b[2]), nwarps = (nthreads + 31) / 32;
   for (unsigned bz = 0; bz < gridDim.z; ++bz) for (unsigned by = 0; by < gridDim.y; ++by)
   for (unsigned bx = 0; bx < gridDim.x; ++bx) {{
-    emu_cta_bar = std::make_unique<std::barrier<>>(nthreads);
-    emu_warp_bar.reset(static_cast<std::barrier<>*>(::operator new[](sizeof(std::barrier<>) * nwarps)));
-    for (int w = 0; w < nwarps; ++w) new (&emu_warp_bar[w]) std::barrier<>(std::min(32, nthreads - 32 * w));
+    std::barrier<> cta_bar(nthreads);
+    std::barrier<>* warp_bar = static_cast<std::barrier<>*>(::operator new[](sizeof(std::barrier<>) * nwarps));
+    for (int w = 0; w < nwarps; ++w) new (&warp_bar[w]) std::barrier<>(std::min(32, nthreads - 32 * w));
+    std::vector<uint64_t> slots(nthreads);
     std::vector<std::thread> ts;
     for (int t = 0; t < nthreads; ++t)
-      ts.emplace_back([=] {{
+      ts.emplace_back([=, &cta_bar, &slots] {{
+        emu_cta_bar = &cta_bar;
+        emu_warp_bar = warp_bar;
+        emu_warp_slots = slots.data();
         blockIdx = {{bx, by, bz}};
         threadIdx = {{(unsigned)(t % b[0]), (unsigned)(t / b[0] % b[1]), (unsigned)(t / (b[0] * b[1]))}};
         emu_kernel();
@@ -166,8 +211,8 @@ int main(int argc, char** argv) {{
         emu_cta_bar->arrive_and_drop();
       }});
     for (auto& th : ts) th.join();
-    for (int w = 0; w < nwarps; ++w) emu_warp_bar[w].~barrier();
-    ::operator delete[](emu_warp_bar.release());
+    for (int w = 0; w < nwarps; ++w) warp_bar[w].~barrier();
+    ::operator delete[](warp_bar);
   }}
   long past_end = 0;
   for (int64_t k = 0; k < nbufs; ++k)
@@ -285,3 +330,16 @@ def compile(func_or_source, name: str | None = None) -> Kernel:  # noqa: A001 - 
 def launch(func_or_source, args, *, grid, block, name: str | None = None, timeout: float = 600) -> Report:
     """``compile(func_or_source, name)(*args, grid=grid, block=block)``."""
     return compile(func_or_source, name)(*args, grid=grid, block=block, timeout=timeout)
+
+
+def compile_module(func_or_source):
+    """Compile a whole generated module (a TIRx PrimFunc or ``build.codegen``'s source: device kernels and the
+    tvm-ffi host function) for the CPU; call the result with the function's arguments. Cached by source."""
+    from tirx_kernels.core.emulate import _module
+
+    return _module.compile_module(func_or_source, CXXFLAGS)
+
+
+def run(func_or_source, *args, timeout: float = 600, hang_timeout: float = 10.0) -> Report:
+    """``compile_module(func_or_source)(*args, timeout=..., hang_timeout=...)``."""
+    return compile_module(func_or_source)(*args, timeout=timeout, hang_timeout=hang_timeout)

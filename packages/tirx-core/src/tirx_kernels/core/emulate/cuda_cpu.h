@@ -34,9 +34,11 @@ using std::max;
 using std::min;
 
 static std::atomic<long> emu_misaligned{0};
-static std::unique_ptr<std::barrier<>> emu_cta_bar;
-static std::unique_ptr<std::barrier<>[]> emu_warp_bar;  // one per warp of the CTA
-static uint64_t emu_warp_slots[1024];                   // a shuffle's exchange buffer, one slot per thread
+// Per thread, set by the driver to its CTA's objects (the CTAs of a cluster run at once, each with its own).
+static thread_local std::barrier<>* emu_cta_bar;   // __syncthreads (row-kernel driver)
+static thread_local std::barrier<>* emu_warp_bar;  // one per warp of the CTA
+static thread_local uint64_t* emu_warp_slots;      // a shuffle's exchange buffer, one slot per thread of the CTA
+static thread_local void (*emu_syncthreads_hook)() = nullptr;  // the Hopper driver's CTA barrier (hopper_cpu.h)
 
 static inline int emu_tid() { return threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z); }
 
@@ -47,7 +49,7 @@ static void emu_check16(const void* p, const char* what) {
 }
 
 // --- barriers and shuffles (every thread of the CTA / every lane of the warp must reach them, as on the GPU)
-static inline void __syncthreads() { emu_cta_bar->arrive_and_wait(); }
+static inline void __syncthreads() { if (emu_syncthreads_hook) emu_syncthreads_hook(); else emu_cta_bar->arrive_and_wait(); }
 static inline void tvm_builtin_cuda_cta_sync() { __syncthreads(); }
 static inline void __syncwarp(unsigned = 0xffffffffu) { emu_warp_bar[emu_tid() >> 5].arrive_and_wait(); }
 
