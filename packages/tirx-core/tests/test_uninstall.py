@@ -2,8 +2,10 @@
 """Installing and uninstalling a port package adds and removes exactly its kernels (real wheels, real venv)."""
 
 import glob
+import importlib.metadata
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -32,6 +34,13 @@ def test_uninstall_port_removes_exactly_its_kernels(tmp_path):
     _run(sys.executable, "-m", "venv", str(venv))
     py = str(venv / "bin" / "python")
     _run(py, "-m", "pip", "install", "-q", "--no-deps", "--no-index", *glob.glob(str(wheels / "*.whl")))
+    # The registry's one third-party import (packaging, a tirx-core dependency: it checks each package's tirx-core
+    # range), copied from this interpreter: pip would need the network (test_release.py does the same).
+    site = _run(py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])").strip()
+    dist = importlib.metadata.distribution("packaging")
+    for f in (f for f in dist.files if "__pycache__" not in f.parts and ".." not in f.parts):
+        os.makedirs(os.path.join(site, os.path.dirname(str(f))), exist_ok=True)
+        shutil.copy2(dist.locate_file(f), os.path.join(site, str(f)))
 
     def kernels():
         out = _run(py, "-m", "tirx_kernels.registry", "--format", "json", cwd=str(tmp_path))
