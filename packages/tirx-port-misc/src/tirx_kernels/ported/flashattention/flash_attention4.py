@@ -1,0 +1,391 @@
+# SPDX-License-Identifier: Apache-2.0
+# Port of flash-attention's Hopper attention forward (FlashAttention-3 design, arXiv 2407.08608; the hopper/ sources and
+# FA4's sm90 path, flash_attn/cute) from https://github.com/Dao-AILab/flash-attention at commit
+# 0251105a2fb19d2957484b7f023cd8c115286ced: read, not copied. The kernel is the TIRx generator in _fwd_kernel.py.
+"""flash-attn's ``flash_attn_func`` forward for Hopper: bf16/fp16, head dims 64, 96, 128, 192, 256 and (192, 128),
+causal (bottom-right aligned when Sq != Sk) or not, MHA/GQA/MQA, batch-padded [B, S, H, D]; returns (out, lse) as
+flash-attn 4 does (lse fp32 [B, H, Sq], natural log; -inf and a zero output for a row that sees no key).
+
+First correct version of issue #22: TMA producer warpgroup, two consumer warpgroups (64 query rows each), online
+softmax with exp2 on the accumulator fragment, P from registers (wgmma RS). Ping-pong, intra-warpgroup overlap and a
+persistent scheduler come next; sliding window, softcap, sink, varlen and paged KV raise NotImplementedError."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from tirx_kernels.core import checks, harness, runtime
+from tirx_kernels.ported.flashattention import _fwd_kernel
+
+KERNEL_META = {
+    "name": "flash_attention4",
+    "category": "ported.flashattention",
+    "runtime_cuda_archs": ["sm_90a"],
+    "description": "Attention forward (FA3 design: TMA producer, wgmma SS/RS, exp2 online softmax), bf16/fp16, "
+                   "causal, GQA, returns LSE",
+    "upstream": {
+        "project": "flash-attention",
+        "url": "https://github.com/Dao-AILab/flash-attention",
+        "commit": "0251105a2fb19d2957484b7f023cd8c115286ced",
+    },
+    "reference_requirements": [
+        {"package": "flash-attn-4", "import": "flash_attn.cute", "specifier": "==4.0.0b36", "baseline": "fa4"},
+    ],
+    "public_ops": ["flash_attn_func"],
+}
+
+# Correctness rows (GPU tests): ragged lengths, GQA/MQA, Sq != Sk both ways, every head dim.
+CONFIGS = [
+    {"label": "bf16_b2_h4_s1000_d128", "B": 2, "Sq": 1000, "Sk": 1000, "Hq": 4, "Hkv": 4, "D": 128},
+    {"label": "bf16_b2_h4_s1000_d128_causal", "B": 2, "Sq": 1000, "Sk": 1000, "Hq": 4, "Hkv": 4, "D": 128,
+     "causal": True},
+    {"label": "fp16_b1_h8kv2_sq300_sk700_d64_causal", "dtype": "float16", "B": 1, "Sq": 300, "Sk": 700, "Hq": 8,
+     "Hkv": 2, "D": 64, "causal": True},
+    {"label": "bf16_b1_h16kv1_s257_d64", "B": 1, "Sq": 257, "Sk": 257, "Hq": 16, "Hkv": 1, "D": 64},
+    {"label": "bf16_b1_h2_sq400_sk200_d128_causal", "B": 1, "Sq": 400, "Sk": 200, "Hq": 2, "Hkv": 2, "D": 128,
+     "causal": True},
+    {"label": "bf16_b3_h4kv2_sq1_sk513_d128", "B": 3, "Sq": 1, "Sk": 513, "Hq": 4, "Hkv": 2, "D": 128},
+    {"label": "fp16_b1_h4_s8193_d128_causal", "dtype": "float16", "B": 1, "Sq": 8193, "Sk": 8193, "Hq": 4, "Hkv": 4,
+     "D": 128, "causal": True},
+    {"label": "bf16_b2_h4_s333_d96_causal", "B": 2, "Sq": 333, "Sk": 333, "Hq": 4, "Hkv": 4, "D": 96,
+     "causal": True},
+    {"label": "bf16_b2_h4_s333_d192", "B": 2, "Sq": 333, "Sk": 333, "Hq": 4, "Hkv": 4, "D": 192},
+    {"label": "bf16_b2_h4kv1_s333_d192_dv128_causal", "B": 2, "Sq": 333, "Sk": 333, "Hq": 4, "Hkv": 1, "D": 192,
+     "Dv": 128, "causal": True},
+    {"label": "bf16_b1_h4_s1000_d256_causal", "B": 1, "Sq": 1000, "Sk": 1000, "Hq": 4, "Hkv": 4, "D": 256,
+     "causal": True},
+]
+
+# The anchor shapes (ANCHORS.md): b2 h16 s8192.
+BENCH_CONFIGS = [
+    {"label": "bf16_b2_h16_s8192_d64", "B": 2, "Sq": 8192, "Sk": 8192, "Hq": 16, "Hkv": 16,
+     "D": 64, "causal": False},
+    {"label": "bf16_b2_h16_s8192_d64_causal", "B": 2, "Sq": 8192, "Sk": 8192, "Hq": 16, "Hkv": 16,
+     "D": 64, "causal": True},
+    {"label": "bf16_b2_h16_s8192_d128", "B": 2, "Sq": 8192, "Sk": 8192, "Hq": 16, "Hkv": 16,
+     "D": 128, "causal": False},
+    {"label": "bf16_b2_h16_s8192_d128_causal", "B": 2, "Sq": 8192, "Sk": 8192, "Hq": 16, "Hkv": 16,
+     "D": 128, "causal": True},
+    {"label": "bf16_b2_h16_s8192_d256", "B": 2, "Sq": 8192, "Sk": 8192, "Hq": 16, "Hkv": 16,
+     "D": 256, "causal": False},
+    {"label": "bf16_b2_h16_s8192_d256_causal", "B": 2, "Sq": 8192, "Sk": 8192, "Hq": 16, "Hkv": 16,
+     "D": 256, "causal": True},
+]
+
+DEFAULTS = {"dtype": "bfloat16", "Dv": None, "causal": False}
+
+# lse is fp32 but inherits the 16-bit inputs' S (identical in the oracle): the error is fp32 summation order and
+# exp2/log2, ~1e-6 relative on values of a few units.
+TOLERANCE = {"float32": (1e-4, 1e-4)}
+
+_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+# (head_dim, head_dim_v) -> block_n: S (block_n / 2), O (Dv / 2) and P (block_n / 4) registers in the consumer's 232,
+# two K/V stages in 227 KB of smem (FA3's hdim tables pick tiles of the same size class).
+BLOCK_N = {(64, 64): 128, (96, 96): 128, (128, 128): 128, (192, 192): 96, (192, 128): 96, (256, 256): 64}
+NUM_STAGES = 2
+_INT32_MAX = 2**31 - 1
+
+
+def compile_params(**cfg) -> dict:
+    """What changes the code: dtype, head dims, causal. B, S, H and the strides are run-time arguments."""
+    d = int(cfg["D"])
+    dv = d if cfg.get("Dv") is None else int(cfg["Dv"])
+    return {"dtype": cfg.get("dtype", "bfloat16"), "head_dim": d, "head_dim_v": dv, "causal": bool(cfg.get("causal"))}
+
+
+def get_kernel(dtype: str, head_dim: int, head_dim_v: int, causal: bool):
+    if (head_dim, head_dim_v) not in BLOCK_N:
+        raise ValueError(f"flash_attention4: head dims ({head_dim}, {head_dim_v}) not one of {sorted(BLOCK_N)}")
+    return _fwd_kernel.build_fwd_kernel(dtype, head_dim, head_dim_v, causal, BLOCK_N[(head_dim, head_dim_v)],
+                                        NUM_STAGES)
+
+
+def artifact_params() -> list[dict]:
+    return [{"dtype": t, "head_dim": d, "head_dim_v": dv, "causal": c}
+            for t in _DTYPES for (d, dv) in BLOCK_N for c in (False, True)]
+
+
+def call_samples(rng) -> list[dict]:
+    """Every dtype, supported head-dim pair and mask, with random batch, lengths and GQA ratios."""
+    out = []
+    for t in _DTYPES:
+        for (d, dv) in BLOCK_N:
+            for c in (False, True):
+                hkv = rng.choice([1, 2, 8])
+                out.append({"dtype": t, "B": rng.randint(1, 4), "Sq": rng.choice([1, 17, 127, 8193]),
+                            "Sk": rng.choice([1, 17, 127, 8193]), "Hq": hkv * rng.choice([1, 2, 16]), "Hkv": hkv,
+                            "D": d, "Dv": dv, "causal": c})
+    return out
+
+
+def sass_expect(head_dim: int, head_dim_v: int, **_) -> list[str]:
+    """Tensor cores for both GEMMs (QK^T at block_n, PV at the padded Dv), 4-D TMA loads, the register split."""
+    n = BLOCK_N[(head_dim, head_dim_v)]
+    dvp = _fwd_kernel.padded(head_dim_v)
+    return [rf"HGMMA\.64x{n}x16\.F32\.(BF16|F16)", rf"HGMMA\.64x{dvp}x16\.F32\.(BF16|F16)", r"UTMALDG\.4D",
+            r"USETMAXREG"]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Data, oracle, baselines
+# ---------------------------------------------------------------------------------------------------------
+
+def prepare_data(dtype: str, B: int, Sq: int, Sk: int, Hq: int, Hkv: int, D: int, Dv: int | None = None,  # noqa: N803
+                 causal: bool = False, device: str = "cuda") -> dict:
+    dv = D if Dv is None else Dv
+    t = _DTYPES[dtype]
+    q = torch.randn(B, Sq, Hq, D, dtype=t, device=device)
+    k = torch.randn(B, Sk, Hkv, D, dtype=t, device=device)
+    v = torch.randn(B, Sk, Hkv, dv, dtype=t, device=device)
+    out = torch.full((B, Sq, Hq, dv), float("nan"), dtype=t, device=device)
+    lse = torch.full((B, Hq, Sq), float("nan"), dtype=torch.float32, device=device)
+    return {"q": q, "k": k, "v": v, "out": out, "lse": lse, "softmax_scale": 1.0 / math.sqrt(D), "causal": causal}
+
+
+def attention_fp32(q, k, v, softmax_scale: float, causal: bool, q_block: int = 1024):
+    """fp32 attention with flash-attn's conventions: (out [B, Sq, Hq, Dv], lse [B, Hq, Sq]), both fp32;
+    causal is bottom-right aligned (key j visible to query i iff j <= i + Sk - Sq); a row that sees no key has
+    out 0 and lse -inf. Query blocks of ``q_block`` bound the score matrix's memory."""
+    B, Sq, Hq, _ = q.shape
+    Sk, Hkv = k.shape[1], k.shape[2]
+    group = Hq // Hkv
+    kf = k.float().transpose(1, 2).repeat_interleave(group, 1)  # [B, Hq, Sk, D]
+    vf = v.float().transpose(1, 2).repeat_interleave(group, 1)
+    out = torch.empty(B, Hq, Sq, v.shape[-1], dtype=torch.float32, device=q.device)
+    lse = torch.empty(B, Hq, Sq, dtype=torch.float32, device=q.device)
+    for i0 in range(0, Sq, q_block):
+        qf = q[:, i0:i0 + q_block].float().transpose(1, 2)  # [B, Hq, m, D]
+        s = torch.matmul(qf, kf.transpose(-1, -2)) * softmax_scale
+        if causal:
+            rows = torch.arange(i0, i0 + qf.shape[2], device=q.device)[:, None]
+            cols = torch.arange(Sk, device=q.device)[None, :]
+            s = s.masked_fill(cols > rows + (Sk - Sq), float("-inf"))
+        m = s.amax(-1, keepdim=True)
+        p = torch.exp(s - torch.where(torch.isinf(m), torch.zeros_like(m), m))
+        total = p.sum(-1, keepdim=True)
+        blk_lse = torch.where(total > 0, m + torch.log(total), torch.full_like(m, float("-inf")))
+        out[:, :, i0:i0 + q_block] = torch.matmul(p / torch.where(total > 0, total, torch.ones_like(total)), vf)
+        lse[:, :, i0:i0 + q_block] = blk_lse.squeeze(-1)
+    return out.transpose(1, 2), lse
+
+
+def reference(q, k, v, softmax_scale, causal, **_) -> dict:
+    out, lse = attention_fp32(q, k, v, softmax_scale, causal)
+    return {"out": out, "lse": lse}
+
+
+def _compare_lse(got, want, cfg, inputs):
+    """Rows that see no key must be -inf in both; the others within the fp32 tolerance."""
+    empty = torch.isinf(want) & (want < 0)
+    if not torch.equal(torch.isinf(got) & (got < 0), empty):
+        n = int(((torch.isinf(got) & (got < 0)) != empty).sum())
+        raise harness.KernelCheckError(f"{n} rows differ in being -inf (a row that sees no key)")
+    return harness.compare("lse", got[~empty], want[~empty], TOLERANCE["float32"], "the fp32 oracle")
+
+
+COMPARATORS = {"lse": _compare_lse}
+
+
+def launch(cfg: dict, data: dict) -> None:
+    flash_attn_func(data["q"], data["k"], data["v"], softmax_scale=data["softmax_scale"], causal=data["causal"],
+                    out=(data["out"], data["lse"]))
+
+
+def roofline(B: int, Sq: int, Sk: int, Hq: int, Hkv: int, D: int, Dv: int | None = None, causal: bool = False,
+             dtype: str = "bfloat16", **_) -> dict:
+    """FLOPs 2 B Hq (D + Dv) x the visible (query, key) pairs (all Sq Sk, or the bottom-right causal count, ~half
+    when Sq = Sk as the anchors' 4 b h s^2 d / 2); bytes: q, k, v read once, out and lse written once."""
+    dv = D if Dv is None else Dv
+    if causal:
+        pairs = sum(max(0, min(Sk, i + 1 + Sk - Sq)) for i in range(Sq)) if Sq < 65536 else Sq * Sk // 2
+    else:
+        pairs = Sq * Sk
+    elem = 2
+    nbytes = elem * B * (Sq * Hq * D + Sk * Hkv * (D + dv) + Sq * Hq * dv) + 4 * B * Hq * Sq
+    return {"bytes": nbytes, "flops": 2 * B * Hq * (D + dv) * pairs}
+
+
+def get_baselines(**cfg) -> dict:
+    Sq, Sk, causal = int(cfg.get("Sq", 1)), int(cfg.get("Sk", 1)), bool(cfg.get("causal"))
+
+    def sdpa(backend_name: str | None):
+        def build():
+            import torch.nn.functional as F  # noqa: N812
+            from torch.nn.attention import SDPBackend, sdpa_kernel
+
+            if causal and Sq != Sk:
+                raise ImportError("SDPA's is_causal is top-left aligned; flash-attn's causal is bottom-right when "
+                                  "Sq != Sk")
+            backend = None if backend_name is None else getattr(SDPBackend, backend_name)
+
+            def fn(data):
+                q, k, v = (data[n].transpose(1, 2) for n in ("q", "k", "v"))
+                gqa = q.shape[1] != k.shape[1]
+                if backend is None:
+                    o = F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=data["softmax_scale"],
+                                                       enable_gqa=gqa)
+                else:
+                    with sdpa_kernel(backend):
+                        o = F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=data["softmax_scale"],
+                                                           enable_gqa=gqa)
+                return {"out": o.transpose(1, 2)}
+            return fn
+        return build
+
+    def fa4():
+        from flash_attn.cute import flash_attn_func as fa4_func
+
+        def fn(data):
+            o, lse = fa4_func(data["q"], data["k"], data["v"], softmax_scale=data["softmax_scale"],
+                              causal=data["causal"])
+            return {"out": o, "lse": lse}
+        return fn
+
+    return {"torch": sdpa(None), "sdpa_flash": sdpa("FLASH_ATTENTION"), "sdpa_cudnn": sdpa("CUDNN_ATTENTION"),
+            "fa4": fa4}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Public op
+# ---------------------------------------------------------------------------------------------------------
+
+_OP = "flash_attn_func"
+
+
+def _fail(name: str, expected: str, got: str) -> None:
+    raise checks.TirxInputError(f"{_OP}: argument '{name}': expected {expected}, got {got}")
+
+
+def _check_inputs(q, k, v, softmax_scale, window_size, learnable_sink, softcap, num_splits, out) -> None:
+    """Shapes, dtypes and the arguments this version does not implement; the device last (a CPU machine exercises
+    the rest)."""
+    dtypes = tuple(_DTYPES.values())
+    checks.tensor(_OP, "q", q, dtypes=dtypes, ndim=4, cuda=False)
+    B, Sq, Hq, D = q.shape
+    checks.tensor(_OP, "k", k, dtypes=dtypes, ndim=4, cuda=False)
+    checks.tensor(_OP, "v", v, dtypes=dtypes, ndim=4, cuda=False)
+    checks.same_dtype(_OP, "q", q, k=k, v=v)
+    Sk, Hkv = k.shape[1], k.shape[2]
+    checks.tensor(_OP, "k", k, shape=(B, None, None, D), cuda=False)
+    checks.tensor(_OP, "v", v, shape=(B, Sk, Hkv, None), cuda=False)
+    Dv = v.shape[3]
+    if (D, Dv) not in BLOCK_N:
+        _fail("v" if D in {d for d, _ in BLOCK_N} else "q", f"head dims (q/k, v) in {sorted(BLOCK_N)}",
+              f"({D}, {Dv})")
+    if Hkv == 0 or Hq % Hkv:
+        _fail("k", f"a number of heads dividing q's {Hq} (GQA/MQA)", f"{Hkv}")
+    if softmax_scale is not None and not (isinstance(softmax_scale, (int, float)) and math.isfinite(softmax_scale)):
+        _fail("softmax_scale", "None or a finite float", repr(softmax_scale))
+    if tuple(window_size) not in ((None, None), (-1, -1)):
+        raise NotImplementedError(f"{_OP}: argument 'window_size': sliding-window attention is not implemented yet "
+                                  f"(got {tuple(window_size)}; only (None, None) / (-1, -1))")
+    if learnable_sink is not None:
+        raise NotImplementedError(f"{_OP}: argument 'learnable_sink': per-head sinks are not implemented yet")
+    if softcap:
+        raise NotImplementedError(f"{_OP}: argument 'softcap': logit soft-capping is not implemented yet "
+                                  f"(got {softcap})")
+    if num_splits not in (0, 1):
+        raise NotImplementedError(f"{_OP}: argument 'num_splits': split-KV is not implemented yet (got {num_splits})")
+    if out is not None:
+        if not isinstance(out, (tuple, list)) or len(out) != 2:
+            _fail("out", "a tuple (out, lse)", type(out).__name__)
+        checks.tensor(_OP, "out[0]", out[0], shape=(B, Sq, Hq, Dv), contiguous=True, cuda=False)
+        checks.same_dtype(_OP, "q", q, **{"out[0]": out[0]})
+        checks.tensor(_OP, "out[1]", out[1], dtypes=(torch.float32,), shape=(B, Hq, Sq), contiguous=True, cuda=False)
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if any(s > _INT32_MAX for s in t.stride()):
+            _fail(name, "strides below 2**31 elements", f"strides {tuple(t.stride())}")
+    if B * Sq * Hq * Dv > _INT32_MAX:
+        _fail("q", f"an output below 2**31 elements (B * Sq * Hq * Dv = {B * Sq * Hq * Dv})", f"shape {tuple(q.shape)}")
+    checks.tensor(_OP, "q", q, cuda=True)
+    checks.same_device(_OP, "q", q, k=k, v=v, **({} if out is None else {"out[0]": out[0], "out[1]": out[1]}))
+
+
+def _tma_ready(t: torch.Tensor) -> torch.Tensor:
+    """TMA takes a 16-byte-aligned base and 16-byte-multiple strides; anything else goes through a contiguous copy
+    (flash-attn likewise copies an input whose last dim is not contiguous)."""
+    esize = t.element_size()
+    ok = t.data_ptr() % 16 == 0 and all(t.stride(d) * esize % 16 == 0 for d in range(3) if t.shape[d] > 1)
+    return t if ok else t.contiguous()
+
+
+_FUNCTIONS = runtime.FunctionCache(__name__)
+
+
+def _run(q, k, v, softmax_scale: float, causal: bool, out, lse) -> None:
+    B, Sq, Hq, D = q.shape
+    Sk, Dv = k.shape[1], v.shape[3]
+    if B == 0 or Sq == 0 or Hq == 0:
+        return
+    if Sk == 0:  # no key at all: flash-attn's empty-row convention, no launch (a TMA map cannot have extent 0)
+        out.zero_()
+        lse.fill_(float("-inf"))
+        return
+    checks.aligned(_OP, "out[0]", out, 16)
+    checks.aligned(_OP, "out[1]", lse, 16)
+    fn = _FUNCTIONS.get((q.dtype, D, Dv, causal, q.get_device()),
+                        lambda: compile_params(dtype=str(q.dtype)[6:], D=D, Dv=Dv, causal=causal), q.device)
+    fn(_tma_ready(q), _tma_ready(k), _tma_ready(v), out, lse, float(softmax_scale))
+
+
+def _new_out(q, v):
+    B, Sq, Hq, _ = q.shape
+    return (torch.empty((B, Sq, Hq, v.shape[3]), dtype=q.dtype, device=q.device),
+            torch.empty((B, Hq, Sq), dtype=torch.float32, device=q.device))
+
+
+def flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float | None = None,
+                    causal: bool = False, window_size=(None, None), learnable_sink: torch.Tensor | None = None,
+                    softcap: float = 0.0, num_splits: int = 1, pack_gqa: bool | None = None,
+                    deterministic: bool = False,
+                    out: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention forward with flash-attn's conventions (FA4's ``flash_attn.cute.flash_attn_func``): q [B, Sq, Hq, D],
+    k [B, Sk, Hkv, D], v [B, Sk, Hkv, Dv] bf16/fp16 with unit stride in the head dim, Hq a multiple of Hkv;
+    (D, Dv) one of (64, 64), (96, 96), (128, 128), (192, 192), (192, 128), (256, 256). ``softmax_scale`` defaults to
+    1/sqrt(D); ``causal`` masks bottom-right aligned (key j visible to query i iff j <= i + Sk - Sq). Returns
+    (out [B, Sq, Hq, Dv], lse [B, Hq, Sq] fp32, natural log), written into ``out`` = (out, lse) when given
+    (contiguous). ``pack_gqa`` and ``deterministic`` change nothing here (one schedule; the forward is
+    deterministic). Sliding window, softcap, learnable sink and split-KV raise NotImplementedError."""
+    _check_inputs(q, k, v, softmax_scale, window_size, learnable_sink, softcap, num_splits, out)
+    scale = 1.0 / math.sqrt(q.shape[3]) if softmax_scale is None else float(softmax_scale)
+    causal = bool(causal)
+    if runtime.direct_call(q, k, v, *(out or ())):
+        dst = out if out is not None else _new_out(q, v)
+        _run(q, k, v, scale, causal, dst[0], dst[1])
+        if out is not None:
+            runtime.mark_written(out[0])
+            runtime.mark_written(out[1])
+        return tuple(dst)
+    if out is None:
+        return tuple(torch.ops.tirx.flash_attention4(q, k, v, scale, causal))
+    torch.ops.tirx.flash_attention4_out(q, k, v, scale, causal, out[0], out[1])
+    return tuple(out)
+
+
+@torch.library.custom_op("tirx::flash_attention4", mutates_args=())
+def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float,
+                  causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    o, lse = _new_out(q, v)
+    _run(q, k, v, softmax_scale, causal, o, lse)
+    return o, lse
+
+
+@_attention_op.register_fake
+def _(q, k, v, softmax_scale, causal):
+    return _new_out(q, v)
+
+
+@torch.library.custom_op("tirx::flash_attention4_out", mutates_args=("out", "lse"))
+def _attention_out_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float, causal: bool,
+                      out: torch.Tensor, lse: torch.Tensor) -> None:
+    _run(q, k, v, softmax_scale, causal, out, lse)
+
+
+@_attention_out_op.register_fake
+def _(q, k, v, softmax_scale, causal, out, lse):
+    return None
+
+
+run_test, run_bench = harness.bind(__name__)
