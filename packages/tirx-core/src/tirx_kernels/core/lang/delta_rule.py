@@ -252,3 +252,49 @@ def build_decode_kernel(max_tokens: int, rows_per_cta: int, lanes_per_row: int, 
                         OUT[o_idx] = T.reinterpret("bfloat16", T.uint16(0))
 
     return delta_rule_decode
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Host side: launch arguments of a call already validated by the op (torch tensors)
+# ---------------------------------------------------------------------------------------------------------
+
+def _flat(t):
+    """The 1-D view from ``t``'s first element over its whole span (the kernels index with explicit strides)."""
+    span = 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()) if n > 0)
+    return t.as_strided((span,), (1,))
+
+
+def launch_args(pool, q, k, v, g, beta, slots, scale, use_qk_l2norm, gate_mode, A_log, dt_bias,  # noqa: N803
+                lower_bound, beta_is_logit, source, source_index, num_accepted, out, rows_per_cta, lanes_per_row,
+                rows_per_thread):
+    """(pointers by buffer name, scalars by name, grid, block). pool / source ``(N, HV, V, K)``; q, k ``(B, T, H,
+    K)``; v, g, out ``(B, T, HV, 128)``; beta ``(B, T, HV)``; slots ``(B, T)`` int32; source_index,
+    num_accepted ``(B,)`` int32 or None; A_log ``(H,)`` / dt_bias ``(H * K,)`` fp32 or None; gate_mode one of
+    ``log``, ``softplus``, ``lower_bound``. Missing optional tensors are replaced by ones the kernel never reads
+    (its flags say so)."""
+    import torch
+
+    batch, ntokens, n_heads, _ = q.shape
+    n_vheads = v.shape[2]
+    flags = (L2NORM if use_qk_l2norm else 0) | (GATE_SOFTPLUS if gate_mode == "softplus" else 0) | \
+        (GATE_LOWER_BOUND if gate_mode == "lower_bound" else 0) | (HAS_DT_BIAS if dt_bias is not None else 0) | \
+        (BETA_LOGIT if beta_is_logit else 0) | (HAS_SOURCE if source is not None else 0) | \
+        (HAS_NUM_ACCEPTED if num_accepted is not None else 0)
+    f32_dummy = A_log if A_log is not None else \
+        (dt_bias if dt_bias is not None else q.new_zeros(1, dtype=torch.float32))
+    src = source if source is not None else pool
+    ptrs = {"S": _flat(pool), "SRC": _flat(src), "Q": _flat(q), "Kt": _flat(k), "Vt": _flat(v), "G": _flat(g),
+            "BETA": _flat(beta), "ALOG": _flat(A_log if A_log is not None else f32_dummy),
+            "BIAS": _flat(dt_bias if dt_bias is not None else f32_dummy), "OUT": _flat(out), "SLOTS": _flat(slots),
+            "SRCIDX": _flat(source_index if source_index is not None else slots),
+            "NACC": _flat(num_accepted if num_accepted is not None else slots)}
+    scalars = {"batch": batch, "ntokens": ntokens, "n_heads": n_heads, "n_vheads": n_vheads,
+               "state_stride": pool.stride(0), "src_stride": src.stride(0), "q_sb": q.stride(0), "q_st": q.stride(1),
+               "k_sb": k.stride(0), "k_st": k.stride(1), "v_sb": v.stride(0), "v_st": v.stride(1),
+               "g_sb": g.stride(0), "g_st": g.stride(1), "beta_sb": beta.stride(0), "beta_st": beta.stride(1),
+               "o_sb": out.stride(0), "o_st": out.stride(1), "slot_sb": slots.stride(0), "slot_st": slots.stride(1),
+               "srcidx_s": source_index.stride(0) if source_index is not None else 0, "flags": flags,
+               "scale": float(scale), "lower_bound": float(lower_bound), "zero": 0}
+    grid = (batch, n_vheads * (V_DIM // rows_per_cta))
+    block = (threads_of(rows_per_cta, lanes_per_row, rows_per_thread),)
+    return ptrs, scalars, grid, block

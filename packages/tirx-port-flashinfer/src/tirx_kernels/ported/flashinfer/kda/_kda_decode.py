@@ -57,42 +57,13 @@ def schedule_of(batch: int, ntokens: int, n_vheads: int) -> tuple[str, str, int]
 # Launch arguments
 # ---------------------------------------------------------------------------------------------------------
 
-def _flat(t: torch.Tensor) -> torch.Tensor:
-    span = 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()) if n > 0)
-    return t.as_strided((span,), (1,))
-
-
 def kernel_args(pool, q, k, v, g, beta, slots, scale, use_qk_l2norm, gate_mode, A_log, dt_bias,  # noqa: N803
                 lower_bound, beta_is_logit, source, source_index, num_accepted, out, schedule=None):
     """(pointers by buffer name, scalars by name, grid, block) of the normalized call (``normalize``), for the
     schedule upstream's dispatch picks (or ``schedule``)."""
-    batch, ntokens, n_heads, _ = q.shape
-    n_vheads = v.shape[2]
-    flags = (dr.L2NORM if use_qk_l2norm else 0) | (dr.GATE_SOFTPLUS if gate_mode == "softplus" else 0) | \
-        (dr.GATE_LOWER_BOUND if gate_mode == "lower_bound" else 0) | (dr.HAS_DT_BIAS if dt_bias is not None else 0) | \
-        (dr.BETA_LOGIT if beta_is_logit else 0) | (dr.HAS_SOURCE if source is not None else 0) | \
-        (dr.HAS_NUM_ACCEPTED if num_accepted is not None else 0)
-    f32_dummy = A_log if A_log is not None else \
-        (dt_bias if dt_bias is not None else q.new_zeros(1, dtype=torch.float32))
-    ptrs = {"S": _flat(pool), "SRC": _flat(source if source is not None else pool), "Q": _flat(q), "Kt": _flat(k),
-            "Vt": _flat(v), "G": _flat(g), "BETA": _flat(beta),
-            "ALOG": _flat(A_log if A_log is not None else f32_dummy),
-            "BIAS": _flat(dt_bias if dt_bias is not None else f32_dummy), "OUT": _flat(out), "SLOTS": _flat(slots),
-            "SRCIDX": _flat(source_index if source_index is not None else slots),
-            "NACC": _flat(num_accepted if num_accepted is not None else slots)}
-    src = source if source is not None else pool
-    scalars = {"batch": batch, "ntokens": ntokens, "n_heads": n_heads, "n_vheads": n_vheads,
-               "state_stride": pool.stride(0), "src_stride": src.stride(0), "q_sb": q.stride(0), "q_st": q.stride(1),
-               "k_sb": k.stride(0), "k_st": k.stride(1), "v_sb": v.stride(0), "v_st": v.stride(1),
-               "g_sb": g.stride(0), "g_st": g.stride(1), "beta_sb": beta.stride(0), "beta_st": beta.stride(1),
-               "o_sb": out.stride(0), "o_st": out.stride(1), "slot_sb": slots.stride(0), "slot_st": slots.stride(1),
-               "srcidx_s": source_index.stride(0) if source_index is not None else 0, "flags": flags,
-               "scale": float(scale), "lower_bound": float(lower_bound), "zero": 0}
-    schedule = schedule or schedule_of(batch, ntokens, n_vheads)[1]
-    rows, lanes, rpt = SCHEDULES[schedule]
-    grid = (batch, n_vheads * (V_DIM // rows))
-    block = (dr.threads_of(rows, lanes, rpt),)
-    return ptrs, scalars, grid, block
+    schedule = schedule or schedule_of(q.shape[0], q.shape[1], v.shape[2])[1]
+    return dr.launch_args(pool, q, k, v, g, beta, slots, scale, use_qk_l2norm, gate_mode, A_log, dt_bias,
+                          lower_bound, beta_is_logit, source, source_index, num_accepted, out, *SCHEDULES[schedule])
 
 
 def oracle(pool, q, k, v, g, beta, slots, scale, use_qk_l2norm, gate_mode, A_log, dt_bias, lower_bound,  # noqa: N803

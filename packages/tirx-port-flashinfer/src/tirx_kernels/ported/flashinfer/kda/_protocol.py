@@ -127,14 +127,16 @@ def _ref_outputs(d: dict, fn) -> dict:
 
 
 def get_baselines(**cfg) -> dict:
-    """FlashInfer 0.7.4's cute-dsl op; fla-core's fused_recurrent_kda on gathered states (T = 1, log gate)."""
+    """FlashInfer 0.7.4's cute-dsl op; fla-core's fused_recurrent_kda on gathered states (T = 1, log gate, H = HV:
+    fla has no state pool and no in-kernel gate)."""
     def flashinfer():
         import flashinfer.kda_decode
 
         return lambda d: _ref_outputs(d, lambda kw: flashinfer.kda_decode.recurrent_kda(**kw)[0])
 
     out = {"flashinfer": flashinfer}
-    if cfg.get("T", 1) == 1 and cfg.get("gate") == "log" and not cfg.get("source") and not cfg.get("pad"):
+    if cfg.get("T", 1) == 1 and cfg.get("gate") == "log" and not cfg.get("source") and not cfg.get("pad") and \
+            cfg.get("n_heads") == cfg.get("n_vheads"):
         def fla():
             from fla.ops.kda import fused_recurrent_kda
 
@@ -142,7 +144,7 @@ def get_baselines(**cfg) -> dict:
                 n = kd.normalize(**{k: v for k, v in kw.items() if k != "output"})
                 slots = n["slots"][:, 0].long()
                 h0 = kw["initial_state"][slots].float().transpose(-1, -2)  # fla keeps [K, V]
-                o, ht = fused_recurrent_kda(q=kw["q"], k=kw["k"], v=kw["v"], g=kw["g"].float(), beta=kw["beta"],
+                o, ht = fused_recurrent_kda(q=kw["q"], k=kw["k"], v=kw["v"], g=kw["g"], beta=kw["beta"],
                                             scale=n["scale"], initial_state=h0, output_final_state=True,
                                             use_qk_l2norm_in_kernel=n["use_qk_l2norm"])
                 kw["initial_state"][slots] = ht.transpose(-1, -2).to(torch.bfloat16)

@@ -27,6 +27,7 @@ KERNEL_META = {
     },
     "reference_requirements": [
         {"package": "flashinfer-python", "import": "flashinfer", "specifier": "==0.7.4", "baseline": "flashinfer"},
+        {"package": "fla-core", "import": "fla", "specifier": "==0.6.0", "baseline": "fla"},
     ],
     "public_ops": ["recurrent_kda"],
 }
