@@ -80,6 +80,43 @@ def test_harness_rows_emulated(emulated, row, schedule):
     assert stats["slots_untouched"] >= cfg["batch"] + 3
 
 
+def test_public_op_end_to_end_emulated(emulated, monkeypatch):
+    """kda_decode itself on CPU tensors (the CUDA check lifted, the loaded function replaced by the emulated kernel
+    called with the op's positional arguments), T = 3 with the lower-bound gate, no out buffer; against the
+    oracle, the pool bit-identical outside the checkpoint slots."""
+    from tirx_kernels.core import checks
+    from tirx_kernels.core.lang import delta_rule as dr
+
+    real_tensor = checks.tensor
+    monkeypatch.setattr(checks, "tensor", lambda op, name, t, cuda=False, **kw: real_tensor(op, name, t, cuda=False,
+                                                                                          **kw))
+    monkeypatch.setattr(mod, "_LOADED", {})
+
+    def get_function(module, params, device=None):
+        kern = emulated(params)
+        rows, lanes, rpt = mod.SCHEDULES[params["schedule"]]
+
+        def fn(*args):
+            a = dict(zip(dr.ARG_ORDER + dr.SCALAR_ORDER, args))
+            named = {f"{k}_ptr": a[k] for k in dr.ARG_ORDER}
+            kern(*[named[p.name] if p.pointer else a[p.name] for p in kern.params],
+                 grid=(a["batch"], a["n_vheads"] * (128 // rows)), block=(dr.threads_of(rows, lanes, rpt),)).check()
+        return fn
+
+    monkeypatch.setattr(mod.runtime, "get_function", get_function)
+    d = mod.prepare_data(**{**mod.DEFAULTS, "batch": 2, "T": 3, "n_heads": 1, "n_vheads": 2, "gate": "lower_bound",
+                            "num_accepted": True}, device="cpu")
+    want = mod.reference(**d)
+    before = d["state"].clone()
+    out = mod.kda_decode(**{**mod.op_kwargs(d), "out": None})
+    torch.testing.assert_close(out.float(), want["out"], atol=2e-3, rtol=2e-2)
+    written = d["state_indices"].reshape(-1).long()
+    keep = torch.ones(d["state"].shape[0], dtype=torch.bool)
+    keep[written] = False
+    assert torch.equal(d["state"][keep], before[keep])
+    torch.testing.assert_close(d["state"][written].float(), want["state"][written].float(), atol=2e-2, rtol=2e-2)
+
+
 def test_plan_covers_every_call_with_a_built_artifact():
     built = {artifacts.canonical_params(p) for p in mod.artifact_params()}
     for b in (1, 4, 7, 8, 64, 1024):

@@ -91,6 +91,42 @@ def test_harness_rows_emulated(emulated, which, label):
     assert stats["slots_untouched"] >= 1
 
 
+def test_public_op_end_to_end_emulated(emulated, monkeypatch):
+    """recurrent_kda itself on CPU tensors (the CUDA check lifted, the loaded function replaced by the emulated
+    kernel called with the op's positional arguments): speculative T = 2 without a pool (zeros, B * T slots),
+    no output buffer, the grouped dispatch; against the oracle."""
+    from tirx_kernels.core import checks
+    from tirx_kernels.core.lang import delta_rule as dr
+
+    real_tensor = checks.tensor
+    monkeypatch.setattr(checks, "tensor", lambda op, name, t, cuda=False, **kw: real_tensor(op, name, t, cuda=False,
+                                                                                          **kw))
+    monkeypatch.setattr(kd, "_FUNCTIONS", {})
+
+    def get_function(module, params, device=None):
+        kern = emulated(module, params)
+        rows, lanes, rpt = kd.SCHEDULES[params["schedule"]]
+
+        def fn(*args):
+            a = dict(zip(dr.ARG_ORDER + dr.SCALAR_ORDER, args))
+            named = {f"{k}_ptr": a[k] for k in dr.ARG_ORDER}
+            kern(*[named[p.name] if p.pointer else a[p.name] for p in kern.params],
+                 grid=(a["batch"], a["n_vheads"] * (128 // rows)), block=(dr.threads_of(rows, lanes, rpt),)).check()
+        return fn
+
+    monkeypatch.setattr(kd.runtime, "get_function", get_function)
+    d = grouped_mod.prepare_data(**{**grouped_mod.DEFAULTS, "batch": 2, "T": 2, "n_heads": 1, "n_vheads": 2,
+                                    "gate": "softplus", "form": "dense"}, device="cpu")
+    kw = {**proto.op_kwargs(d), "initial_state": None, "output": None, "output_final_state": True}
+    out, state = kd.recurrent_kda(**kw)
+    zero = torch.zeros(4, 2, 128, 128, dtype=torch.bfloat16)
+    want_out, want_state = kd.oracle(**kd.normalize(**{**{k: v for k, v in kw.items() if k not in (
+        "output", "output_final_state")}, "initial_state": zero.clone()}))
+    torch.testing.assert_close(out.float(), want_out, atol=2e-3, rtol=2e-2)
+    torch.testing.assert_close(state.float(), want_state.float(), atol=2e-2, rtol=2e-2)
+    assert state.float().abs().sum() > 0
+
+
 def test_oracle_matches_a_per_row_loop():
     """The oracle against the recurrence written out for one (n, hv), lower-bound gate, two tokens."""
     cfg = {**grouped_mod.DEFAULTS, "batch": 2, "T": 2, "n_heads": 2, "n_vheads": 4}
