@@ -157,3 +157,16 @@ def test_wheels_of_core_and_one_port_list_exactly_its_kernels(tmp_path):
     assert "refused" not in r.stderr, r.stderr
     want = {e.name for e in registry.list_kernels() if e.distribution == port}
     assert want and set(listed) == want and set(listed.values()) == {port}
+
+
+def test_a_package_runs_its_tests_from_its_own_directory():
+    # `pytest` inside packages/<p> (what a per-package release runs) finds the repository's pytest.ini from there and
+    # runs only that package's tests. The caller's environment is kept: a GPU host may import the packages through
+    # PYTHONPATH.
+    pkg = os.path.join(ROOT, "packages", "tirx-port-cudnn")
+    r = subprocess.run([sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider"], cwd=pkg,
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    ran = [line for line in r.stdout.splitlines() if "::" in line]
+    assert ran and all(line.startswith("tests/") and "PASSED" in line for line in ran), \
+        r.stdout[-2000:]
