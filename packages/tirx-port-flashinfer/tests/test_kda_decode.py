@@ -146,7 +146,7 @@ def test_oracle_matches_a_per_row_loop():
             S[r] += beta * (data["v"][n, t, hv, r].float() - S[r] @ k) * k
         torch.testing.assert_close(want["output"][n, t, hv], S @ q, atol=1e-4, rtol=1e-4)
         slot = int(data["ssm_state_indices"][n, t])
-        torch.testing.assert_close(want["initial_state"][slot, hv].float(), S.bfloat16().float(), atol=0, rtol=0)
+        torch.testing.assert_close(want["initial_state"][slot, hv].float(), S, atol=1e-4, rtol=8e-3)
 
 
 def test_dispatch_follows_upstream():
