@@ -24,7 +24,11 @@ negative read slot reads slot 0.
 Schedule: a CTA owns ``rows_per_cta`` state rows of one (n, hv); a row's 128 bf16 keys (16 vectors of 16 bytes)
 spread over ``lanes_per_row`` lanes, ``rows_per_thread`` rows a thread, every state load issued before any math;
 q, k, the per-channel gates (exponentiated once per CTA), v and beta staged in shared memory; the q / k norms by
-warps, one (token, q-or-k) vector a warp at a time; two lane-group sums a row and token (S k', then S q').
+warps, one (token, q-or-k) vector a warp at a time; then tokens outer, a thread's rows inner, every row's fp32
+state in registers across the tokens (a thread of several rows copies the token's gate / k / q columns to registers
+once and shares them); two lane-group sums a row and token (S k', then S q'). ptxas (nvcc 13.0): one-warp tile
+(16 rows, 16 lanes, 8 rows a thread) 119 registers, 32-row CTAs 83 (4 lanes a row) / 168-174 (2 lanes), no spills.
+Not yet measured on a GPU.
 """
 
 from __future__ import annotations
@@ -79,33 +83,51 @@ def build_decode_kernel(max_tokens: int, rows_per_cta: int, lanes_per_row: int, 
     def lane_col(v, m, e):
         return (v * L + m) * 8 + e
 
-    def dot(sf, vecs, base, m, acc):
-        """``acc[0] =`` this lane's part of ``S[row, :] . vecs[base:base + 128]`` (fp32 in shared memory)."""
+    # A token's per-lane columns (gate, k, q): read from shared memory at each use when a thread owns one row;
+    # with several rows a thread, copied to registers once per token and shared by its rows.
+    cached = RT > 1
+    ncache = 3 * ncols if cached else 1
+
+    def colval(smem, cols, which, t, m, v, e):
+        if cached:
+            return cols[which * ncols + v * 8 + e]
+        return smem[t * K_DIM + lane_col(v, m, e)]
+
+    def fill_cols(cols, gs, ks, qs, t, m):
+        if cached:
+            for which, smem in enumerate((gs, ks, qs)):
+                for v in range(vpt):
+                    for e in range(8):
+                        T.buffer_store(cols, smem[t * K_DIM + lane_col(v, m, e)], [which * ncols + v * 8 + e])
+
+    def dot(sf, sbase, smem, cols, which, t, m, acc):
+        """``acc[0] =`` this lane's part of ``S[row, :] . column`` (the row at ``sf[sbase:]``)."""
         T.buffer_store(acc, T.float32(0), [0])
         for v in range(vpt):
             for e in range(8):
-                T.buffer_store(acc, acc[0] + sf[v * 8 + e] * vecs[base + lane_col(v, m, e)], [0])
+                T.buffer_store(acc, acc[0] + sf[sbase + v * 8 + e] * colval(smem, cols, which, t, m, v, e), [0])
 
-    def decay(sf, gates, base, m):
+    def decay(sf, sbase, gs, cols, t, m):
         for v in range(vpt):
             for e in range(8):
-                T.buffer_store(sf, sf[v * 8 + e] * gates[base + lane_col(v, m, e)], [v * 8 + e])
+                T.buffer_store(sf, sf[sbase + v * 8 + e] * colval(gs, cols, 0, t, m, v, e), [sbase + v * 8 + e])
 
-    def rank1(sf, ks, base, m, delta):
+    def rank1(sf, sbase, ks, cols, t, m, delta):
         for v in range(vpt):
             for e in range(8):
-                T.buffer_store(sf, sf[v * 8 + e] + delta * ks[base + lane_col(v, m, e)], [v * 8 + e])
+                T.buffer_store(sf, sf[sbase + v * 8 + e] + delta * colval(ks, cols, 1, t, m, v, e),
+                               [sbase + v * 8 + e])
 
-    def unpack_state(regs, base, sf):
+    def unpack_state(regs, base, sf, sbase):
         for i in range(words):
             lo, hi = vector.unpack2(regs[base + i], "bfloat16")
-            T.buffer_store(sf, lo, [2 * i])
-            T.buffer_store(sf, hi, [2 * i + 1])
+            T.buffer_store(sf, lo, [sbase + 2 * i])
+            T.buffer_store(sf, hi, [sbase + 2 * i + 1])
 
-    def store_state(buf, row_base, m, sf, packed):
+    def store_state(buf, row_base, m, sf, sbase, packed):
         for v in range(vpt):
             for w in range(4):
-                vector.pack2(packed, w, sf[v * 8 + 2 * w], sf[v * 8 + 2 * w + 1], "bfloat16")
+                vector.pack2(packed, w, sf[sbase + v * 8 + 2 * w], sf[sbase + v * 8 + 2 * w + 1], "bfloat16")
             vector.store_v4(buf.ptr_to([row_base + i64(lane_col(v, m, 0))]), packed, 0)
 
     @T.prim_func
@@ -153,7 +175,8 @@ def build_decode_kernel(max_tokens: int, rows_per_cta: int, lanes_per_row: int, 
         Vs = T.alloc_shared((max_tokens * R,), "float32")
         Betas = T.alloc_shared((max_tokens,), "float32")
         regs = T.alloc_local((RT * words,), "uint32")
-        sf = T.alloc_local((ncols,), "float32")
+        sf = T.alloc_local((RT * ncols,), "float32")
+        cols = T.alloc_local((ncache,), "float32")
         packed = T.alloc_local((4,), "uint32")
         acc = T.alloc_local((1,), "float32")
         part = T.alloc_local((1,), "float32")
@@ -228,28 +251,33 @@ def build_decode_kernel(max_tokens: int, rows_per_cta: int, lanes_per_row: int, 
 
         a_zero = T.cuda.uint_as_float(vector.after_all(regs, RT * words, zero))
         for k in T.unroll(RT):
-            lr = g + k * groups
-            row_off = head_base + i64(row0 + lr) * i64(K_DIM)
-            unpack_state(regs, k * words, sf)
-            sf[0] = sf[0] + a_zero
-            for t in T.serial(ntokens):
-                slot = SLOTS[nb * slot_sb + t * slot_st]
-                o_idx = i64(nb) * i64(o_sb) + i64(t * o_st + hv * V_DIM + row0 + lr)
-                if slot >= 0:  # uniform over the CTA: the shuffles below see every lane
-                    decay(sf, Gs, t * K_DIM, m)
-                    dot(sf, Ks, t * K_DIM, m, acc)
+            unpack_state(regs, k * words, sf, k * ncols)
+        sf[0] = sf[0] + a_zero
+        # Tokens outer, a thread's rows inner: every row's fp32 state stays in registers across the tokens.
+        for t in T.serial(ntokens):
+            slot = SLOTS[nb * slot_sb + t * slot_st]
+            if slot >= 0:  # uniform over the CTA: the shuffles below see every lane
+                fill_cols(cols, Gs, Ks, Qs, t, m)
+                for k in T.unroll(RT):
+                    lr = g + k * groups
+                    decay(sf, k * ncols, Gs, cols, t, m)
+                    dot(sf, k * ncols, Ks, cols, 1, t, m, acc)
                     kv = reduce.warp_sum(acc[0], L)
                     delta = Betas[t] * (Vs[t * R + lr] - kv)
-                    rank1(sf, Ks, t * K_DIM, m, delta)
-                    dot(sf, Qs, t * K_DIM, m, acc)
+                    rank1(sf, k * ncols, Ks, cols, t, m, delta)
+                    dot(sf, k * ncols, Qs, cols, 2, t, m, acc)
                     o = reduce.warp_sum(acc[0], L)
                     if m == 0:
                         vector.pack2(packed, 0, o, o, "bfloat16")
-                        OUT[o_idx] = T.reinterpret("bfloat16", T.Cast("uint16", packed[0]))
-                    store_state(S, i64(slot) * i64(state_stride) + row_off, m, sf, packed)
-                else:
+                        OUT[i64(nb) * i64(o_sb) + i64(t * o_st + hv * V_DIM + row0 + lr)] = T.reinterpret(
+                            "bfloat16", T.Cast("uint16", packed[0]))
+                    store_state(S, i64(slot) * i64(state_stride) + head_base + i64(row0 + lr) * i64(K_DIM), m, sf,
+                                k * ncols, packed)
+            else:
+                for k in T.unroll(RT):
                     if m == 0:
-                        OUT[o_idx] = T.reinterpret("bfloat16", T.uint16(0))
+                        OUT[i64(nb) * i64(o_sb) + i64(t * o_st + hv * V_DIM + row0 + g + k * groups)] = \
+                            T.reinterpret("bfloat16", T.uint16(0))
 
     return delta_rule_decode
 
