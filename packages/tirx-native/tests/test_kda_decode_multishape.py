@@ -12,13 +12,14 @@ import torch
 from tirx_kernels.core import artifacts
 from tirx_kernels.kda import kda_decode_multishape as mod
 
-# Emulation runs one host thread per CUDA thread: small batches and head counts, one row per schedule and gate.
+# Emulation runs one host thread per CUDA thread: small batches and head counts, one row per schedule and gate
+# (T = 3 twice: one emulated build serves both).
 EMULATED = [
     ({"batch": 2, "T": 1, "n_heads": 2, "n_vheads": 4}, "warp16"),
     ({"batch": 3, "T": 1, "n_heads": 2, "n_vheads": 2, "pad": True}, "cta32x4"),
     ({"batch": 3, "T": 5, "n_heads": 1, "n_vheads": 2, "num_accepted": True, "pad": True}, "cta32x2"),
     ({"batch": 2, "T": 3, "n_heads": 2, "n_vheads": 2, "gate": "lower_bound"}, "cta32x2"),
-    ({"batch": 2, "T": 2, "n_heads": 1, "n_vheads": 2, "gate": "softplus", "num_accepted": True}, "cta32x2"),
+    ({"batch": 2, "T": 3, "n_heads": 1, "n_vheads": 2, "gate": "softplus", "num_accepted": True}, "cta32x2"),
 ]
 
 

@@ -120,6 +120,12 @@ def _check(name, t, shape, dtype=torch.bfloat16):
         _fail(name, "unit stride on the last dim, heads contiguous, int32 strides", f"strides {t.stride()}")
 
 
+def _misaligned(t: torch.Tensor) -> bool:
+    """The pool's base off 16 bytes (its 16-byte vector accesses); not checked while torch.compile traces (fake
+    tensors have no address: the eager path and the custom op's body, run on real tensors, check it)."""
+    return not torch.compiler.is_compiling() and t.data_ptr() % 16 != 0
+
+
 def normalize(q, k, v, g, beta, state, state_indices, num_accepted_tokens=None, A_log=None,  # noqa: N803, C901
               dt_bias=None, lower_bound=None, scale=None, out=None) -> dict:
     """The op's arguments validated and brought to ``delta_rule.launch_args``'s forms (views only)."""
@@ -139,7 +145,7 @@ def normalize(q, k, v, g, beta, state, state_indices, num_accepted_tokens=None, 
     if not isinstance(state, torch.Tensor) or state.dim() != 4 or tuple(state.shape[1:]) != (n_vheads, 128, 128) \
             or state.dtype != torch.bfloat16:
         _fail("state", f"bfloat16 (N, HV, 128, 128) with HV = {n_vheads}", getattr(state, "shape", state))
-    if state.stride(3) != 1 or state.stride(2) != 128 or state.stride(1) != 128 * 128 or state.data_ptr() % 16 or \
+    if state.stride(3) != 1 or state.stride(2) != 128 or state.stride(1) != 128 * 128 or _misaligned(state) or \
             (state.stride(0) * 2) % 16 or not 0 < state.stride(0) < 2**31:
         _fail("state", "contiguous 16-byte aligned (HV, 128, 128) slots", f"strides {state.stride()}")
     idx_shape = (batch,) if ntokens == 1 and state_indices is not None and state_indices.dim() == 1 \

@@ -100,12 +100,18 @@ def _index(name, t, shape):
     return t.to(torch.int32)
 
 
+def _misaligned(t: torch.Tensor) -> bool:
+    """The pool's base off 16 bytes (its 16-byte vector accesses); not checked while torch.compile traces (fake
+    tensors have no address: the eager path and the custom op's body, run on real tensors, check it)."""
+    return not torch.compiler.is_compiling() and t.data_ptr() % 16 != 0
+
+
 def _pool(name, t, n_vheads):
     if not isinstance(t, torch.Tensor) or t.dim() != 4 or tuple(t.shape[1:]) != (n_vheads, V_DIM, K_DIM) or \
             t.dtype != torch.bfloat16:
         _fail(name, f"bfloat16 (N, HV, V, K) = (*, {n_vheads}, 128, 128)",
               f"{getattr(t, 'dtype', type(t))} {tuple(getattr(t, 'shape', ()))}")
-    if t.stride(3) != 1 or t.stride(2) != K_DIM or t.stride(1) != V_DIM * K_DIM or t.data_ptr() % 16 or \
+    if t.stride(3) != 1 or t.stride(2) != K_DIM or t.stride(1) != V_DIM * K_DIM or _misaligned(t) or \
             (t.stride(0) * 2) % 16 or not 0 < t.stride(0) <= _INT32_MAX:
         _fail(name, "contiguous 16-byte aligned (HV, V, K) slots", f"strides {t.stride()}")
 
