@@ -231,9 +231,14 @@ def recurrent_kda(q, k, v, g, beta, A_log=None, dt_bias=None, scale=None, initia
         _fail("backend", "'cute-dsl'", repr(backend))
     if not isinstance(q, torch.Tensor) or not isinstance(v, torch.Tensor) or q.dim() != 4 or v.dim() != 4:
         _fail("q", "(B, T, H, K) and v (B, T, HV, V) tensors", type(q).__name__)
-    if initial_state is None:
-        initial_state = torch.zeros(q.shape[0] * (1 if num_spec_tokens is None else q.shape[1]), v.shape[2], V_DIM,
-                                    K_DIM, dtype=torch.bfloat16, device=q.device)
+    if initial_state is None:  # upstream's zero state: B slots at T = 1 (indices ignored), else B * T or max index + 1
+        slots = q.shape[0]
+        if num_spec_tokens is not None:
+            slots = q.shape[0] * q.shape[1] if ssm_state_indices is None or ssm_state_indices.numel() == 0 else \
+                max(int(ssm_state_indices.max()), 0) + 1
+        else:
+            ssm_state_indices = None
+        initial_state = torch.zeros(slots, v.shape[2], V_DIM, K_DIM, dtype=torch.bfloat16, device=q.device)
     n = normalize(q, k, v, g, beta, A_log, dt_bias, scale, initial_state, use_qk_l2norm_in_kernel,
                   use_gate_in_kernel, lower_bound, cu_seqlens, ssm_state_indices, num_spec_tokens,
                   num_accepted_tokens, initial_state_source, initial_state_indices, beta_is_logit)
