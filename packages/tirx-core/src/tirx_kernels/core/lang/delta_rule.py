@@ -292,6 +292,21 @@ def _flat(t):
     return t.as_strided((span,), (1,))
 
 
+_DUMMIES: dict = {}
+
+
+def _f32_dummy(device):
+    """One fp32 element per device standing in for an absent A_log / dt_bias (allocated once: no allocation per
+    call, none inside a CUDA-graph capture)."""
+    import torch
+
+    key = str(device)
+    t = _DUMMIES.get(key)
+    if t is None:
+        t = _DUMMIES[key] = torch.zeros(1, dtype=torch.float32, device=device)
+    return t
+
+
 def launch_args(pool, q, k, v, g, beta, slots, scale, use_qk_l2norm, gate_mode, A_log, dt_bias,  # noqa: N803
                 lower_bound, beta_is_logit, source, source_index, num_accepted, out, rows_per_cta, lanes_per_row,
                 rows_per_thread):
@@ -300,16 +315,13 @@ def launch_args(pool, q, k, v, g, beta, slots, scale, use_qk_l2norm, gate_mode, 
     num_accepted ``(B,)`` int32 or None; A_log ``(H,)`` / dt_bias ``(H * K,)`` fp32 or None; gate_mode one of
     ``log``, ``softplus``, ``lower_bound``. Missing optional tensors are replaced by ones the kernel never reads
     (its flags say so)."""
-    import torch
-
     batch, ntokens, n_heads, _ = q.shape
     n_vheads = v.shape[2]
     flags = (L2NORM if use_qk_l2norm else 0) | (GATE_SOFTPLUS if gate_mode == "softplus" else 0) | \
         (GATE_LOWER_BOUND if gate_mode == "lower_bound" else 0) | (HAS_DT_BIAS if dt_bias is not None else 0) | \
         (BETA_LOGIT if beta_is_logit else 0) | (HAS_SOURCE if source is not None else 0) | \
         (HAS_NUM_ACCEPTED if num_accepted is not None else 0)
-    f32_dummy = A_log if A_log is not None else \
-        (dt_bias if dt_bias is not None else q.new_zeros(1, dtype=torch.float32))
+    f32_dummy = A_log if A_log is not None else (dt_bias if dt_bias is not None else _f32_dummy(q.device))
     src = source if source is not None else pool
     ptrs = {"S": _flat(pool), "SRC": _flat(src), "Q": _flat(q), "Kt": _flat(k), "Vt": _flat(v), "G": _flat(g),
             "BETA": _flat(beta), "ALOG": _flat(A_log if A_log is not None else f32_dummy),
