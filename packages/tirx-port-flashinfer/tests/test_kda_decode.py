@@ -149,6 +149,24 @@ def test_oracle_matches_a_per_row_loop():
         torch.testing.assert_close(want["initial_state"][slot, hv].float(), S, atol=1e-4, rtol=8e-3)
 
 
+def test_template_oracle_is_gdn_with_a_constant_gate_row():
+    """GDN decode is the template with every key channel gated alike: the KDA oracle with g = log(GDN's gate)
+    broadcast over K equals the GDN port's oracle (the ground for moving gdn_decode onto core.lang.delta_rule).
+    Built from the GDN module's data by FlashInfer's argument names only."""
+    from tirx_kernels.core import delta_rule_ref
+    from tirx_kernels.ported.flashinfer.gdn_decode import gdn_decode_bf16_wide_vec_t1 as gdn
+
+    d = gdn.prepare_data(**{**gdn.DEFAULTS, "batch": 3, "n_heads": 2, "n_vheads": 4}, device="cpu")
+    want = gdn.reference(**d)
+    x = d["a"].float() + d["dt_bias"].float()
+    log_gate = -torch.exp(d["A_log"]) * torch.where(x <= 20, torch.log1p(torch.exp(x)), x)  # (B, T, HV)
+    out, pool = delta_rule_ref.decode(d["initial_state"], d["q"], d["k"], d["v"],
+                                      log_gate[..., None].expand(-1, -1, -1, 128), torch.sigmoid(d["b"].float()),
+                                      d["initial_state_indices"].view(-1, 1), 128 ** -0.5)
+    torch.testing.assert_close(out, want["output"].float(), atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(pool.float(), want["initial_state"].float(), atol=1e-2, rtol=8e-3)
+
+
 def test_dispatch_follows_upstream():
     assert kd.schedule_of(8, 1, 16)[:2] == ("recurrent_kda_decode_one_warp", "one_warp")
     assert kd.schedule_of(7, 1, 16)[:2] == ("recurrent_kda_decode_grouped", "grouped_t1")
