@@ -90,6 +90,9 @@ OP_KEYS = ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "initial_state", "use
            "output", "initial_state_source", "initial_state_indices", "beta_is_logit")
 
 
+_PER_ROW = ("q", "k", "v", "g", "beta", "ssm_state_indices", "initial_state_indices")
+
+
 def op_kwargs(data: dict) -> dict:
     return {k: data[k] for k in OP_KEYS if k in data}
 
@@ -132,7 +135,20 @@ def get_baselines(**cfg) -> dict:
     def flashinfer():
         import flashinfer.kda_decode
 
-        return lambda d: _ref_outputs(d, lambda kw: flashinfer.kda_decode.recurrent_kda(**kw)[0])
+        def call(kw):
+            idx = kw.get("ssm_state_indices")
+            if kw["q"].shape[1] > 1 or idx is None or bool((idx >= 0).all()):
+                return flashinfer.kda_decode.recurrent_kda(**kw)[0]
+            # T = 1 upstream gathers a negative index with torch indexing (the last slot); padding rows are ours
+            # to define (output 0, nothing written): run upstream on the live rows only.
+            live = idx >= 0
+            sub = {k: (v[live] if isinstance(v, torch.Tensor) and k in _PER_ROW else v) for k, v in kw.items()}
+            sub["output"] = torch.empty_like(kw["output"][live])
+            out = torch.zeros_like(kw["output"])
+            out[live] = flashinfer.kda_decode.recurrent_kda(**sub)[0]
+            return out
+
+        return lambda d: _ref_outputs(d, call)
 
     out = {"flashinfer": flashinfer}
     if cfg.get("T", 1) == 1 and cfg.get("gate") == "log" and not cfg.get("source") and not cfg.get("pad") and \
