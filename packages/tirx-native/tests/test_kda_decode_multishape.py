@@ -189,7 +189,11 @@ def test_gpu_matches_flashinfer(label):
 
     cfg = harness.full_config(mod, next(c for c in mod.CONFIGS if c["label"] == label))
     d = mod.prepare_data(**cfg)
-    want = mod.get_baselines(**cfg)["flashinfer"]()(d)
+    try:
+        fn = mod.get_baselines(**cfg)["flashinfer"]()
+    except ImportError as e:
+        pytest.skip(str(e))
+    want = fn(d)
     got = mod.op_kwargs(d)
     got["state"] = d["state"].clone()
     mod.kda_decode(**got)

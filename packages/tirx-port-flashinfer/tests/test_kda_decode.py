@@ -268,6 +268,8 @@ def _both(m, cfg, ref_fn):
 def test_gpu_matches_flashinfer(which, cfg):
     pytest.importorskip("flashinfer")
     kda_decode = pytest.importorskip("flashinfer.kda_decode")
+    if getattr(kda_decode, "_RECURRENT_KDA_AVAILABLE", True) is False:
+        pytest.skip("FlashInfer's CuTe-DSL recurrent_kda cannot target this device")
 
     _both(MODULES[which], cfg, lambda kw: kda_decode.recurrent_kda(**kw))
 

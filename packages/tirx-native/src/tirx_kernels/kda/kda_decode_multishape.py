@@ -312,7 +312,11 @@ def roofline(batch: int, T: int, n_heads: int, n_vheads: int, **_) -> dict:  # n
 def get_baselines(**cfg) -> dict:
     """FlashInfer 0.7.4's recurrent_kda (cute-dsl) on a copy of the pool, in its pool / speculative form."""
     def flashinfer():
+        import flashinfer.kda_decode
         from flashinfer.kda_decode import recurrent_kda
+
+        if getattr(flashinfer.kda_decode, "_RECURRENT_KDA_AVAILABLE", True) is False:
+            raise ImportError("flashinfer.kda_decode.recurrent_kda: its CuTe-DSL backend cannot target this device")
 
         def fn(d):
             pool = d["state"].clone()

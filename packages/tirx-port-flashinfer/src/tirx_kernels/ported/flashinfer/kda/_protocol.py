@@ -135,6 +135,9 @@ def get_baselines(**cfg) -> dict:
     def flashinfer():
         import flashinfer.kda_decode
 
+        if getattr(flashinfer.kda_decode, "_RECURRENT_KDA_AVAILABLE", True) is False:
+            raise ImportError("flashinfer.kda_decode.recurrent_kda: its CuTe-DSL backend cannot target this device")
+
         def call(kw):
             idx = kw.get("ssm_state_indices")
             if kw["q"].shape[1] > 1 or idx is None or bool((idx >= 0).all()):
