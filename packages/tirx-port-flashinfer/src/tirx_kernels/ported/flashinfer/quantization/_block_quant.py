@@ -44,19 +44,31 @@ def grid_blocks(M: int, K: int, fmt: str, layout: str) -> int:  # noqa: N803
     return rows * cols
 
 
+def silu(g):
+    """fp32 ``g / (1 + exp(-g))`` with a round-to-nearest divide, as FlashInfer's ``_silu_f32``. Its exponential
+    is the fast ``ex2.approx`` one; ``T.exp`` here is CUDA's ``expf`` (within 2 ulp) on the GPU and glibc's ``expf``
+    under ``core.emulate``: an intermediate at a rounding boundary of the dtype may land one step apart."""
+    from tvm.script import tirx as T
+
+    return g / (T.float32(1) + T.exp(-g))
+
+
 class _Block:
     """The device code of one scale block (locals allocated by :meth:`alloc`): :meth:`emit` loads the block's
     16 / 32 elements (16-byte loads), takes their amax, the scale (``gs``: NVFP4's global scale), the codes, and
     stores the codes and the scale byte; :meth:`amax_of` only loads and returns the amax (the per-token pass)."""
 
-    def __init__(self, dtype: str, fmt: str, layout: str):
+    def __init__(self, dtype: str, fmt: str, layout: str, silu_and_mul: bool = False):
         self.dtype, self.fmt, self.layout = dtype, fmt, layout
         self.blk, self.bits = FORMATS[fmt]
+        self.silu_and_mul = silu_and_mul
 
     def alloc(self):
         from tvm.script import tirx as T
 
         self.xr = T.alloc_local((self.blk // 2,), "uint32")
+        if self.silu_and_mul:
+            self.ur = T.alloc_local((self.blk // 2,), "uint32")  # the up half's words
         self.v = T.alloc_local((self.blk,), "float32")
         self.out = T.alloc_local((self.blk * self.bits // 32,), "uint32")
         self.amax = T.alloc_local((1,), "float32")
@@ -65,14 +77,24 @@ class _Block:
         self.pair = T.alloc_local((2,), "uint16")  # two: an expression reads the first after the second is written
 
     def amax_of(self, X, row, col, K):  # noqa: N803
-        """Load block (row, col) of ``X`` (flat, row stride K; int64 row / col) into registers; its amax."""
+        """Load block (row, col) of ``X`` (flat, row stride K; int64 row / col) into registers; its amax. With
+        ``silu_and_mul`` the row is ``[gate | up]`` of 2K elements and the block's values are ``silu(gate) * up``
+        in fp32 rounded to the dtype (FlashInfer's SwiGLU quantizer quantizes that half2 / bfloat2)."""
         from tvm.script import tirx as T
 
         from tirx_kernels.core.lang import quant, vector
 
-        base = row * T.Cast("int64", K) + col * self.blk
+        k64 = T.Cast("int64", K)
+        base = row * (2 * k64 if self.silu_and_mul else k64) + col * self.blk
         for j in range(self.blk // _VEC):
             vector.load_v4(self.xr, j * _WORDS, X.ptr_to([base + j * _VEC]), cache="nc_stream")
+            if self.silu_and_mul:
+                vector.load_v4(self.ur, j * _WORDS, X.ptr_to([base + k64 + j * _VEC]), cache="nc_stream")
+        if self.silu_and_mul:
+            for i in range(self.blk // 2):
+                g_lo, g_hi = vector.unpack2(self.xr[i], self.dtype)
+                u_lo, u_hi = vector.unpack2(self.ur[i], self.dtype)
+                vector.pack2(self.xr, i, silu(g_lo) * u_lo, silu(g_hi) * u_hi, self.dtype)
         T.buffer_store(self.amax, T.float32(0), [0])
         for i in range(self.blk // 2):
             lo, hi = vector.unpack2(self.xr[i], self.dtype)
@@ -121,15 +143,19 @@ def _check_params(dtype: str, fmt: str, layout: str, name: str):
                          f"{sorted(DTYPES)} / {sorted(FORMATS)} / {LAYOUTS}")
 
 
-def build_kernel(dtype: str, fmt: str, layout: str, name: str):
-    """One thread per block of the scale buffer as stored (padding blocks write a zero scale byte)."""
+def build_kernel(dtype: str, fmt: str, layout: str, name: str, silu_and_mul: bool = False):
+    """One thread per block of the scale buffer as stored (padding blocks write a zero scale byte). With
+    ``silu_and_mul`` (NVFP4 only) the input rows are ``[gate | up]``, 2K wide, and K is the output's width."""
     from tvm.script import tirx as T
 
     from tirx_kernels.core.lang import quant
 
     _check_params(dtype, fmt, layout, name)
+    if silu_and_mul and fmt != "nvfp4":
+        raise ValueError(f"{name}: silu_and_mul is an NVFP4 fusion (FlashInfer's silu_and_mul_nvfp4_quantize), "
+                         f"got format {fmt!r}")
     blk = FORMATS[fmt][0]
-    block = _Block(dtype, fmt, layout)
+    block = _Block(dtype, fmt, layout, silu_and_mul)
 
     def i64(v):
         return T.Cast("int64", v)
@@ -271,29 +297,39 @@ def layout_name(op: str, sf_layout) -> str:
     return _LAYOUT_NAMES[key]
 
 
-def check_input(op: str, x: torch.Tensor, fmt: str, cuda: bool = True) -> None:
-    """dtype, 2-D, K a multiple of the block, the launch's size; on CUDA (``cuda``: callers checking further
-    arguments first pass False and call :func:`check_cuda` after)."""
-    checks.tensor(op, "input", x, dtypes=tuple(DTYPES.values()), ndim=2, cuda=False)
+def out_width(x: torch.Tensor, silu_and_mul: bool = False) -> int:
+    """K, the quantized width: the input's last dimension, half of it for a ``[gate | up]`` input."""
+    return x.shape[-1] // 2 if silu_and_mul else x.shape[-1]
+
+
+def check_input(op: str, x: torch.Tensor, fmt: str, cuda: bool = True, silu_and_mul: bool = False,
+                name: str = "input") -> None:
+    """dtype, 2-D, K a multiple of the block (``silu_and_mul``: an even last dimension 2K), the launch's size; on
+    CUDA (``cuda``: callers checking further arguments first pass False and call :func:`check_cuda` after)."""
+    checks.tensor(op, name, x, dtypes=tuple(DTYPES.values()), ndim=2, cuda=False)
     blk = block_of(fmt)
-    K = x.shape[-1]  # noqa: N806
+    if silu_and_mul and x.shape[-1] % 2:
+        raise checks.TirxInputError(f"{op}: argument '{name}': the last dimension ({x.shape[-1]}) must be even "
+                                    f"(gate and up concatenated)")
+    K = out_width(x, silu_and_mul)  # noqa: N806
     if K % blk:
-        raise checks.TirxInputError(f"{op}: argument 'input': K={K} is not a multiple of the scale block ({blk})")
+        raise checks.TirxInputError(f"{op}: argument '{name}': K={K} is not a multiple of the scale block ({blk})")
     if grid_blocks(x.shape[0], K, fmt, "128x4") >= 2**31 - THREADS:
-        raise checks.TirxInputError(f"{op}: argument 'input': {tuple(x.shape)} has too many scale blocks for one "
+        raise checks.TirxInputError(f"{op}: argument '{name}': {tuple(x.shape)} has too many scale blocks for one "
                                     f"launch (2**31)")
     if cuda:
-        check_cuda(op, x)
+        check_cuda(op, x, name)
 
 
-def check_cuda(op: str, x: torch.Tensor) -> None:
-    checks.tensor(op, "input", x, cuda=True)
+def check_cuda(op: str, x: torch.Tensor, name: str = "input") -> None:
+    checks.tensor(op, name, x, cuda=True)
 
 
-def new_outputs(x: torch.Tensor, fmt: str, layout: str) -> tuple[torch.Tensor, torch.Tensor]:
+def new_outputs(x: torch.Tensor, fmt: str, layout: str, silu_and_mul: bool = False) -> tuple[torch.Tensor,
+                                                                                               torch.Tensor]:
     """``(codes, scales)`` as returned: codes uint8 ``[M, K/2]`` (fp4) / float8_e4m3fn ``[M, K]`` (mxfp8); scales
     uint8, ``[M, K/block]`` linear, flat ``padded rows * padded columns`` swizzled."""
-    M, K = x.shape  # noqa: N806
+    M, K = x.shape[0], out_width(x, silu_and_mul)  # noqa: N806
     bits = FORMATS[fmt][1]
     codes = torch.empty(M, K * bits // 8, dtype=torch.uint8 if bits == 4 else torch.float8_e4m3fn,
                         device=x.device)
@@ -318,11 +354,13 @@ def _unit(device) -> torch.Tensor:
     return _UNIT[key]
 
 
-def run(x: torch.Tensor, global_scale, codes: torch.Tensor, sf: torch.Tensor, fmt: str, layout: str) -> None:
-    """Quantize ``x`` into the given outputs (the kernel of ``fmt``'s module, cached per dtype / layout / device)."""
+def run(x: torch.Tensor, global_scale, codes: torch.Tensor, sf: torch.Tensor, fmt: str, layout: str,
+        silu_and_mul: bool = False) -> None:
+    """Quantize ``x`` (``silu(gate) * up`` of it with ``silu_and_mul``) into the given outputs (the kernel of
+    ``fmt``'s module, cached per dtype / layout / fusion / device)."""
     from tirx_kernels.core import runtime
 
-    M, K = x.shape  # noqa: N806
+    M, K = x.shape[0], out_width(x, silu_and_mul)  # noqa: N806
     if M == 0 or K == 0:
         return
     x = x.contiguous()
@@ -333,39 +371,41 @@ def run(x: torch.Tensor, global_scale, codes: torch.Tensor, sf: torch.Tensor, fm
     if fmt not in _CACHES:
         _CACHES[fmt] = runtime.FunctionCache(_MODULES[fmt])
     dtype = str(x.dtype)[6:]
-    fn = _CACHES[fmt].get((x.dtype, layout, x.get_device()), lambda: {"dtype": dtype, "layout": layout}, x.device)
+    params = {"dtype": dtype, "layout": layout, **({"silu_and_mul": True} if silu_and_mul else {})}
+    fn = _CACHES[fmt].get((x.dtype, layout, silu_and_mul, x.get_device()), lambda: params, x.device)
     gs = _unit(x.device) if global_scale is None else global_scale.reshape(1).to(torch.float32)
     fn(x.view(-1), gs, codes.view(-1).view(torch.uint8).view(torch.uint32), sf.view(-1).view(torch.uint8), M, K,
        tiles(M, K, fmt, layout))
 
 
-def quantize(op: str, x: torch.Tensor, global_scale, fmt: str, layout: str) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize(op: str, x: torch.Tensor, global_scale, fmt: str, layout: str, silu_and_mul: bool = False,
+             name: str = "input") -> tuple[torch.Tensor, torch.Tensor]:
     """The public ops' body: checks, outputs, then the kernel (directly in eager mode, else the custom op)."""
     from tirx_kernels.core import runtime
 
-    check_input(op, x, fmt, cuda=False)
+    check_input(op, x, fmt, cuda=False, silu_and_mul=silu_and_mul, name=name)
     if fmt == "nvfp4":
         checks.tensor(op, "global_scale", global_scale, dtypes=(torch.float32,), cuda=False)
         if global_scale.numel() != 1:
             raise checks.TirxInputError(f"{op}: argument 'global_scale': expected one element, got "
                                         f"{tuple(global_scale.shape)}")
-    check_cuda(op, x)
-    codes, sf = new_outputs(x, fmt, layout)
+    check_cuda(op, x, name)
+    codes, sf = new_outputs(x, fmt, layout, silu_and_mul)
     if runtime.direct_call(x, global_scale):
-        run(x, global_scale, codes, sf, fmt, layout)
+        run(x, global_scale, codes, sf, fmt, layout, silu_and_mul)
     else:
-        torch.ops.tirx.flashinfer_block_quantize(x, global_scale, codes, sf, fmt, layout)
+        torch.ops.tirx.flashinfer_block_quantize(x, global_scale, codes, sf, fmt, layout, silu_and_mul)
     return codes, sf
 
 
 @torch.library.custom_op("tirx::flashinfer_block_quantize", mutates_args=("codes", "sf"))
 def _block_quantize_op(x: torch.Tensor, global_scale: torch.Tensor | None, codes: torch.Tensor, sf: torch.Tensor,
-                       fmt: str, layout: str) -> None:
-    run(x, global_scale, codes, sf, fmt, layout)
+                       fmt: str, layout: str, silu_and_mul: bool = False) -> None:
+    run(x, global_scale, codes, sf, fmt, layout, silu_and_mul)
 
 
 @_block_quantize_op.register_fake
-def _(x, global_scale, codes, sf, fmt, layout):
+def _(x, global_scale, codes, sf, fmt, layout, silu_and_mul=False):
     return None
 
 
@@ -377,27 +417,35 @@ def layout_of(sf: torch.Tensor, M: int, K: int, fmt: str) -> str:  # noqa: N803
     return "128x4" if sf.numel() == grid_blocks(M, K, fmt, "128x4") else "8x4"
 
 
-def prepare_data(fmt: str, dtype: str, M: int, K: int, layout: str, **_) -> dict:  # noqa: N803
-    """Rows of widely different magnitude (1e-2 .. 1e2), a calibrated global scale (448 * 6 / amax), outputs
-    poisoned (0xFF)."""
+def prepare_data(fmt: str, dtype: str, M: int, K: int, layout: str, silu_and_mul: bool = False,  # noqa: N803
+                 **_) -> dict:
+    """Rows of widely different magnitude (1e-2 .. 1e2), a calibrated global scale (448 * 6 / amax of what is
+    quantized), outputs poisoned (0xFF). ``silu_and_mul``: rows ``[gate | up]`` of 2K."""
     import os
 
     seed = int(os.environ.get("TIRX_SEED", "0")) or int.from_bytes(os.urandom(4), "little")
     g = torch.Generator(device="cuda")
     g.manual_seed(seed)
     mag = torch.logspace(-2, 2, max(M, 1), device="cuda")[:M, None]
-    x = (torch.randn(M, K, generator=g, device="cuda") * mag).to(DTYPES[dtype])
-    codes, sf = new_outputs(x, fmt, layout)
+    x = (torch.randn(M, 2 * K if silu_and_mul else K, generator=g, device="cuda") * mag).to(DTYPES[dtype])
+    codes, sf = new_outputs(x, fmt, layout, silu_and_mul)
     codes.view(torch.uint8).fill_(0xFF)
     sf.fill_(0xFF)
     data = {"x": x, "x_q": codes, "sf": sf}
     if fmt == "nvfp4":
-        data["global_scale"] = (448.0 * 6.0 / x.float().abs().amax().clamp_min(1e-12)).reshape(1).float()
+        h = silu_and_mul_values(x) if silu_and_mul else x
+        data["global_scale"] = (448.0 * 6.0 / h.float().abs().amax().clamp_min(1e-12)).reshape(1).float()
+    if silu_and_mul:
+        data["silu_and_mul"] = True
     return data
 
 
-def reference(fmt: str, x: torch.Tensor, sf: torch.Tensor, global_scale=None, **_) -> dict:
-    """core.quant_ref's codes and scales, shaped and typed as the op returns them."""
+def reference(fmt: str, x: torch.Tensor, sf: torch.Tensor, global_scale=None, silu_and_mul: bool = False,
+              **_) -> dict:
+    """core.quant_ref's codes and scales (of ``silu(gate) * up`` rounded to the dtype with ``silu_and_mul``),
+    shaped and typed as the op returns them."""
+    if silu_and_mul:
+        x = silu_and_mul_values(x)
     M, K = x.shape  # noqa: N806
     layout = layout_of(sf, M, K, fmt)
     if fmt == "nvfp4":
@@ -410,10 +458,25 @@ def reference(fmt: str, x: torch.Tensor, sf: torch.Tensor, global_scale=None, **
     return {"x_q": codes, "sf": ref_sf.reshape(sf.shape)}
 
 
-def roofline(fmt: str, M: int, K: int, layout: str, **_) -> dict:  # noqa: N803
-    """Input read once, codes and the scale buffer (padding included) written once."""
+def silu_and_mul_values(x: torch.Tensor, exp=torch.exp) -> torch.Tensor:
+    """The values the fused kernel quantizes: ``silu(gate) * up`` of ``x = [gate | up]`` in fp32 in the kernel's
+    order, rounded to x's dtype (``exp``: the exponential, e.g. the emulation's libm ``expf``). A NaN is the
+    canonical 0x7FFF that ``cvt.rn.{bf16x2,f16x2}.f32`` gives (torch's rounding keeps a NaN's sign, and ``silu(-inf)
+    = -inf / inf`` is negative; the sign of a NaN decides its e2m1 code)."""
+    K = x.shape[-1] // 2  # noqa: N806
+    g, u = x[..., :K].float(), x[..., K:].float()
+    h = (g / (1 + exp(-g)) * u).to(x.dtype)
+    canonical = torch.full_like(h.view(torch.int16), 0x7FFF)
+    return torch.where(h.isnan(), canonical, h.view(torch.int16)).view(x.dtype)
+
+
+def roofline(fmt: str, M: int, K: int, layout: str, silu_and_mul: bool = False, **_) -> dict:  # noqa: N803
+    """Input read once (2K a row with ``silu_and_mul``), codes and the scale buffer (padding included) written
+    once."""
     bits = FORMATS[fmt][1]
-    return {"bytes": M * K * 2 + M * K * bits // 8 + grid_blocks(M, K, fmt, layout), "flops": 4 * M * K}
+    reads = 2 if silu_and_mul else 1
+    return {"bytes": reads * M * K * 2 + M * K * bits // 8 + grid_blocks(M, K, fmt, layout),
+            "flops": (4 + 6 * silu_and_mul) * M * K}
 
 
 def call_samples(rng, fmt: str) -> list[dict]:
@@ -427,21 +490,22 @@ def call_samples(rng, fmt: str) -> list[dict]:
 
 
 # ------------------------------------------------------------------------------------------------ CPU evidence
-def emulate_quantize(x: torch.Tensor, global_scale, fmt: str, layout: str) -> tuple[torch.Tensor, torch.Tensor]:
+def emulate_quantize(x: torch.Tensor, global_scale, fmt: str, layout: str,
+                     silu_and_mul: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Run the kernel's generated CUDA on the CPU (``core.emulate``, with core.lang.quant's stand-ins) on CPU
     tensors; outputs start poisoned (0xAB / 0xCD), so every byte the result holds was written by the kernel."""
     from tirx_kernels.core import emulate
     from tirx_kernels.core.lang import quant
 
-    M, K = x.shape  # noqa: N806
-    codes, sf = new_outputs(x, fmt, layout)
+    M, K = x.shape[0], out_width(x, silu_and_mul)  # noqa: N806
+    codes, sf = new_outputs(x, fmt, layout, silu_and_mul)
     codes.view(torch.uint8).fill_(0xAB)
     sf.fill_(0xCD)
     gs = torch.ones(1) if global_scale is None else torch.as_tensor(global_scale, dtype=torch.float32).reshape(1)
     flags = emulate.CXXFLAGS
     emulate.CXXFLAGS = [*flags, *quant.emulate_cxxflags()]
     try:
-        kern = emulate.compile(build_kernel(str(x.dtype)[6:], fmt, layout, f"{fmt}_quantize"))
+        kern = emulate.compile(build_kernel(str(x.dtype)[6:], fmt, layout, f"{fmt}_quantize", silu_and_mul))
     finally:
         emulate.CXXFLAGS = flags
     args = {"X_ptr": x.contiguous().view(-1), "Y_ptr": codes.view(-1).view(torch.uint8).view(torch.int32),
