@@ -36,6 +36,7 @@ import math
 
 NUM_CONSUMERS = 2
 BLOCK_M = NUM_CONSUMERS * 64  # one m64 wgmma row block per consumer
+WG_BAR = 1  # named barriers 1, 2: consumer w's 128 threads
 CHUNK = 64  # 16-bit elements of one 128-byte SW128 row: the TMA box's inner extent
 SMEM_LIMIT = 232448  # 227 KB, what ran on the H200 (HOPPER_TIRX.md)
 LOG2E = 1.4426950408889634
@@ -105,6 +106,7 @@ def build_fwd_kernel(dtype: str, head_dim: int, head_dim_v: int, causal: bool, b
     # V is the MN-major B operand of O += P V: 64-column chunks of block_n rows, LBO steps between chunks.
     v_lbo, v_sbo = wgmma.desc_offsets(wgmma.MN_MAJOR, wgmma.SWIZZLE_128B, mn_chunk_bytes=block_n * 128)
     v_kstep = wgmma.k_step_bytes(wgmma.MN_MAJOR, wgmma.SWIZZLE_128B, dtype)
+    # One arrival per consumer warpgroup gives a slot back, after a warpgroup barrier (see the NOTES at the release).
     k_ring = mbarrier.Ring.for_warpgroups(num_stages, NUM_CONSUMERS, "warpgroup")
     v_ring = mbarrier.Ring.for_warpgroups(num_stages, NUM_CONSUMERS, "warpgroup")
     q_box = tma.check_box(dtype, [CHUNK, 1, BLOCK_M, 1])  # bytes of one box
@@ -123,6 +125,12 @@ def build_fwd_kernel(dtype: str, head_dim: int, head_dim_v: int, causal: bool, b
 
     def hidden(col, lim, Sk):  # noqa: N803
         return T.Or(col >= Sk, col > lim) if causal else col >= Sk
+
+    def quad_reduce(x, op):
+        """``op`` over the 4 lanes of a quad (one accumulator row): two xor shuffles (SHFL.BFLY), written out
+        rather than ``T.cuda.warp_max(x, 4)`` so the CPU emulator's shuffle stand-ins run it too."""
+        x = op(x, T.cuda.__shfl_xor_sync(T.uint32(0xFFFFFFFF), x, 2, 32))
+        return op(x, T.cuda.__shfl_xor_sync(T.uint32(0xFFFFFFFF), x, 1, 32))
 
     @T.prim_func
     def flash_attention4_fwd(q_ptr: T.handle, k_ptr: T.handle, v_ptr: T.handle, o_ptr: T.handle,
@@ -239,6 +247,12 @@ def build_fwd_kernel(dtype: str, head_dim: int, head_dim_v: int, causal: bool, b
                               wgmma.desc_advance(desc_k[0], k_off), dtype, scale_d=kk > 0)
                 wgmma.commit()
                 wgmma.wait(0)
+                # NOTES: the slot goes back once all 128 threads have passed their wgmma.wait (named barrier
+                # 1 + cw). On the GPU the warpgroup's wgmma already couples its warps, so one thread's wait would do
+                # (CUTLASS relies on it); the CPU emulator runs threads apart and, without the barrier, refilled a
+                # slot a lagging lane had not read yet (wrong S at head dim 256, or a hang on a missed phase).
+                # Costs a bar.sync per K and V tile: revisit with ping-pong, where turns order the warpgroups.
+                T.cuda.warpgroup_sync(WG_BAR + cw)
                 k_ring.consumer_release_warpgroup(k_empty, s, warp, lane)
                 # Mask: keys past Sk, and (causal) keys right of the bottom-right-aligned diagonal. Only the
                 # tiles that reach either edge pay for it.
@@ -257,7 +271,7 @@ def build_fwd_kernel(dtype: str, head_dim: int, head_dim_v: int, causal: bool, b
                     for j in T.unroll(block_n // 8):
                         for e in T.unroll(2):
                             red[0] = T.max(red[0], s_acc[wgmma.acc_index(j, r, e)])
-                    red[0] = T.cuda.warp_max(red[0], 4)
+                    red[0] = quad_reduce(red[0], T.max)
                     # A row with no visible key so far keeps max -inf; subtract 0 then, so exp2 sees -inf, not NaN.
                     red[1] = T.Select(red[0] == neg_inf, T.float32(0), red[0] * scale_log2)
                     rescale = T.exp2(row_max[r] * scale_log2 - red[1])
@@ -284,12 +298,13 @@ def build_fwd_kernel(dtype: str, head_dim: int, head_dim_v: int, causal: bool, b
                               b_major=wgmma.MN_MAJOR)
                 wgmma.commit()
                 wgmma.wait(0)
+                T.cuda.warpgroup_sync(WG_BAR + cw)
                 v_ring.consumer_release_warpgroup(v_empty, s, warp, lane)
 
             # Epilogue: O / rowsum from the registers (16-bit pairs), LSE from lane 0 of each quad.
             Ow = T.decl_buffer((B * Sq * Hq * head_dim_v // 2,), "uint32", data=Out.data)
             for r in T.unroll(2):
-                red[0] = T.cuda.warp_sum(row_sum[r], 4)
+                red[0] = quad_reduce(row_sum[r], lambda a, c: a + c)
                 row = m0 + cw * 64 + wgmma.acc_row(warp, lane, r)
                 inv = T.Select(red[0] > T.float32(0), T.float32(1) / red[0], T.float32(0))
                 if row < Sq:

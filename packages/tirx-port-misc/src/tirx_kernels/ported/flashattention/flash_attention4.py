@@ -121,11 +121,12 @@ def call_samples(rng) -> list[dict]:
 
 
 def sass_expect(head_dim: int, head_dim_v: int, **_) -> list[str]:
-    """Tensor cores for both GEMMs (QK^T at block_n, PV at the padded Dv), 4-D TMA loads, the register split."""
+    """Both GEMMs on the tensor cores: QK^T with A from smem (``gdesc``), PV with A = P from registers and V
+    transposed (``.tnspB``); 4-D TMA loads; the setmaxnreg register split."""
     n = BLOCK_N[(head_dim, head_dim_v)]
     dvp = _fwd_kernel.padded(head_dim_v)
-    return [rf"HGMMA\.64x{n}x16\.F32\.(BF16|F16)", rf"HGMMA\.64x{dvp}x16\.F32\.(BF16|F16)", r"UTMALDG\.4D",
-            r"USETMAXREG"]
+    return [rf"HGMMA\.64x{n}x16\.F32\S* R\d+, gdesc", rf"HGMMA\.64x{dvp}x16\.F32\S* R\d+, R\d+, gdesc\[UR\d+\]\.tnspB",
+            r"UTMALDG\.4D", r"USETMAXREG"]
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -186,6 +187,14 @@ def _compare_lse(got, want, cfg, inputs):
 
 
 COMPARATORS = {"lse": _compare_lse}
+
+
+def check_outputs_against_oracle(out, lse, want, want_lse) -> dict:
+    """The run_test checks of one call, for tests that call the kernel directly (emulator, odd shapes): out at its
+    dtype's tolerance, lse as ``COMPARATORS`` says; raises ``harness.KernelCheckError``."""
+    tol = {**harness.DEFAULT_TOLERANCE, **TOLERANCE}[str(out.dtype).replace("torch.", "")]
+    return {"out": harness.compare("out", out, want, tol, "the fp32 oracle"),
+            "lse": _compare_lse(lse, want_lse, {}, {})}
 
 
 def launch(cfg: dict, data: dict) -> None:
