@@ -195,12 +195,14 @@ def build_decode_kernel(max_tokens: int, rows_per_cta: int, lanes_per_row: int, 
         read_stride = T.if_then_else((flags & HAS_SOURCE) != 0, src_stride, state_stride)
         head_base = i64(hv) * i64(V_DIM * K_DIM)
 
-        # State loads first (SRC is the pool itself when the call has no source pool).
+        # State loads first, past L1 (read once; upstream's NO_ALLOCATE too). SRC is the pool itself when the
+        # call has no source pool.
         for k in T.unroll(RT):
             for v in T.unroll(vpt):
                 vector.load_v4(regs, k * words + 4 * v,
                                SRC.ptr_to([read_slot * i64(read_stride) + head_base
-                                           + i64(row0 + g + k * groups) * i64(K_DIM) + i64(lane_col(v, m, 0))]))
+                                           + i64(row0 + g + k * groups) * i64(K_DIM) + i64(lane_col(v, m, 0))]),
+                               l1_no_allocate=True)
 
         # Stage every token's q, k and exponentiated per-channel gate, v rows and beta.
         a_exp = T.if_then_else((flags & (GATE_SOFTPLUS | GATE_LOWER_BOUND)) != 0, T.exp(ALOG[h]), T.float32(0))
