@@ -1,0 +1,313 @@
+# SPDX-License-Identifier: Apache-2.0
+# Port of FlashInfer's Mamba-2 selective_state_update (single-token and multi-token decode).
+# Upstream: flashinfer (https://github.com/flashinfer-ai/flashinfer), python/flashinfer/mamba/selective_state_update.py
+# and include/flashinfer/mamba/kernel_selective_state_update_{stp,mtp_simple}.cuh, release v0.7.4
+# (commit 77039051b0be921788dc2784ec41423b558878ec). Read for semantics only; written anew in TIRx.
+"""The one implementation behind the six ``selective_state_update_{stp,mtp}_{simple,vertical,horizontal}`` modules.
+
+Math, per batch entry ``b``, head ``h`` (group ``g = h / (nheads / ngroups)``), row ``r`` of ``dim`` and token ``t``
+in order (fp32 throughout, as upstream):
+    dt' = dt[b,t,h] + dt_bias[h], softplus'ed (thresholded at 20) when ``dt_softplus``
+    s[r, :] = s[r, :] * exp(A[h] dt') + (dt' x[b,t,h,r]) B[b,t,g, :]
+    out[b,t,h,r] = s[r, :] . C[b,t,g, :] + D[h] x[b,t,h,r], times silu(z[b,t,h,r]) where z is given
+``s`` starts as ``state[slot]`` with ``slot = state_batch_indices[b]`` (or ``b``); a slot equal to ``pad_slot_id``
+is read as zeros and never written (its output is still computed). The state is stored once after the last token
+(rounded once; ``out`` uses the unrounded fp32 state), to ``dst_state_batch_indices`` where given, not at all with
+``disable_state_update``; with ``intermediate_states_buffer`` every token's state goes to
+``buffer[icache * cache_steps + t]`` instead (``icache = intermediate_state_indices[b]`` or the slot) and the pool is
+left alone, as upstream's simple MTP kernel (the only MTP schedule FlashInfer builds for sm90; its sm100 vertical /
+horizontal ones also write the final state).
+
+Schedule (one kernel generator, its knobs pinned by the registered modules): a CTA owns ``rows_per_cta`` rows of one
+(b, h); a row is spread over ``lanes_per_row`` adjacent lanes, each holding ``dstate / lanes_per_row`` state columns
+as 16-byte vectors (interleaved: lane ``m`` holds vectors ``m, m + lanes, ...``, so a warp's accesses are
+contiguous), and a thread owns ``rows_per_thread`` rows whose loads all issue before any math. B, C, x, z and the
+per-token dt' / exp(A dt') are staged in shared memory as fp32 once per CTA; the state stays in registers across the
+tokens. Each state byte is read once and written once (16-byte vectors); a row's output is a ``lanes_per_row``-lane
+shuffle sum.
+
+Runtime arguments keep the artifact count down: dim (a multiple of rows_per_cta), the token count (up to
+``max_tokens``), strides, the optional tensors (flags plus stand-in pointers), the index dtype (int32 / int64 read
+through an int32 view) and the dt / D / dt_bias dtype (fp32 / bf16 / fp16 read through an int16 view). Compile
+params: state dtype, input dtype (x, B, C, z, out), dstate, max_tokens and the schedule.
+"""
+
+from __future__ import annotations
+
+import torch
+
+_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+STATE_DTYPES = ("bfloat16", "float16", "float32")
+INPUT_DTYPES = ("bfloat16", "float16")
+WEIGHT_KINDS = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}  # dt / D / dt_bias, read at run time
+DSTATES = (64, 96, 128, 256)
+DIMS = (64, 128)
+MAX_TOKENS = 8
+SOFTPLUS_THRESHOLD = 20.0  # upstream's thresholded_softplus: x above it is returned as is
+
+# flags (one int32 argument): which optional tensors are real, and the mode bits
+(HAS_INDEX, HAS_DST, HAS_BIAS, HAS_Z, SOFTPLUS, UPDATE, INTERMEDIATE, HAS_INTER_INDEX,
+ INDEX64) = (1 << i for i in range(9))
+
+# The schedules the registered names pin: rows a CTA owns, lanes a row, rows a thread.
+#   simple:     64 rows a CTA, 8 lanes a row (bf16 dstate 128: 2 vectors a lane), 4 rows a thread: 128 threads
+#   vertical:   16 rows a CTA (4x the CTAs: small batches fill the SMs), 8 lanes, 2 rows a thread: 64 threads
+#   horizontal: 32 rows a CTA, a whole warp on a row's columns (32 lanes), 1 row a thread: 1024 threads max
+SCHEDULES = {
+    "simple": {"rows_per_cta": 64, "lanes_per_row": 8, "rows_per_thread": 4},
+    "vertical": {"rows_per_cta": 16, "lanes_per_row": 8, "rows_per_thread": 2},
+    "horizontal": {"rows_per_cta": 32, "lanes_per_row": 16, "rows_per_thread": 1},
+}
+
+
+def _vectors_per_row(state_dtype: str, dstate: int) -> int:
+    return dstate * (4 if state_dtype == "float32" else 2) // 16
+
+
+def plan(state_dtype: str, dstate: int, schedule: str) -> dict:
+    """The schedule's knobs fitted to the row: lanes a row is the schedule's, lowered (halved) until it divides the
+    row's 16-byte vectors (dstate 96 bf16: 12 vectors -> 4 lanes of 3)."""
+    s = dict(SCHEDULES[schedule])
+    vpr = _vectors_per_row(state_dtype, dstate)
+    lanes = s["lanes_per_row"]
+    while vpr % lanes:
+        lanes //= 2
+    s["lanes_per_row"] = lanes
+    return s
+
+
+def kernel_params(state_dtype: str, input_dtype: str, dstate: int, max_tokens: int, schedule: str) -> dict:
+    return {"state_dtype": state_dtype, "input_dtype": input_dtype, "dstate": int(dstate),
+            "max_tokens": int(max_tokens), "schedule": schedule}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The TIRx function
+# ---------------------------------------------------------------------------------------------------------
+
+def get_kernel(state_dtype: str, input_dtype: str, dstate: int, max_tokens: int, schedule: str):
+    if state_dtype not in STATE_DTYPES or input_dtype not in INPUT_DTYPES:
+        raise ValueError(f"selective_state_update: state dtype {state_dtype!r} / input dtype {input_dtype!r} not in "
+                         f"{STATE_DTYPES} / {INPUT_DTYPES}")
+    if dstate not in DSTATES or not 1 <= max_tokens <= MAX_TOKENS or schedule not in SCHEDULES:
+        raise ValueError(f"selective_state_update: dstate {dstate} (one of {DSTATES}), max_tokens {max_tokens} "
+                         f"(1..{MAX_TOKENS}), schedule {schedule!r} (one of {sorted(SCHEDULES)})")
+    return build_kernel(state_dtype, input_dtype, dstate, max_tokens, **plan(state_dtype, dstate, schedule))
+
+
+def build_kernel(state_dtype: str, input_dtype: str, dstate: int, max_tokens: int, rows_per_cta: int,
+                 lanes_per_row: int, rows_per_thread: int):
+    from tvm.script import tirx as T
+
+    from tirx_kernels.core.lang import reduce, vector
+
+    R, L, RT = rows_per_cta, lanes_per_row, rows_per_thread  # noqa: N806
+    fp32_state = state_dtype == "float32"
+    ve = 4 if fp32_state else 8  # state elements a 16-byte vector
+    vpt = _vectors_per_row(state_dtype, dstate) // L  # vectors a lane holds of a row
+    ncols = vpt * ve
+    threads = R * L // RT
+    groups = threads // L  # rows the CTA works on at once
+    assert threads % 32 == 0 and threads <= 1024 and vpt >= 1, (R, L, RT, vpt)
+    words = 4 * vpt  # 32-bit words a lane holds of a row
+    bc_stage = max_tokens * dstate
+    x_stage = max_tokens * R
+    stage_trips_bc = -(-bc_stage // threads)
+    stage_trips_x = -(-x_stage // threads)
+
+    def i64(v):
+        return T.Cast("int64", v)
+
+    def half_value(buf, idx):
+        """fp32 value of one 2-byte element of x / B / C / z (through its bits, as the vector path unpacks)."""
+        return vector.unpack2(T.Cast("uint32", T.reinterpret("uint16", buf[idx])), input_dtype)[0]
+
+    def _u32(h):
+        """The 16 bits of an int16 element, zero-extended."""
+        return T.Cast("uint32", T.reinterpret("uint16", h))
+
+    def weight_value(W, e, kind):  # noqa: N803
+        """fp32 value of element ``e`` of a dt / D / dt_bias tensor seen as int16: fp32 (kind 0, two halves),
+        bf16 (1) or fp16 (2)."""
+        w = _u32(W[e])
+        f32 = T.reinterpret("float32", (_u32(W[e + e + 1]) << T.uint32(16)) | _u32(W[e + e]))
+        return T.if_then_else(kind == 0, f32, T.if_then_else(
+            kind == 1, T.reinterpret("float32", w << T.uint32(16)),
+            T.Cast("float32", T.reinterpret("float16", W[e]))))
+
+    def index_value(Ix, i, is64):  # noqa: N803
+        """Element ``i`` (already times the stride) of an int32 or int64 index tensor seen as int32."""
+        lo = Ix[T.if_then_else(is64, i + i, i)]
+        wide = (i64(Ix[i + i + 1]) << T.int64(32)) | i64(T.Cast("uint32", lo))
+        return T.if_then_else(is64, wide, i64(lo))
+
+    def unpack_state(regs, base, sf):
+        """The fp32 columns of a row from its loaded words ``regs[base:base + words]``."""
+        for i in range(words):
+            if fp32_state:
+                T.buffer_store(sf, T.cuda.uint_as_float(regs[base + i]), [i])
+            else:
+                lo, hi = vector.unpack2(regs[base + i], state_dtype)
+                T.buffer_store(sf, lo, [2 * i])
+                T.buffer_store(sf, hi, [2 * i + 1])
+
+    def store_state(buf, row_base, m, sf, packed, pred):
+        """The row's columns rounded once to the state dtype, 16-byte stores."""
+        for v in range(vpt):
+            if fp32_state:
+                for w in range(4):
+                    T.buffer_store(packed, T.cuda.float_as_uint(sf[v * 4 + w]), [w])
+            else:
+                for w in range(4):
+                    vector.pack2(packed, w, sf[v * 8 + 2 * w], sf[v * 8 + 2 * w + 1], state_dtype)
+            vector.store_v4(buf.ptr_to([row_base + i64((v * L + m) * ve)]), packed, 0, pred)
+
+    def token_step(Bs, Cs, sf, bc, acc, t, m, dA, dtx):  # noqa: N803
+        """One token on the row's columns: ``s = s dA + B dtx``, ``acc = s . C`` (this lane's part)."""
+        T.buffer_store(acc, T.float32(0), [0])
+        for v in range(vpt):
+            col0 = (v * L + m) * ve
+            for q in range(ve // 4):
+                vector.load_shared_v4(bc, 4 * q, Bs.ptr_to([t * dstate + col0 + 4 * q]))
+                vector.load_shared_v4(bc, 8 + 4 * q, Cs.ptr_to([t * dstate + col0 + 4 * q]))
+            for e in range(ve):
+                i = v * ve + e  # B in bc[0:8], C in bc[8:16]
+                T.buffer_store(sf, sf[i] * dA + T.cuda.uint_as_float(bc[e]) * dtx, [i])
+                T.buffer_store(acc, acc[0] + sf[i] * T.cuda.uint_as_float(bc[8 + e]), [0])
+
+    @T.prim_func
+    def selective_state_update(state_ptr: T.handle, x_ptr: T.handle, dt_ptr: T.handle, a_ptr: T.handle,
+                               b_ptr: T.handle, c_ptr: T.handle, d_ptr: T.handle, bias_ptr: T.handle,
+                               z_ptr: T.handle, out_ptr: T.handle, idx_ptr: T.handle, dst_ptr: T.handle,
+                               inter_ptr: T.handle, inter_idx_ptr: T.handle,
+                               batch: T.int32, nheads: T.int32, dim: T.int32, heads_per_group: T.int32,
+                               ntokens: T.int32, state_stride: T.int32, x_sb: T.int32, x_st: T.int32,
+                               dt_sb: T.int32, dt_st: T.int32, b_sb: T.int32, b_st: T.int32, c_sb: T.int32,
+                               c_st: T.int32, z_sb: T.int32, z_st: T.int32, o_sb: T.int32, o_st: T.int32,
+                               idx_s: T.int32, dst_sb: T.int32, dst_st: T.int32, inter_idx_s: T.int32,
+                               cache_steps: T.int32, weight_kind: T.int32, flags: T.int32, pad_slot_id: T.int32,
+                               zero: T.int32):
+        n_state = T.int64()
+        n_inter = T.int64()
+        n_x = T.int32()
+        n_dt = T.int32()
+        n_a = T.int32()
+        n_b = T.int32()
+        n_c = T.int32()
+        n_d = T.int32()
+        n_bias = T.int32()
+        n_z = T.int32()
+        n_out = T.int32()
+        n_idx = T.int32()
+        n_dst = T.int32()
+        n_iidx = T.int32()
+        S = T.match_buffer(state_ptr, (n_state,), state_dtype, align=16)
+        X = T.match_buffer(x_ptr, (n_x,), input_dtype, align=2)
+        DT = T.match_buffer(dt_ptr, (n_dt,), "int16", align=2)
+        A = T.match_buffer(a_ptr, (n_a,), "float32", align=4)
+        Bm = T.match_buffer(b_ptr, (n_b,), input_dtype, align=2)
+        Cm = T.match_buffer(c_ptr, (n_c,), input_dtype, align=2)
+        Dv = T.match_buffer(d_ptr, (n_d,), "int16", align=2)
+        BIAS = T.match_buffer(bias_ptr, (n_bias,), "int16", align=2)
+        Z = T.match_buffer(z_ptr, (n_z,), input_dtype, align=2)
+        OUT = T.match_buffer(out_ptr, (n_out,), input_dtype, align=2)
+        IDX = T.match_buffer(idx_ptr, (n_idx,), "int32", align=4)
+        DST = T.match_buffer(dst_ptr, (n_dst,), "int32", align=4)
+        INTER = T.match_buffer(inter_ptr, (n_inter,), state_dtype, align=16)
+        IIDX = T.match_buffer(inter_idx_ptr, (n_iidx,), "int32", align=4)
+        T.device_entry()
+        b, hc = T.cta_id([batch, nheads * (dim // R)])
+        tid = T.thread_id([threads])
+        Bs = T.alloc_shared((bc_stage,), "float32", align=16)
+        Cs = T.alloc_shared((bc_stage,), "float32", align=16)
+        Xs = T.alloc_shared((x_stage,), "float32")
+        Zs = T.alloc_shared((x_stage,), "float32")
+        Dts = T.alloc_shared((max_tokens,), "float32")
+        DAs = T.alloc_shared((max_tokens,), "float32")
+        regs = T.alloc_local((RT * words,), "uint32")
+        sf = T.alloc_local((ncols,), "float32")
+        bc = T.alloc_local((16,), "uint32")
+        packed = T.alloc_local((4,), "uint32")
+        acc = T.alloc_local((1,), "float32")
+
+        h = hc // (dim // R)
+        row0 = (hc % (dim // R)) * R
+        grp = h // heads_per_group
+        g = tid // L
+        m = tid % L
+        is64 = (flags & INDEX64) != 0
+        slot = T.if_then_else((flags & HAS_INDEX) != 0, index_value(IDX, b * idx_s, is64), i64(b))
+        pad = slot == i64(pad_slot_id)
+        head_base = i64(h) * i64(dim) * i64(dstate)
+
+        # State loads first (their latency is what the kernel waits on); a pad slot reads as zeros.
+        for k in T.unroll(RT):
+            vector.fill(regs, k * words, words)
+            for v in T.unroll(vpt):
+                vector.load_v4(regs, k * words + 4 * v,
+                               S.ptr_to([slot * i64(state_stride) + head_base
+                                         + i64(row0 + g + k * groups) * i64(dstate) + i64((v * L + m) * ve)]),
+                               T.Not(pad))
+
+        # Stage B, C (group g's), x, z and the per-token dt' / exp(A dt') once per CTA, in fp32.
+        for i in T.unroll(stage_trips_bc):
+            e = i * threads + tid
+            t = e // dstate
+            if t < ntokens and e < bc_stage:
+                col = e % dstate
+                Bs[e] = half_value(Bm, i64(b) * i64(b_sb) + i64(t * b_st + grp * dstate + col))
+                Cs[e] = half_value(Cm, i64(b) * i64(c_sb) + i64(t * c_st + grp * dstate + col))
+        for i in T.unroll(stage_trips_x):
+            e = i * threads + tid
+            t = e // R
+            if t < ntokens and e < x_stage:
+                col = h * dim + row0 + e % R
+                Xs[e] = half_value(X, i64(b) * i64(x_sb) + i64(t * x_st + col))
+                if (flags & HAS_Z) != 0:
+                    Zs[e] = half_value(Z, i64(b) * i64(z_sb) + i64(t * z_st + col))
+        if tid < ntokens:
+            dtv = weight_value(DT, b * dt_sb + tid * dt_st + h, weight_kind)
+            if (flags & HAS_BIAS) != 0:
+                dtv = dtv + weight_value(BIAS, h, weight_kind)
+            if (flags & SOFTPLUS) != 0:
+                dtv = T.if_then_else(dtv <= T.float32(SOFTPLUS_THRESHOLD), T.log1p(T.exp(dtv)), dtv)
+            Dts[tid] = dtv
+            DAs[tid] = T.exp(A[h] * dtv)
+        T.cuda.cta_sync()
+
+        a_zero = T.cuda.uint_as_float(vector.after_all(regs, RT * words, zero))
+        d_h = weight_value(Dv, h, weight_kind)
+        icache = T.if_then_else((flags & HAS_INTER_INDEX) != 0,
+                                index_value(IIDX, b * inter_idx_s, is64), slot)
+        for k in T.unroll(RT):
+            lr = g + k * groups
+            row_base = head_base + i64(row0 + lr) * i64(dstate)
+            unpack_state(regs, k * words, sf)
+            sf[0] = sf[0] + a_zero
+            for t in T.serial(ntokens):
+                dA = DAs[t]
+                dtx = Dts[t] * Xs[t * R + lr]
+                token_step(Bs, Cs, sf, bc, acc, t, m, dA, dtx)
+                total = reduce.warp_sum(acc[0], L) if L > 1 else acc[0]
+                if m == 0:
+                    xv = Xs[t * R + lr]
+                    y = total + d_h * xv
+                    if (flags & HAS_Z) != 0:
+                        zv = Zs[t * R + lr]
+                        y = y * (zv / (T.float32(1) + T.exp(T.float32(0) - zv)))
+                    vector.pack2(packed, 0, y, y, input_dtype)
+                    OUT[i64(b) * i64(o_sb) + i64(t * o_st + h * dim + row0 + lr)] = T.reinterpret(
+                        input_dtype, T.Cast("uint16", packed[0]))
+                if (flags & INTERMEDIATE) != 0:
+                    store_state(INTER, (icache * i64(cache_steps) + i64(t)) * i64(nheads * dim * dstate) + row_base,
+                                m, sf, packed, T.Not(pad))
+                elif (flags & HAS_DST) != 0:
+                    dslot = index_value(DST, b * dst_sb + t * dst_st, is64)
+                    store_state(S, dslot * i64(state_stride) + row_base, m, sf, packed,
+                                T.And(T.And(T.Not(pad), dslot != i64(pad_slot_id)),
+                                      T.And((flags & UPDATE) != 0, T.Or(t == ntokens - 1, dst_st != 0))))
+            if (flags & (INTERMEDIATE | HAS_DST)) == 0:
+                store_state(S, slot * i64(state_stride) + row_base, m, sf, packed,
+                            T.And(T.Not(pad), (flags & UPDATE) != 0))
+
+    return selective_state_update
