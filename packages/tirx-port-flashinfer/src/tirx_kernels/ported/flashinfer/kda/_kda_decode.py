@@ -2,7 +2,9 @@
 # Port of FlashInfer's recurrent KDA decode (Kimi Delta Attention, flashinfer.kda_decode.recurrent_kda, backend
 # cute-dsl). Upstream: flashinfer (https://github.com/flashinfer-ai/flashinfer), python flashinfer/kda_decode.py and
 # flashinfer/kda_kernels/recurrent_kda.py, release v0.7.4 (commit 77039051b0be921788dc2784ec41423b558878ec).
-# Read for semantics only; the kernel is the shared TIRx template tirx_kernels.core.lang.delta_rule.
+# Read for semantics only; the kernel is the shared TIRx template tirx_kernels.core.lang.delta_rule. The source
+# read was the main branch at fb28d7242 (2026-08-22; v0.7.4's commit was not in the mirror at hand): the GPU tests
+# against the 0.7.4 wheel are what confirm the contract.
 """recurrent_kda's public op, launch arguments and protocol pieces shared by the one-warp and grouped modules.
 
 Contract (FlashInfer's, K = V = 128, bf16): q, k ``[B, T, H, K]``, v ``[B, T, HV, V]``, g ``[B, T, HV, K]`` (the
