@@ -82,3 +82,13 @@ def clear_hist(hist, tid):
 
 def count(hist, b):
     T.evaluate(T.cuda.atomic_add(hist.ptr_to([b]), T.uint32(1)))
+
+
+def out_index(mode: str, index_dtype: str, col, row, aux, aux_stride):
+    """What the output holds for a selected column: the column ("plain"), its page-table entry ``aux[row *
+    aux_stride + col]`` ("page_table") or ``col + aux[row]`` ("ragged")."""
+    if mode == "page_table":
+        return T.Cast(index_dtype, aux[T.Cast("int64", row) * T.Cast("int64", aux_stride) + T.Cast("int64", col)])
+    if mode == "ragged":
+        return T.Cast(index_dtype, aux[row] + col)
+    return T.Cast(index_dtype, col)

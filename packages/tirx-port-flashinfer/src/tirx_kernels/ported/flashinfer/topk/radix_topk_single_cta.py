@@ -12,17 +12,22 @@ threshold outnumber the places left. Then one gather pass writes the selected sc
 Result, every call (so ``deterministic=True`` costs nothing more, and is accepted for FlashInfer's signature):
 the k largest scores, NaN above +inf, -0.0 equal to +0.0; among equal scores at the threshold the lowest indices
 win; unsorted output lists the selected entries in ascending index order, bit-identical run to run. ``sorted=True``
-sorts them by value, descending (stable: equal values keep ascending index order). A row shorter than k (only
+sorts them by value, descending (stable: equal values keep ascending index order), in place, with
+``stable_sort_topk_by_value``'s kernel. A row shorter than k (only
 through the transforms' per-row lengths, or k > the row's width): its entries in index order, then index -1 and
-value 0 in the places left, as FlashInfer's kernels write them. Indices are int64, as flashinfer.top_k returns them
-(the kernel writes them directly; the transforms' kernels write int32).
+value 0 in the places left, as FlashInfer's kernels write them. Indices are int64, as flashinfer.top_k 0.7.4
+returns them (python/flashinfer/topk.py converts its kernels' int32 with ``.long()``; ours write int64 directly);
+the transforms' indices are int32, as FlashInfer's.
+
+Dispatch (``_run``): rows that do not fill the GPU by themselves (at most half as many rows as SMs) and longer than one
+4096-score tile go to ``radix_topk_multi_cta`` (a row over several CTAs, same result bit for bit); the rest run here.
 
 ``top_k_page_table_transform`` / ``top_k_ragged_transform`` (FlashInfer's DSA indexer ops) run the same kernel in
 another mode: row r is ``input[r, :lengths[r]]`` (lengths clamped to [0, N]), the selected columns are written
 mapped through ``src_page_table[r]`` or plus ``offsets[r]`` (int32), padded with -1 past a short row.
 
-Not yet: the multi-CTA path for long rows, staging a row in shared memory, filtering candidates after the first
-pass (every pass re-reads the row from L2), FlashInfer's ``tie_break`` and ``row_to_batch`` arguments.
+Not yet: staging a row in shared memory, filtering candidates after the first pass (every pass re-reads the row
+from L2), FlashInfer's ``tie_break`` and ``row_to_batch`` arguments.
 """
 
 from __future__ import annotations
@@ -131,12 +136,7 @@ def build_kernel(dtype: str, index_dtype: str, mode: str):
     plain = mode == "plain"
 
     def out_index(col, row, Aux, aux_stride):  # noqa: N803
-        """What the output holds for a selected column: the column, its page-table entry, or column + offset."""
-        if mode == "page_table":
-            return T.Cast(index_dtype, Aux[T.Cast("int64", row) * T.Cast("int64", aux_stride) + T.Cast("int64", col)])
-        if mode == "ragged":
-            return T.Cast(index_dtype, Aux[row] + col)
-        return T.Cast(index_dtype, col)
+        return rx.out_index(mode, index_dtype, col, row, Aux, aux_stride)
 
     @T.prim_func
     def radix_topk(x_ptr: T.handle, v_ptr: T.handle, i_ptr: T.handle, len_ptr: T.handle, aux_ptr: T.handle,
@@ -156,7 +156,8 @@ def build_kernel(dtype: str, index_dtype: str, mode: str):
         Aux = T.match_buffer(aux_ptr, (A,), "int32", align=4)
         T.device_entry()
         # ptxas, left to __launch_bounds__(1024) alone, spilled 16-20 bytes in the 16-bit and int32-index kernels
-        # at 32 registers; with __maxnreg__(64) it keeps 32 registers and no stack frame.
+        # at 32 registers; with __maxnreg__(64) it has no stack frame but takes 57-58 registers (nvcc 13, this
+        # version): one 1024-thread CTA an SM, half the warps an SM can hold.
         T.attr({"tirx.max_registers": 64})
         # Raw-bit views, indexed row * stride + col: keys come from the bits, values are copied as bits.
         Xr = T.decl_buffer((M * x_stride,), raw_t, data=X.data)
@@ -341,9 +342,8 @@ def reference(scores, k, **_) -> dict:
 
 
 def launch(cfg: dict, data: dict) -> None:
-    v, i = top_k(data["scores"], min(data["k"], data["scores"].shape[-1]))
-    data["values"].copy_(v)
-    data["indices"].copy_(i)
+    """This kernel whatever the shape (top_k would send few long rows to radix_topk_multi_cta)."""
+    _run(data["scores"], min(data["k"], data["scores"].shape[-1]), data["values"], data["indices"], dispatch=False)
 
 
 def roofline(dtype: str, M: int, N: int, k: int, **_) -> dict:
@@ -397,14 +397,30 @@ def _rows(scores: torch.Tensor) -> torch.Tensor:
 
 
 def _run(scores: torch.Tensor, k: int, values, indices: torch.Tensor, mode: str = "plain", lengths=None,
-         aux=None, aux_stride: int = 1) -> None:
-    """Writes ``indices`` (M, k) (and ``values`` in plain mode) for ``scores`` (M, N)."""
+         aux=None, aux_stride: int = 1, sort: bool = False, dispatch: bool = True) -> None:
+    """Writes ``indices`` (M, k) (and ``values`` in plain mode) for ``scores`` (M, N); ``sort``: then sorts them
+    in place by value (``stable_sort_topk_by_value``); ``dispatch=False``: this kernel whatever the shape."""
     if scores.shape[0] == 0:
         return
+    if sort:
+        from . import stable_sort_topk_by_value as sorter
+
+        _run(scores, k, values, indices, mode, lengths, aux, aux_stride)
+        sorter.run(values, indices, min(k, scores.shape[1]), values, indices)
+        return
     x = _rows(scores)
+    dev = scores.device
+    M, N = x.shape
+    if dispatch and k < N:
+        # Few long rows: a row over several CTAs (one launch a digit pass), so the rows fill the GPU.
+        from . import radix_topk_multi_cta as multi
+
+        chunks = multi.plan_chunks(M, N, multi.sm_count(dev))
+        if chunks > 1:
+            multi.run(x, k, values, indices, chunks, mode, lengths, aux, aux_stride)
+            return
     dtype = str(scores.dtype)[6:]
     index_dtype = str(indices.dtype)[6:]
-    dev = scores.device
     fn = _FUNCTIONS.get((scores.dtype, indices.dtype, mode, scores.get_device()),
                         lambda: compile_params(dtype, index_dtype, mode), dev)
     if mode == "plain":
@@ -417,16 +433,16 @@ _FUNCTIONS = runtime.FunctionCache(__name__)
 
 
 @torch.library.custom_op("tirx::flashinfer_top_k", mutates_args=())
-def _top_k_op(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _top_k_op(scores: torch.Tensor, k: int, sort: bool) -> tuple[torch.Tensor, torch.Tensor]:
     M = scores.shape[0]
     values = torch.empty(M, k, device=scores.device, dtype=scores.dtype)
     indices = torch.empty(M, k, device=scores.device, dtype=torch.int64)
-    _run(scores, k, values, indices)
+    _run(scores, k, values, indices, sort=sort)
     return values, indices
 
 
 @_top_k_op.register_fake
-def _(scores, k):
+def _(scores, k, sort):
     M = scores.shape[0]
     return (scores.new_empty(M, k), scores.new_empty(M, k, dtype=torch.int64))
 
@@ -442,14 +458,9 @@ def top_k(input: torch.Tensor, k: int, sorted: bool = False,  # noqa: A002
         M = input.shape[0]
         values = torch.empty(M, k, device=input.device, dtype=input.dtype)
         indices = torch.empty(M, k, device=input.device, dtype=torch.int64)
-        _run(input, k, values, indices)
+        _run(input, k, values, indices, sort=sorted)
     else:
-        values, indices = torch.ops.tirx.flashinfer_top_k(input, k)
-    if sorted:
-        n = min(k, input.shape[-1])
-        order = torch.sort(values[:, :n], dim=-1, descending=True, stable=True).indices
-        values = torch.cat([values[:, :n].gather(-1, order), values[:, n:]], -1)
-        indices = torch.cat([indices[:, :n].gather(-1, order), indices[:, n:]], -1)
+        values, indices = torch.ops.tirx.flashinfer_top_k(input, k, sorted)
     return values, indices
 
 
