@@ -5,7 +5,10 @@ clipping, a C with a row stride and guard bands --; the wgmma forms of core.lang
 MN-major B, fp8, tf32, the 32/64/128-byte swizzles); and the faults the emulator must report: a wrong descriptor
 giving a wrong answer, a deadlocked mbarrier ending as a hang within its timeout."""
 
+import importlib.util
+import os
 import shutil
+import unittest.mock
 
 import pytest
 import torch
@@ -13,9 +16,22 @@ import torch
 pytest.importorskip("tvm", reason="apache-tvm is needed to generate the kernels")
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not installed")
 
-from tirx_kernels.core import emulate  # noqa: E402
+from tvm.script import tirx as T  # noqa: E402
 
+from tirx_kernels.core import build, emulate  # noqa: E402
+from tirx_kernels.core.lang import mbarrier, wgmma  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+# Every GEMM schedule (ping-pong, 1x2 / 2x2 clusters, NN, small-M: ~20 s of g++ each): TIRX_EMULATE_ALL=1.
+ALL = os.environ.get("TIRX_EMULATE_ALL") == "1"
 _modules = {}
+
+
+def _load(name):
+    spec = importlib.util.spec_from_file_location(name, os.path.join(HERE, f"{name}.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def _gemm(tile: str, dtype: str = "bfloat16", **kw):
@@ -50,3 +66,126 @@ def _run_gemm(tile, M, N, K, dtype="bfloat16", layout="nt"):  # noqa: N803
 def test_gemm_persistent(M, N, K):  # noqa: N803
     # 300 x 520 x 136 on 128 x 128 x 64 tiles: 3 x 5 tiles (M and N end mid-tile), K 2 full k-tiles + 8 (zero fill)
     _run_gemm("persistent_128x128x64_s6_g8", M, N, K)
+
+
+_SCHEDULES = [  # (tile, layout, dtype, M, N, K): ragged M / N / K everywhere
+    ("pingpong_128x128x64_s6_e64_g8", "nt", "bfloat16", 300, 520, 136),
+    ("persistent_128x256x64_s3_c2_g8", "nt", "float16", 300, 520, 136),  # 2x1 cluster: B multicast, a CTA past M
+    ("persistent_128x128x64_s6_c2n_g8_wg", "nt", "bfloat16", 300, 520, 136),  # 1x2: A multicast, remote release
+    ("persistent_128x128x64_s6_c2x2_g8_wg", "nt", "bfloat16", 300, 104, 136),  # 2x2: half of every cluster past N
+    ("persistent_128x128x64_s6_g8", "nn", "bfloat16", 300, 520, 136),  # MN-major B (transpose immediate)
+    ("smallm_64x224x64_s6_k2", "nt", "bfloat16", 37, 520, 200),  # split-K over a 2-CTA cluster
+]
+
+
+@pytest.mark.skipif(not ALL, reason="every schedule costs ~20 s of g++ each: TIRX_EMULATE_ALL=1")
+@pytest.mark.parametrize("tile,layout,dtype,M,N,K", _SCHEDULES, ids=[f"{t}_{lay}" for t, lay, *_ in _SCHEDULES])
+def test_gemm_schedules(tile, layout, dtype, M, N, K):  # noqa: N803
+    _run_gemm(tile, M, N, K, dtype, layout)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# wgmma forms: core.lang.wgmma's micro-kernels (test_lang_wgmma_gpu.py), all in one module (one g++ run), plus two
+# with a planted descriptor error and an mbarrier kernel that completes or deadlocks
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _mbar_kernel(count: int):
+    """128 threads wait for phase 0 of an mbarrier expecting ``count`` arrivals; thread 0 arrives once, so count 2
+    can never complete."""
+    @T.prim_func
+    def mbar(x_ptr: T.handle):
+        X = T.match_buffer(x_ptr, (128,), "float32", align=16)
+        T.device_entry()
+        T.cta_id([1])
+        tid = T.thread_id([128])
+        pool = T.SMEMPool()
+        bar = pool.alloc((1,), "uint64", align=8)
+        pool.commit()
+        if tid == 0:
+            mbarrier.init(bar.ptr_to([0]), count)
+            mbarrier.fence_init()
+        T.cuda.cta_sync()
+        if tid == 0:
+            mbarrier.arrive(bar.ptr_to([0]))
+        mbarrier.wait(bar.ptr_to([0]), 0)
+        X[tid] = T.float32(1)
+
+    return mbar
+
+
+def _planted(micro, case, **wrong):
+    """``case``'s micro-kernel with its B descriptor's swizzle or LBO replaced (the staging is unchanged)."""
+    encode = wgmma.encode_desc
+    calls = []
+
+    def bad(desc_ptr, smem_ptr, lbo, sbo, swizzle):
+        calls.append(1)  # B's descriptor is encoded first in each k-step
+        if len(calls) % (1 if case.form == "rs" else 2) == 1:
+            lbo, swizzle = wrong.get("lbo", lbo), wrong.get("swizzle", swizzle)
+        return encode(desc_ptr, smem_ptr, lbo, sbo, swizzle)
+
+    with unittest.mock.patch.object(wgmma, "encode_desc", bad):
+        return micro._kernel(case)
+
+
+@pytest.fixture(scope="module")
+def micro():
+    """(the micro-kernel test module, its cases by name, the compiled module of them all)."""
+    m = _load("test_lang_wgmma_gpu")
+    cases = {c.name: c for c in m.CASES}
+    funcs = {c.name: m._kernel(c) for c in m.CASES}
+    funcs["wrong_swizzle"] = _planted(m, cases["ss_bf16_sw128"], swizzle=wgmma.SWIZZLE_64B)
+    funcs["wrong_lbo"] = _planted(m, cases["ss_fp16_mn_major_b"], lbo=0)
+    funcs["mbar_ok"], funcs["mbar_deadlock"] = _mbar_kernel(1), _mbar_kernel(2)
+    return m, cases, emulate.compile_module(build.codegen_many(funcs))
+
+
+def _micro_run(micro, case, function=None):
+    """Run a micro-kernel on fresh operands; (output, fp64 reference, elementwise bound)."""
+    m, _, mod = micro
+    numerics = _load("test_lang_wgmma_numerics")
+    gen = torch.Generator().manual_seed(int.from_bytes(os.urandom(4), "little"))
+    a, a_raw = numerics._operand(case.a_dtype, (wgmma.M, case.k), gen)
+    if case.b_major == wgmma.K_MAJOR:
+        b, b_raw = numerics._operand(case.b_dtype, (case.n, case.k), gen)
+        b_kn = b.T
+    else:
+        b, b_raw = numerics._operand(case.b_dtype, (case.k, case.n), gen)
+        b_kn = b
+    a0, b0 = a_raw.clone(), b_raw.clone()
+    out = torch.full((wgmma.M, case.n), float("nan"))
+    mod(a_raw, b_raw, out, 0, function=function or case.name).check()
+    assert torch.equal(a_raw, a0) and torch.equal(b_raw, b0), "inputs changed"
+    ref = a.double() @ b_kn.double()
+    return out.double(), ref, case.tol * (a.abs().double() @ b_kn.abs().double())
+
+
+_MICRO = ["ss_bf16_sw128", "ss_bf16_sw128_restart", "ss_fp16_mn_major_b", "rs_bf16", "ss_e4m3", "ss_e5m2_e4m3",
+          "ss_tf32", "ss_bf16_sw64", "ss_bf16_sw32"]
+
+
+@pytest.mark.parametrize("name", _MICRO)
+def test_wgmma_forms(micro, name):
+    out, ref, bound = _micro_run(micro, micro[1][name])
+    assert not out.isnan().any()
+    assert ((out - ref).abs() <= bound).all(), float(((out - ref).abs() / bound).max())
+
+
+@pytest.mark.parametrize("function,case", [("wrong_swizzle", "ss_bf16_sw128"), ("wrong_lbo", "ss_fp16_mn_major_b")])
+def test_planted_descriptor_error_gives_a_wrong_answer(micro, function, case):
+    # wrong swizzle: most elements; LBO 0 reads B's first 64-column chunk for the second: that half of the columns
+    out, ref, bound = _micro_run(micro, micro[1][case], function)
+    assert ((out - ref).abs() > bound).float().mean() > 0.4
+
+
+def test_mbarrier_completes_or_hangs(micro):
+    x = torch.zeros(128)
+    micro[2](x, function="mbar_ok").check()
+    assert torch.equal(x, torch.ones(128))
+    x = torch.zeros(128)
+    rep = micro[2](x, function="mbar_deadlock", hang_timeout=1.0, timeout=60)
+    assert rep.hang and not rep.ok
+    assert rep.stderr.count("waits on the mbarrier") == 128 and "1 of 2 arrivals pending" in rep.stderr
+    with pytest.raises(emulate.EmulationError, match="hang"):
+        rep.check()

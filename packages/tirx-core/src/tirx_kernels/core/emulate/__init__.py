@@ -32,6 +32,8 @@ included, so a built kernel needs no extra input::
     mod = emulate.compile_module(func)      # a TIRx PrimFunc, or build.codegen(func)'s source
     rep = mod(a, b, c)                       # the tvm-ffi function's arguments: CPU tensors, ints, floats
     rep.check()                              # or emulate.run(func, a, b, c, hang_timeout=10.0)
+    mods = emulate.compile_module(build.codegen_many({"f": f, "g": g}))   # one compile for several functions:
+    mods(x, y, function="g")                 # ``function=`` picks one (default: main, else the first listed)
 
 The module's own host code runs (``host_cpu.h``): its argument checks (a tensor arrives as a CUDA DLTensor with the
 tensor's shape and strides), its ``cuTensorMapEncodeTiled`` calls (which fill the 128-byte ``CUtensorMap`` with
@@ -340,6 +342,7 @@ def compile_module(func_or_source):
     return _module.compile_module(func_or_source, CXXFLAGS)
 
 
-def run(func_or_source, *args, timeout: float = 600, hang_timeout: float = 10.0) -> Report:
-    """``compile_module(func_or_source)(*args, timeout=..., hang_timeout=...)``."""
-    return compile_module(func_or_source)(*args, timeout=timeout, hang_timeout=hang_timeout)
+def run(func_or_source, *args, timeout: float = 600, hang_timeout: float = 10.0, function: str | None = None) \
+        -> Report:
+    """``compile_module(func_or_source)(*args, timeout=..., hang_timeout=..., function=...)``."""
+    return compile_module(func_or_source)(*args, timeout=timeout, hang_timeout=hang_timeout, function=function)

@@ -30,6 +30,7 @@ static emu_dim3 blockDim, gridDim;
 #define __launch_bounds__(...)
 #define __restrict__
 #define CUDART_INF_F __builtin_inff()
+#define CUDART_NAN_F __builtin_nanf("")
 using std::max;
 using std::min;
 
@@ -167,3 +168,12 @@ EMU_ST16(v4_b32)
 EMU_ST16(L2__cache_hint_v4_b32)
 EMU_ST16(L1__no_allocate_v4_b32)
 EMU_ST16(L1__no_allocate_L2__cache_hint_v4_b32)
+
+// --- 8-byte global stores (alignment reported like the 16-byte ones)
+template <class... P>
+static inline void tvm_builtin_ptx_st_vec_global_v2_b32(const void* p, uint32_t a, uint32_t b, P...) {
+  if ((uintptr_t)p % 8 && emu_misaligned++ < 8)
+    fprintf(stderr, "EMU misaligned 8-byte store at %p (block %u thread %u)\n", p, blockIdx.x, threadIdx.x);
+  uint32_t w[2] = {a, b};
+  memcpy((void*)p, w, 8);
+}

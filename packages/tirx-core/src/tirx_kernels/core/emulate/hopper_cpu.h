@@ -110,8 +110,7 @@ struct EmuCta {
   int live = 0;  // threads not yet exited (under bars[0].mu)
   EmuCluster* cluster = nullptr;
   EmuBarrier bars[16];
-  std::barrier<>* wg_bar[8] = {};  // warpgroup meetings (RS wgmma gathers its A fragments)
-  uint32_t wg_slots[1024][4];
+  std::unique_ptr<struct EmuWgState> wg[8];  // wgmma collectives of each whole warpgroup
 };
 struct EmuCluster {
   int size = 1;
@@ -203,6 +202,9 @@ static void emu_cluster_wait() {
   });
 }
 static inline void tvm_builtin_cuda_cluster_sync() { emu_cluster_arrive(); emu_cluster_wait(); }
+static inline void tvm_builtin_ptx_barrier_cluster_arrive_cluster_arrive() { emu_cluster_arrive(); }
+static inline void tvm_builtin_ptx_barrier_cluster_arrive_cluster_arrive_relaxed() { emu_cluster_arrive(); }
+static inline void tvm_builtin_ptx_barrier_cluster_wait_cluster_wait() { emu_cluster_wait(); }
 
 // A returning thread leaves every barrier that counts live threads (CUDA's exited threads hold none).
 static void emu_thread_exit() {
@@ -310,6 +312,15 @@ static inline void tvm_builtin_cuda_mbarrier_wait(void* bar, int parity) {
 }
 static inline void tvm_builtin_ptx_mapa_u32_shared__cluster_u32(uint32_t& d, uint32_t a, uint32_t rank) {
   d = emu_cluster_tag(rank) | (a & 0xffffffu);
+}
+
+// ld.shared::cluster of 16 bytes (a shared::cta address reads this CTA, a mapa one the peer's)
+static inline void tvm_builtin_ptx_ld_vec_shared__cluster_v4_f32(float& a, float& b, float& c, float& d,
+                                                                 uint32_t addr) {
+  if (addr % 16) emu_fault("ld.shared::cluster.v4: address 0x%x is not 16-byte aligned", addr);
+  float w[4];
+  memcpy(w, emu_smem_at(addr, 16, "ld.shared::cluster"), 16);
+  a = w[0], b = w[1], c = w[2], d = w[3];
 }
 
 // --- no-ops on the CPU: fences (every stand-in is sequentially consistent), register reallocation, PDL, hints
@@ -466,47 +477,70 @@ static inline uint32_t emu_desc_addr(uint64_t desc, int mn, int k, int esize, bo
   return emu_swizzle(start + off, span);
 }
 
-struct EmuWgmma {
-  std::vector<float*> d;
-  int n, k;
-  uint8_t ta, tb;
-  bool rs, scale_d, tnsp_a, tnsp_b;
-  int scale_a, scale_b;
-  uint64_t adesc, bdesc;
-  uint32_t afrag[4][4];  // RS: the 4 registers of each lane of this thread's quad
+// A wgmma is one warpgroup-wide operation: the k-th wgmma.mma_async each thread of a warpgroup issues is one
+// collective instruction. Each thread adds its part (accumulator addresses, RS A registers); the first thread whose
+// wgmma.wait_group retires it computes the whole warpgroup's result (waiting, if need be, until all 128 threads
+// have issued it), as on the GPU, where one warp's wait means the warpgroup's operation is complete -- so a kernel
+// may give a stage back from one thread after its wait (mbarrier.Ring.consumer_release_warpgroup).
+struct EmuWgPart {
+  float* d0 = nullptr;         // accumulators, when contiguous (the usual acc[0 .. n/2))
+  std::vector<float*> d;       // else each one
+  uint32_t areg[4] = {};
+  bool present = false;
 };
-static thread_local std::deque<EmuWgmma> emu_wg_ops;  // issued, oldest first
+struct EmuWgOp {
+  int n = 0, k = 0, nd = 0, parts = 0, retired = 0;
+  uint8_t ta = 0, tb = 0;
+  bool rs = false, scale_d = false, tnsp_a = false, tnsp_b = false, done = false;
+  int scale_a = 1, scale_b = 1;
+  uint64_t adesc = 0, bdesc = 0;
+  EmuWgPart part[128];
+  float* acc(int t, int i) { return part[t].d0 ? part[t].d0 + i : part[t].d[i]; }
+};
+struct EmuWgState {  // one per warpgroup of a CTA (EmuCta::wg)
+  std::mutex mu;
+  std::atomic<uint32_t> changed{0};
+  std::deque<std::unique_ptr<EmuWgOp>> ops;  // collective ops from sequence number `base` on
+  uint64_t base = 0;
+};
+static thread_local uint64_t emu_wg_seq;             // this thread's next wgmma's sequence number
+static thread_local std::deque<uint64_t> emu_wg_ops;  // issued and not retired, oldest first
 static thread_local std::deque<int> emu_wg_groups;    // committed groups' op counts, oldest first
 static thread_local int emu_wg_uncommitted;
 
-static void emu_wgmma_run(const EmuWgmma& op) {
-  int t = emu_tid(), warp = (t >> 5) & 3, lane = t & 31;
+static EmuWgState& emu_wg_state();
+
+static void emu_wgmma_compute(EmuWgOp& op) {
   int ea = emu_type_bytes(op.ta), eb = emu_type_bytes(op.tb);
   int per_reg = 4 / ea;  // A elements per 32-bit register (RS)
-  double a[2][32];       // this thread's two A rows
-  for (int r = 0; r < 2; ++r) {
-    int row = warp * 16 + lane / 4 + 8 * r;
-    for (int kk = 0; kk < op.k; ++kk) {
-      if (op.rs) {
-        int half = kk / (op.k / 2), within = kk % (op.k / 2), src = within / per_reg, e = within % per_reg;
-        uint32_t reg = op.afrag[src][half * 2 + r];
-        a[r][kk] = emu_decode(reinterpret_cast<const char*>(&reg) + e * ea, op.ta);
-      } else {
-        uint32_t addr = emu_desc_addr(op.adesc, row, kk, ea, op.tnsp_a);
-        a[r][kk] = emu_decode(emu_smem_at(addr, ea, "wgmma A"), op.ta);
+  for (int t = 0; t < 128; ++t) {
+    int warp = t >> 5, lane = t & 31;
+    double a[2][32];  // this thread's two A rows
+    for (int r = 0; r < 2; ++r) {
+      int row = warp * 16 + lane / 4 + 8 * r;
+      for (int kk = 0; kk < op.k; ++kk) {
+        if (op.rs) {
+          int half = kk / (op.k / 2), within = kk % (op.k / 2), src = within / per_reg, e = within % per_reg;
+          uint32_t reg = op.part[(t & ~3) + src].areg[half * 2 + r];
+          a[r][kk] = emu_decode(reinterpret_cast<const char*>(&reg) + e * ea, op.ta);
+        } else {
+          uint32_t addr = emu_desc_addr(op.adesc, row, kk, ea, op.tnsp_a);
+          a[r][kk] = emu_decode(emu_smem_at(addr, ea, "wgmma A"), op.ta);
+        }
       }
     }
-  }
-  for (size_t i = 0; i < op.d.size(); ++i) {
-    int j = (int)i / 4, r = ((int)i / 2) % 2, e = (int)i % 2;
-    int col = 8 * j + 2 * (lane % 4) + e;
-    double s = 0;
-    for (int kk = 0; kk < op.k; ++kk) {
-      uint32_t addr = emu_desc_addr(op.bdesc, col, kk, eb, op.tnsp_b);
-      s += a[r][kk] * emu_decode(emu_smem_at(addr, eb, "wgmma B"), op.tb);
+    for (int i = 0; i < op.nd; ++i) {
+      int j = i / 4, r = (i / 2) % 2, e = i % 2;
+      int col = 8 * j + 2 * (lane % 4) + e;
+      double s = 0;
+      for (int kk = 0; kk < op.k; ++kk) {
+        uint32_t addr = emu_desc_addr(op.bdesc, col, kk, eb, op.tnsp_b);
+        s += a[r][kk] * emu_decode(emu_smem_at(addr, eb, "wgmma B"), op.tb);
+      }
+      s *= op.scale_a * op.scale_b;
+      float* d = op.acc(t, i);
+      *d = (float)(op.scale_d ? (double)*d + s : s);
     }
-    s *= op.scale_a * op.scale_b;
-    *op.d[i] = (float)(op.scale_d ? (double)*op.d[i] + s : s);
   }
 }
 
@@ -514,27 +548,65 @@ static void emu_wgmma_issue(float** d, int nd, int n, int k, int ta, int tb, boo
                             const uint32_t* areg, uint64_t bdesc, uint32_t scale_d, int scale_a, int scale_b,
                             int tnsp_a, int tnsp_b) {
   if (nd != n / 2) emu_fault("wgmma m64n%dk%d: %d accumulators, expected %d", n, k, nd, n / 2);
-  EmuWgmma op{std::vector<float*>(d, d + nd), n, k, (uint8_t)ta, (uint8_t)tb, rs, scale_d != 0, tnsp_a != 0,
-              tnsp_b != 0, scale_a, scale_b, adesc, bdesc, {}};
-  if (rs) {  // a warpgroup collective: each thread needs the A registers of its quad
-    int t = emu_tid(), wg = t >> 7;
-    if (!emu_cta->wg_bar[wg]) emu_fault("wgmma: warpgroup %d is not a whole warpgroup of this CTA", wg);
-    memcpy(emu_cta->wg_slots[t], areg, 16);
-    emu_cta->wg_bar[wg]->arrive_and_wait();
-    for (int q = 0; q < 4; ++q) memcpy(op.afrag[q], emu_cta->wg_slots[(t & ~3) + q], 16);
-    emu_cta->wg_bar[wg]->arrive_and_wait();
+  EmuWgState& st = emu_wg_state();
+  std::lock_guard<std::mutex> lk(st.mu);
+  uint64_t seq = emu_wg_seq++;
+  if (seq < st.base) emu_fault("wgmma: issued after its warpgroup retired the instruction");
+  while (st.ops.size() <= seq - st.base) st.ops.push_back(std::make_unique<EmuWgOp>());
+  EmuWgOp& op = *st.ops[seq - st.base];
+  if (op.parts == 0) {
+    op.n = n, op.k = k, op.nd = nd, op.ta = (uint8_t)ta, op.tb = (uint8_t)tb, op.rs = rs, op.scale_d = scale_d != 0;
+    op.tnsp_a = tnsp_a != 0, op.tnsp_b = tnsp_b != 0, op.scale_a = scale_a, op.scale_b = scale_b;
+    op.adesc = rs ? 0 : adesc, op.bdesc = bdesc;
+  } else if (op.n != n || op.k != k || op.ta != ta || op.tb != tb || op.rs != rs || op.bdesc != bdesc ||
+             (!rs && op.adesc != adesc) || op.scale_d != (scale_d != 0)) {
+    emu_fault("wgmma #%lu: shape, types, descriptors or scale-d differ across the warpgroup", (unsigned long)seq);
   }
-  emu_wg_ops.push_back(std::move(op));
+  EmuWgPart& part = op.part[emu_tid() & 127];
+  bool contiguous = true;
+  for (int i = 0; i < nd; ++i) contiguous = contiguous && d[i] == d[0] + i;
+  if (contiguous) part.d0 = d[0];
+  else part.d.assign(d, d + nd);
+  if (rs) memcpy(part.areg, areg, 16);
+  part.present = true;
+  ++op.parts;
+  emu_wg_ops.push_back(seq);
   ++emu_wg_uncommitted;
+  st.changed.fetch_add(1);
+  emu_progress.fetch_add(1);
+  emu_futex_wake(&st.changed);
 }
 static inline void tvm_builtin_ptx_wgmma_commit_group_commit_group_sync_aligned() {
   emu_wg_groups.push_back(emu_wg_uncommitted);
   emu_wg_uncommitted = 0;
 }
+static void emu_wgmma_retire(uint64_t seq) {
+  EmuWgState& st = emu_wg_state();
+  std::unique_lock<std::mutex> lk(st.mu);
+  EmuWgOp* op = st.ops[seq - st.base].get();
+  if (!op->done) {
+    lk.unlock();
+    emu_block(&st.changed, [&] { std::lock_guard<std::mutex> g(st.mu); return op->parts == 128; }, [&] {
+      fprintf(stderr, "EMU hang: block %u thread %u waits in wgmma.wait_group for its warpgroup's wgmma #%lu "
+              "(%d of 128 threads issued it)\n", blockIdx.x, threadIdx.x, (unsigned long)seq, op->parts);
+    });
+    lk.lock();
+    if (!op->done) {
+      emu_wgmma_compute(*op);
+      op->done = true;
+      emu_progress.fetch_add(1);
+    }
+  }
+  if (++op->retired == 128)
+    while (!st.ops.empty() && st.ops.front()->retired == 128) {
+      st.ops.pop_front();
+      ++st.base;
+    }
+}
 static void emu_wgmma_wait(int pending) {
   while ((int)emu_wg_groups.size() > pending) {
     for (int i = emu_wg_groups.front(); i > 0; --i) {
-      emu_wgmma_run(emu_wg_ops.front());
+      emu_wgmma_retire(emu_wg_ops.front());
       emu_wg_ops.pop_front();
     }
     emu_wg_groups.pop_front();
@@ -549,6 +621,12 @@ static inline void ptx_wgmma_encode_matrix_descriptor(uint64_t* desc, void* addr
   uint64_t a = __cvta_generic_to_shared(addr);
   *desc = ((a >> 4) & 0x3fff) | ((uint64_t)(ldo & 0x3fff) << 16) | ((uint64_t)(sdo & 0x3fff) << 32) |
           (layout[swizzle & 3] << 62);
+}
+
+static EmuWgState& emu_wg_state() {
+  int wg = emu_tid() >> 7;
+  if (!emu_cta->wg[wg]) emu_fault("wgmma: warpgroup %d is not a whole warpgroup of this CTA", wg);
+  return *emu_cta->wg[wg];
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -575,7 +653,6 @@ static int emu_launch(const EmuLaunch& L, Body body) {
     cl.size = csize;
     cl.live = csize * nthreads;
     std::vector<std::unique_ptr<EmuCta>> ctas;
-    std::vector<std::unique_ptr<std::barrier<>>> bars;
     std::vector<std::vector<uint64_t>> slots(csize, std::vector<uint64_t>(nthreads));
     std::vector<std::barrier<>*> warp_bars;
     for (int r = 0; r < csize; ++r) {
@@ -587,10 +664,7 @@ static int emu_launch(const EmuLaunch& L, Body body) {
       cta->rank = (unsigned)r;
       cta->nthreads = cta->live = nthreads;
       cta->cluster = &cl;
-      for (int w = 0; w * 128 + 128 <= nthreads; ++w) {
-        bars.push_back(std::make_unique<std::barrier<>>(128));
-        cta->wg_bar[w] = bars.back().get();
-      }
+      for (int w = 0; w * 128 + 128 <= nthreads; ++w) cta->wg[w] = std::make_unique<EmuWgState>();
       auto* wb = static_cast<std::barrier<>*>(::operator new[](sizeof(std::barrier<>) * nwarps));
       for (int w = 0; w < nwarps; ++w) new (&wb[w]) std::barrier<>(std::min(32, nthreads - 32 * w));
       warp_bars.push_back(wb);
@@ -610,6 +684,10 @@ static int emu_launch(const EmuLaunch& L, Body body) {
           blockIdx = {bx, by, bz};
           threadIdx = {(unsigned)(t % L.block[0]), (unsigned)(t / L.block[0] % L.block[1]),
                        (unsigned)(t / (L.block[0] * L.block[1]))};
+          emu_wg_seq = 0;
+          emu_wg_ops.clear();
+          emu_wg_groups.clear();
+          emu_wg_uncommitted = 0;
           body();
           if (!emu_wg_ops.empty())
             emu_fault("the thread returned with %zu wgmma issued and not retired by a wgmma.wait_group",
