@@ -14,4 +14,4 @@ def test_entry_point_registered():
 def test_kernels_listed():
     names = {k["name"] if isinstance(k, dict) else getattr(k, "name", k)
              for k in registry.list_kernels(category="ported.deepgemm")}
-    assert {"deepgemm_per_token_cast_to_fp8", "deepgemm_per_block_cast_to_fp8"} <= names
+    assert {"deepgemm_per_token_cast_to_fp8", "deepgemm_per_block_cast_to_fp8", "deepgemm_sm90_fp8_gemm_1d2d"} <= names

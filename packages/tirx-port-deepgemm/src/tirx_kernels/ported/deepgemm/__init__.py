@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
-"""TIRx ports of DeepGEMM (deepseek-ai/DeepGEMM) for sm_90a: its FP8 input casts (``per_token_cast_to_fp8``,
-``per_block_cast_to_fp8``); the package README maps each kernel to its upstream entry point."""
+"""TIRx ports of DeepGEMM (deepseek-ai/DeepGEMM) for sm_90a: ``fp8_gemm_nt`` (SM90 1d2d) and its FP8 input casts
+(``per_token_cast_to_fp8``, ``per_block_cast_to_fp8``); the package README maps each kernel to its upstream entry
+point."""
 
 # The kernel protocol these modules follow (packages/tirx-core/PROTOCOL.md, "Versions"); read by the registry
 # without importing, which refuses the package where the installed tirx-core does not speak it.

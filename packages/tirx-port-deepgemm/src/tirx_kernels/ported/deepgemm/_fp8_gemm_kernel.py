@@ -1,0 +1,198 @@
+# SPDX-License-Identifier: Apache-2.0
+# Port of DeepGEMM's SM90 FP8 GEMM with 1D-2D block scaling (deep_gemm/include/deep_gemm/impls/sm90_fp8_gemm_1d2d.cuh,
+# csrc/jit_kernels/impls/sm90_fp8_gemm_1d2d.hpp) at deepseek-ai/DeepGEMM 54e22612409371d6364144b69086735beb54e98b:
+# its recipe (per 128-K block, wgmma into a temporary accumulator, then promotion with sfa[row] * sfb[block]),
+# written anew in TIRx on the project's Hopper layer (core.lang) and the native GEMM's warp-specialized structure.
+"""The kernel of ``deepgemm_sm90_fp8_gemm_1d2d``: ``D[M, N] (bf16) (+)= (A[M, K] e4m3 * sfa) (B[N, K] e4m3 * sfb)^T``
+with ``sfa`` 1x128 per-token scales (MN-major, TMA-aligned: ``sfa[k_block * align(M, 4) + m]``) and ``sfb`` 128x128
+block scales (``[ceil(N/128), ceil(K/128)]`` row-major).
+
+Design (DeepGEMM's SM90 1d2d, on the native GEMM's skeleton, ``tirx_kernels.gemm._persistent``):
+- Persistent grid of ``min(tiles, num_sms)`` CTAs walking 128 x ``block_n`` tiles in ``core.lang.scheduler``'s
+  grouped raster. 384 threads: warpgroup 0 the TMA producer (one issuing thread, setmaxnreg 40), warpgroups 1-2 the
+  math consumers (setmaxnreg 232), each a 64 x ``block_n`` slab of the tile.
+- One ``num_stages`` full/empty ring over the CTA's lifetime; a stage is one 128-K block: A 128 x 128 and B
+  ``block_n`` x 128 e4m3 tiles (128-byte K rows, SW128, K-major: the only major FP8 wgmma takes) and the tile's 128
+  ``sfa`` values of that K block (one 512-byte TMA box of the MN-major scale column, zero-filled past M).
+- Math, per K block (the promotion): four wgmma m64nNk32 into a temporary fp32 accumulator (the first with
+  scale-d 0), wait, read the two ``sfa`` rows this thread's fragment covers from the stage, give the stage back,
+  then ``acc += tmp * (sfa[row] * sfb[n_block, k_block])``. ``block_n`` divides 128, so a tile meets one ``sfb``
+  per K block (read from global: one 4-byte value per K block, cached).
+- NOTES: the fp32 main accumulator never sees a wgmma (DeepGEMM's reason for the split: the tensor core's FP8
+  accumulation keeps fewer mantissa bits, so each 128-K partial is promoted to a real fp32 sum).
+- Epilogue: bf16 pairs straight from the accumulator fragment to global (``st.global.b32``, clipped at M and N;
+  ``accumulate`` adds the bf16 value D held first, DeepGEMM's C-into-D convention).
+- Ragged shapes: TMA zero-fills A / B / sfa boxes past M, N, K (a zero-filled sfa row only scales a row that is not
+  stored; K's tail adds zeros).
+"""
+
+from __future__ import annotations
+
+SMEM_LIMIT = 232448  # 227 KB, the opt-in maximum dynamic shared memory per block
+NUM_CONSUMERS = 2
+BLOCK_M = 128
+BLOCK_K = 128  # one scale block: 128 e4m3 = one 128-byte SW128 row
+GRAN = 128
+AB_DTYPE = "float8_e4m3fn"
+
+
+def smem_bytes(block_n: int, num_stages: int) -> int:
+    """The ring (A, B and the sfa column of each stage) and its 2 x num_stages barriers."""
+    return num_stages * ((BLOCK_M + block_n) * BLOCK_K + BLOCK_M * 4) + 2 * num_stages * 8
+
+
+def build_kernel(block_n: int, num_stages: int, group_m: int, num_sms: int, accumulate: bool = False):
+    """Kernel arguments ``(a, sfa, b, sfb, d, ldd)``: a (M, K) and b (N, K) e4m3 (K % 16 == 0), sfa flat fp32 (the
+    MN-major TMA-aligned buffer), sfb (ceil(N/128), ceil(K/128)) fp32, d bf16 as 32-bit words with row stride
+    ``ldd`` elements (even; N even)."""
+    from tvm.script import tirx as T
+
+    from tirx_kernels.core.lang import mbarrier, roles, scheduler, tma, vector, wgmma
+
+    if block_n not in (64, 128):
+        raise ValueError(f"fp8 gemm 1d2d: block_n={block_n} must divide the 128-wide sfb block (64 or 128)")
+    if smem_bytes(block_n, num_stages) > SMEM_LIMIT or num_stages < 2:
+        raise ValueError(f"fp8 gemm 1d2d: {num_stages} stages of 128 x {block_n} need "
+                         f"{smem_bytes(block_n, num_stages)} B of shared memory (at most {SMEM_LIMIT}, 2 stages)")
+    assert roles.register_split_fits(NUM_CONSUMERS)
+
+    a_tile, b_tile = BLOCK_M * BLOCK_K, block_n * BLOCK_K  # bytes (= elements) per stage
+    stage_bytes = a_tile + b_tile + BLOCK_M * 4
+    k_steps = BLOCK_K // wgmma.k_per_instr(AB_DTYPE)  # 4 wgmma k32 per K block
+    nacc = wgmma.acc_regs(block_n)
+    ring = mbarrier.Ring.for_warpgroups(num_stages, NUM_CONSUMERS)
+
+    # Grid arithmetic as Python functions of the kernel's dims: inlined where used (a script assignment before the
+    # launch extents would be a device-side variable the host's launch cannot see).
+    def tiles_mn(M, N):  # noqa: N803
+        return scheduler.num_tiles(M, N, BLOCK_M, block_n)
+
+    def ctas(M, N):  # noqa: N803
+        return scheduler.grid_size(tiles_mn(M, N)[0] * tiles_mn(M, N)[1], num_sms)
+
+    def tile_origin(tile, M, N):  # noqa: N803
+        m_tile, n_tile = scheduler.tile_coords(tile, tiles_mn(M, N)[0], tiles_mn(M, N)[1], group_m)
+        return m_tile * BLOCK_M, n_tile * block_n
+
+    @T.prim_func
+    def fp8_gemm_1d2d(a_ptr: T.handle, sfa_ptr: T.handle, b_ptr: T.handle, sfb_ptr: T.handle, d_ptr: T.handle,
+                      ldd: T.int32):
+        M = T.int32()
+        N = T.int32()
+        K = T.int32()
+        sfa_len = T.int32()
+        sfb_rows = T.int32()
+        sfb_cols = T.int32()
+        d_len = T.int64()
+        A = T.match_buffer(a_ptr, (M, K), AB_DTYPE, align=16)
+        B = T.match_buffer(b_ptr, (N, K), AB_DTYPE, align=16)
+        SFA = T.match_buffer(sfa_ptr, (sfa_len,), "float32", align=16)
+        SFB = T.match_buffer(sfb_ptr, (sfb_rows, sfb_cols), "float32", align=4)
+        Dw = T.match_buffer(d_ptr, (d_len,), "uint32", align=4)
+        # Host: tensor maps of this call's dims. sfa is read as a (k_blocks, M) matrix of row stride align(M, 4).
+        a_map = T.Bind(T.tvm_stack_alloca("tensormap", 1))
+        b_map = T.Bind(T.tvm_stack_alloca("tensormap", 1))
+        sfa_map = T.Bind(T.tvm_stack_alloca("tensormap", 1))
+        tma.encode_2d(a_map, A.data, M, K, K, BLOCK_M, BLOCK_K, AB_DTYPE, l2_promotion=tma.L2_PROMOTION_256B)
+        tma.encode_2d(b_map, B.data, N, K, K, block_n, BLOCK_K, AB_DTYPE, l2_promotion=tma.L2_PROMOTION_256B)
+        tma.encode_2d(sfa_map, SFA.data, (K + GRAN - 1) // GRAN, M, (M + 3) // 4 * 4, 1, BLOCK_M, "float32",
+                      swizzle=tma.SWIZZLE_NONE)
+        T.device_entry()
+        T.attr({"tirx.launch_bounds_min_blocks_per_sm": 1})
+        cta = T.cta_id([ctas(M, N)])
+        wg = T.warpgroup_id([3])
+        tid = T.thread_id([384])
+        k_tiles = (K + BLOCK_K - 1) // BLOCK_K
+        my_tiles = scheduler.tiles_of_cta(cta, ctas(M, N), tiles_mn(M, N)[0] * tiles_mn(M, N)[1])
+
+        # Shared memory: one pool, 1024-aligned operand tiles first, barriers last.
+        pool = T.SMEMPool()
+        # Operand tiles as bytes: TMA and the wgmma descriptors need only their addresses.
+        As = pool.alloc((num_stages * a_tile,), "uint8", align=1024)
+        Bs = pool.alloc((num_stages * b_tile,), "uint8", align=1024)
+        SFAs = pool.alloc((num_stages * BLOCK_M,), "float32", align=128)
+        full = pool.alloc((num_stages,), "uint64", align=8)
+        empty = pool.alloc((num_stages,), "uint64", align=8)
+        pool.commit()
+        acc = T.alloc_local((nacc,), "float32")
+        tmp = T.alloc_local((nacc,), "float32")
+        scale = T.alloc_local((2,), "float32")  # sfa[row] * sfb of this thread's two fragment rows
+        desc_a = T.alloc_local((1,), "uint64")
+        desc_b = T.alloc_local((1,), "uint64")
+        packed = T.alloc_local((1,), "uint32")
+        remote = T.alloc_local((1,), "uint32")
+        cursor = T.alloc_local((2,), "int32")
+
+        if tid == 0:
+            ring.init(full, empty)
+            mbarrier.fence_init()
+        T.cuda.cta_sync()
+
+        if wg == 0:
+            # TMA warpgroup: decrease registers for the consumers.
+            roles.producer_role()
+            if tid == 0:
+                tma.prefetch_descriptor(a_map)
+                tma.prefetch_descriptor(b_map)
+                tma.prefetch_descriptor(sfa_map)
+                for t in range(my_tiles):
+                    m0 = tile_origin(cta + t * ctas(M, N), M, N)[0]
+                    n0 = tile_origin(cta + t * ctas(M, N), M, N)[1]
+                    for k in range(k_tiles):
+                        it = t * k_tiles + k  # the ring's use count continues across tiles
+                        s = ring.stage(it)
+                        ring.producer_acquire(empty, it)
+                        ring.producer_expect(full, it, stage_bytes)
+                        tma.load_2d(As.ptr_to([s * a_tile]), a_map, k * BLOCK_K, m0, full.ptr_to([s]))
+                        tma.load_2d(Bs.ptr_to([s * b_tile]), b_map, k * BLOCK_K, n0, full.ptr_to([s]))
+                        tma.load_2d(SFAs.ptr_to([s * BLOCK_M]), sfa_map, m0, k, full.ptr_to([s]))
+        else:
+            # Math warpgroups: consumer cw owns rows [64 cw, 64 cw + 64) of every tile.
+            cw, ct, warp, lane = roles.consumer_role(wg, tid)
+            wgmma.encode_desc_kmajor_sw128(desc_a.ptr_to([0]), As.ptr_to([cw * wgmma.M * BLOCK_K]))
+            wgmma.encode_desc_kmajor_sw128(desc_b.ptr_to([0]), Bs.ptr_to([0]))
+            ring.cursor_init(cursor)
+            for t in range(my_tiles):
+                m0 = tile_origin(cta + t * ctas(M, N), M, N)[0]
+                n0 = tile_origin(cta + t * ctas(M, N), M, N)[1]
+                for i in T.unroll(nacc):
+                    acc[i] = T.float32(0)
+                for k in range(k_tiles):
+                    s = cursor[0]
+                    ring.consumer_wait_at(full, cursor)
+                    wgmma.fence()
+                    for kk in T.unroll(k_steps):
+                        # NOTES: the K block's first wgmma overwrites the temporary (scale-d 0): no zeroing loop.
+                        wgmma.mma(block_n, tmp, wgmma.desc_advance(desc_a[0], s * a_tile + kk * 32),
+                                  wgmma.desc_advance(desc_b[0], s * b_tile + kk * 32), AB_DTYPE, scale_d=kk > 0)
+                    wgmma.commit()
+                    wgmma.wait(0)
+                    for r in T.unroll(2):
+                        scale[r] = SFAs[s * BLOCK_M + cw * wgmma.M + wgmma.acc_row(warp, lane, r)] * SFB[n0 // GRAN, k]
+                    # The stage's smem (operands and sfa) has been read: give it back before the promotion. NOTES:
+                    # lane 0 arrives for its warp, so every lane must be past its sfa reads (and its full-barrier
+                    # wait: a lane still spinning there would miss the phase the refill completes) first.
+                    T.evaluate(T.call_extern("void", "__syncwarp"))
+                    ring.release_slot(empty, s, warp, lane, remote[0])
+                    ring.cursor_advance(cursor)
+                    for j in T.unroll(block_n // 8):
+                        for r in T.unroll(2):
+                            for e in T.unroll(2):
+                                acc[wgmma.acc_index(j, r, e)] = (acc[wgmma.acc_index(j, r, e)]
+                                                                 + tmp[wgmma.acc_index(j, r, e)] * scale[r])
+                # Epilogue: bf16 pairs from the fragment to D, clipped at M and N (N even: a pair is in or out).
+                for j in T.unroll(block_n // 8):
+                    for r in T.unroll(2):
+                        row = m0 + cw * wgmma.M + wgmma.acc_row(warp, lane, r)
+                        col = n0 + wgmma.acc_col(lane, j)
+                        if row < M and col < N:
+                            if accumulate:
+                                lo, hi = vector.unpack2(Dw[(T.Cast("int64", row) * ldd + col) // 2], "bfloat16")
+                                T.evaluate(T.ptx.cvt.rn.bf16x2.f32(packed[0], acc[wgmma.acc_index(j, r, 1)] + hi,
+                                                                   acc[wgmma.acc_index(j, r, 0)] + lo))
+                            else:
+                                T.evaluate(T.ptx.cvt.rn.bf16x2.f32(packed[0], acc[wgmma.acc_index(j, r, 1)],
+                                                                   acc[wgmma.acc_index(j, r, 0)]))
+                            Dw[(T.Cast("int64", row) * ldd + col) // 2] = packed[0]
+
+    return fp8_gemm_1d2d

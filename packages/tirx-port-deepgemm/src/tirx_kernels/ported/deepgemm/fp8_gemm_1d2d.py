@@ -1,0 +1,295 @@
+# SPDX-License-Identifier: Apache-2.0
+# Port of DeepGEMM's fp8_gemm_nt on SM90 with the 1D-2D recipe (csrc/apis/gemm.hpp: fp8_fp4_gemm_nt;
+# csrc/jit_kernels/impls/sm90_fp8_gemm_1d2d.hpp; deep_gemm/include/deep_gemm/impls/sm90_fp8_gemm_1d2d.cuh) at
+# deepseek-ai/DeepGEMM 54e22612409371d6364144b69086735beb54e98b. Written anew in TIRx (kernel: _fp8_gemm_kernel.py).
+"""``fp8_gemm_nt((a, sfa), (b, sfb), d, c=None)``: ``D[M, N] bf16 = (A * sfa) (B * sfb)^T (+ C)`` with A [M, K]
+and B [N, K] float8_e4m3fn (K-major: NT only), ``sfa`` [M, ceil(K/128)] fp32 per-token 1x128 scales and ``sfb``
+[ceil(N/128), ceil(K/128)] fp32 128x128 block scales (DeepGEMM's SM90 default recipe (1, 128, 128)), fp32
+accumulation promoted per 128-K block (``_fp8_gemm_kernel``). ``sfa`` in the MN-major TMA-aligned layout
+(``per_token_cast_to_fp8``'s output) is read in place; any other layout is made so first, as DeepGEMM's
+``transform_sf_into_required_layout`` does. ``c`` (bf16 [M, N]) is copied into ``d`` and accumulated into
+(DeepGEMM's convention; its SM90 1d2d kernel itself rejects ``c``, this one adds it in the epilogue).
+
+Artifacts: one per (tile, accumulate), M, N, K at run time (K % 16 == 0 and N % 8 == 0: 16-byte TMA rows of
+A / B and 4-byte pairs of D). The tile heuristic (``choose_tile``): 128 x 64 tiles while 128 x 128 ones would not
+fill the 132 SMs once, else 128 x 128.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tirx_kernels.core import checks, harness, runtime
+
+from . import _fp8_cast as C
+from . import _fp8_gemm_kernel as G
+
+KERNEL_META = {
+    "name": "deepgemm_sm90_fp8_gemm_1d2d",
+    "category": "ported.deepgemm",
+    "runtime_cuda_archs": ["sm_90a"],
+    "description": "DeepGEMM fp8_gemm_nt (SM90 1d2d): e4m3 A (1x128 fp32 scales) x e4m3 B (128x128 fp32 scales), "
+                   "bf16 out, promoted fp32 accumulation, optional C; warp-specialized TMA + wgmma k32",
+    "upstream": {"project": "DeepGEMM", "url": "https://github.com/deepseek-ai/DeepGEMM",
+                 "commit": "54e22612409371d6364144b69086735beb54e98b"},
+    "public_ops": ["fp8_gemm_nt"],
+}
+
+# DeepGEMM's test shapes (tests/generators.py: DeepSeek-V3 projections, M = 128 / 4096) and ragged edges.
+CONFIGS = [
+    {"label": "m128_n2112_k7168", "M": 128, "N": 2112, "K": 7168},
+    {"label": "m4096_n2112_k7168", "M": 4096, "N": 2112, "K": 7168},
+    {"label": "m4096_n24576_k1536", "M": 4096, "N": 24576, "K": 1536},
+    {"label": "m4096_n32768_k512", "M": 4096, "N": 32768, "K": 512},
+    {"label": "m4096_n7168_k16384", "M": 4096, "N": 7168, "K": 16384},
+    {"label": "m4096_n4096_k7168", "M": 4096, "N": 4096, "K": 7168},
+    {"label": "m4096_n7168_k2048", "M": 4096, "N": 7168, "K": 2048},
+    {"label": "m4096_n576_k7168", "M": 4096, "N": 576, "K": 7168},
+    {"label": "m1_n2112_k7168", "M": 1, "N": 2112, "K": 7168},
+    {"label": "m17_n576_k512_ragged", "M": 17, "N": 576, "K": 512},
+    {"label": "m4097_n2112_k1040_ragged", "M": 4097, "N": 2112, "K": 1040},
+    {"label": "m200_n136_k384_accumulate", "M": 200, "N": 136, "K": 384, "accumulate": True},
+]
+BENCH_CONFIGS = [
+    {"label": "m128_n2112_k7168", "M": 128, "N": 2112, "K": 7168},
+    {"label": "m4096_n4096_k7168", "M": 4096, "N": 4096, "K": 7168},
+    {"label": "m4096_n7168_k16384", "M": 4096, "N": 7168, "K": 16384},
+]
+DEFAULTS = {"accumulate": False}
+NUM_SMS = 132  # H100 SXM and H200: a compile parameter (a wrong value costs speed, never correctness)
+GROUP_M = 8
+TILES = {"128x128_s6": (128, 6), "128x64_s8": (64, 8)}  # tile: (block_n, num_stages)
+CALC_DIFF_MAX = 1e-3  # DeepGEMM's bound for FP8 GEMMs (tests/test_fp8.py)
+_OP = "fp8_gemm_nt"
+
+
+def calc_diff(x: torch.Tensor, y: torch.Tensor) -> float:
+    """DeepGEMM's ``calc_diff``: ``1 - 2<x, y> / (|x|^2 + |y|^2)`` in float64 (0 for equal tensors)."""
+    x, y = x.double(), y.double()
+    denom = (x * x + y * y).sum()
+    return 0.0 if denom == 0 else float(1 - 2 * (x * y).sum() / denom)
+
+
+def _calc_diff_comparator(got, want, cfg: dict, inputs: dict) -> dict:
+    if got.shape != want.shape:
+        raise harness.KernelCheckError(f"shape {tuple(got.shape)} != wanted shape {tuple(want.shape)}")
+    if not torch.isfinite(got.float()).all():
+        raise harness.KernelCheckError(f"{int((~torch.isfinite(got.float())).sum())} outputs not finite (unwritten?)")
+    diff = calc_diff(got, want)
+    if diff > CALC_DIFF_MAX:
+        raise harness.KernelCheckError(f"calc_diff {diff:.3e} > {CALC_DIFF_MAX}")
+    return {"calc_diff": diff}
+
+
+COMPARATORS = {"d": _calc_diff_comparator}
+
+
+def choose_tile(M: int, N: int) -> str:  # noqa: N803
+    """128 x 64 while 128 x 128 tiles would leave SMs idle in the only wave (DeepGEMM's heuristic also widens N
+    with the wave count; the fuller table is GPU work still to do)."""
+    return "128x64_s8" if C.ceil_div(M, 128) * C.ceil_div(N, 128) < NUM_SMS else "128x128_s6"
+
+
+def compile_params(M: int = 4096, N: int = 4096, accumulate: bool = False, tile: str | None = None, **_) -> dict:  # noqa: N803
+    return {"tile": tile or choose_tile(M, N), "accumulate": bool(accumulate)}
+
+
+def artifact_params() -> list[dict]:
+    return [{"tile": t, "accumulate": a} for t in TILES for a in (False, True)]
+
+
+def call_samples(rng) -> list[dict]:
+    return [{"M": rng.choice([1, 17, 128, 4096, rng.randint(1, 20000)]), "N": 8 * rng.randint(1, 4096),
+             "K": 16 * rng.randint(1, 1024), "accumulate": acc} for acc in (False, True) for _ in range(8)]
+
+
+def get_kernel(tile: str, accumulate: bool = False):
+    if tile not in TILES:
+        raise ValueError(f"{KERNEL_META['name']}: tile {tile!r} is not one of {sorted(TILES)}")
+    block_n, stages = TILES[tile]
+    return G.build_kernel(block_n, stages, GROUP_M, NUM_SMS, accumulate).with_attr(
+        "global_symbol", "deepgemm_sm90_fp8_gemm_1d2d")
+
+
+def sass_expect(**_) -> list[str]:
+    return [r"QGMMA\.64x\d+x32\.F32\.E4M3\.E4M3", r"UTMALDG\.2D", r"SYNCS"]
+
+
+def dequantize(a, sfa, b, sfb):
+    """The fp32 operands the oracle multiplies: codes times their (broadcast) scales."""
+    M, K = a.shape  # noqa: N806
+    N = b.shape[0]  # noqa: N806
+    a32 = a.float() * sfa.float().repeat_interleave(C.GRAN, 1)[:, :K]
+    b32 = b.float() * sfb.float().repeat_interleave(C.GRAN, 0)[:N].repeat_interleave(C.GRAN, 1)[:, :K]
+    return a32, b32
+
+
+def prepare_data(M: int, N: int, K: int, accumulate: bool = False, **_) -> dict:  # noqa: N803
+    """bf16 activations and weights (rows of magnitudes 1e-2 .. 1e1) cast by DeepGEMM's recipe (the torch oracle of
+    the casts), ``sfa`` in the MN-major TMA-aligned layout, ``d`` a fresh output; ``c`` random bf16 when
+    accumulating."""
+    import os
+
+    seed = int(os.environ.get("TIRX_SEED", "0")) or int.from_bytes(os.urandom(4), "little")
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x = (torch.randn(M, K, generator=g, device="cuda") * torch.logspace(-2, 1, M, device="cuda")[:, None])
+    w = torch.randn(N, K, generator=g, device="cuda")
+    a, sfa = C.per_token_ref(x.to(torch.bfloat16))
+    b, sfb = C.per_block_ref(w.to(torch.bfloat16))
+    sfa_mn = C.new_mn_major_sf(M, K, "cuda")
+    sfa_mn.copy_(sfa)
+    data = {"a": a, "sfa": sfa_mn, "b": b, "sfb": sfb, "d": torch.empty(M, N, dtype=torch.bfloat16, device="cuda")}
+    if accumulate:
+        data["c"] = torch.randn(M, N, generator=g, device="cuda").to(torch.bfloat16)
+    return data
+
+
+def reference(a, sfa, b, sfb, c=None, **_) -> dict:
+    a32, b32 = dequantize(a, sfa, b, sfb)
+    out = a32 @ b32.T
+    return {"d": out if c is None else out + c.float()}
+
+
+def launch(cfg: dict, data: dict) -> None:
+    fp8_gemm_nt((data["a"], data["sfa"]), (data["b"], data["sfb"]), data["d"], c=data.get("c"))
+
+
+def roofline(M: int, N: int, K: int, accumulate: bool = False, **_) -> dict:  # noqa: N803
+    kb = C.ceil_div(K, C.GRAN)
+    nbytes = M * K + N * K + 2 * M * N * (2 if accumulate else 1) + 4 * (M * kb + C.ceil_div(N, C.GRAN) * kb)
+    return {"flops": 2 * M * N * K, "bytes": nbytes}
+
+
+def get_baselines(**cfg) -> dict:
+    """torch: the fp32 oracle (dequantized operands, fp32 matmul); deepgemm: ``deep_gemm.fp8_gemm_nt`` (SM90 1d2d,
+    no ``c``)."""
+    def torch_ref():
+        return lambda d: reference(**d)
+
+    def deepgemm_ref():
+        import deep_gemm
+
+        def run(d):
+            out = torch.empty_like(d["d"])
+            if d.get("c") is not None:
+                out.copy_(d["c"])  # DeepGEMM's SM90 1d2d has no C: accumulate on the host side
+                tmp = torch.empty_like(out)
+                deep_gemm.fp8_gemm_nt((d["a"], d["sfa"]), (d["b"], d["sfb"]), tmp)
+                return {"d": (out.float() + tmp.float()).to(torch.bfloat16)}
+            deep_gemm.fp8_gemm_nt((d["a"], d["sfa"]), (d["b"], d["sfb"]), out)
+            return {"d": out}
+
+        return run
+
+    return {"torch": torch_ref, "deepgemm": deepgemm_ref}
+
+
+# ------------------------------------------------------------------------------------------------- public op
+def _fail(name: str, expected: str, got) -> None:
+    raise checks.TirxInputError(f"{_OP}: argument '{name}': expected {expected}, got {got}")
+
+
+def _pair(name: str, pair):
+    if not isinstance(pair, tuple | list) or len(pair) != 2:
+        _fail(name, "a (tensor, scales) pair", type(pair).__name__)
+    return pair
+
+
+def check_inputs(a, b, d, c=None, recipe=None, cuda: bool = True):
+    """Validate the call; returns ``(a, sfa, b, sfb, M, N, K)``."""
+    (a, sfa), (b, sfb) = _pair("a", a), _pair("b", b)
+    f8 = (torch.float8_e4m3fn,)
+    checks.tensor(_OP, "a[0]", a, dtypes=f8, ndim=2, inner_contiguous=False, cuda=False)
+    checks.tensor(_OP, "b[0]", b, dtypes=f8, ndim=2, inner_contiguous=False, cuda=False)
+    for name, t in (("a[0]", a), ("b[0]", b)):
+        if t.stride(-1) != 1 and t.shape[-1] > 1:
+            _fail(name, "a K-major operand (NT only: SM90 FP8 wgmma reads K-major A and B; use fp8_gemm_nt with "
+                  "the transposed operand made contiguous)", f"strides {tuple(t.stride())}")
+    M, K = a.shape  # noqa: N806
+    N = b.shape[0]  # noqa: N806
+    if b.shape[1] != K:
+        _fail("b[0]", f"K={K} columns (a[0] is {tuple(a.shape)})", f"shape {tuple(b.shape)}")
+    kb = C.ceil_div(K, C.GRAN)
+    checks.tensor(_OP, "a[1]", sfa, dtypes=(torch.float32,), shape=(M, kb), inner_contiguous=False, cuda=False)
+    checks.tensor(_OP, "b[1]", sfb, dtypes=(torch.float32,), shape=(C.ceil_div(N, C.GRAN), kb),
+                  inner_contiguous=False, cuda=False)
+    checks.tensor(_OP, "d", d, dtypes=(torch.bfloat16,), shape=(M, N), cuda=False)
+    if c is not None:
+        checks.tensor(_OP, "c", c, dtypes=(torch.bfloat16,), shape=(M, N), cuda=False)
+    if recipe not in (None, (1, 128, 128)):
+        _fail("recipe", "None or (1, 128, 128) (SM90's 1x128 / 128x128 scales)", recipe)
+    checks.multiple_of(_OP, "a[0].shape[1]", K, 16, "TMA needs 16-byte rows of A and B")
+    checks.multiple_of(_OP, "d.shape[1]", N, 8, "D is written in 4-byte pairs; DeepGEMM needs 16-byte rows")
+    if d.stride(0) % 2:
+        _fail("d", "an even row stride (4-byte pairs)", f"strides {tuple(d.stride())}")
+    if cuda:
+        for name, t in (("a[0]", a), ("a[1]", sfa), ("b[0]", b), ("b[1]", sfb), ("d", d), ("c", c)):
+            if t is not None:
+                checks.tensor(_OP, name, t, inner_contiguous=False, cuda=True)
+    return a, sfa, b, sfb, M, N, K
+
+
+def _sfa_in_layout(sfa: torch.Tensor, M: int, K: int) -> torch.Tensor:  # noqa: N803
+    """``sfa`` as the kernel reads it: the MN-major TMA-aligned tensor itself, else a copy made so."""
+    if sfa.stride(0) == 1 and (sfa.stride(1) == C.tma_aligned_size(M) or sfa.shape[1] == 1):
+        return sfa
+    out = C.new_mn_major_sf(M, K, sfa.device)
+    out.copy_(sfa)
+    return out
+
+
+_FUNCTIONS = runtime.FunctionCache(__name__)
+
+
+def _run(a, sfa, b, sfb, d, accumulate: bool, tile: str | None = None) -> None:
+    M, K = a.shape  # noqa: N806
+    N = b.shape[0]  # noqa: N806
+    params = {"tile": tile or choose_tile(M, N), "accumulate": bool(accumulate)}
+    fn = _FUNCTIONS.get((params["tile"], params["accumulate"], a.get_device()), lambda: params, a.device)
+    fn(*kernel_args(a, sfa, b, sfb, d))
+
+
+def kernel_args(a, sfa, b, sfb, d) -> tuple:
+    """The kernel's arguments ``(a, sfa, b, sfb, d, ldd)``: sfa as its flat MN-major buffer (exactly the span the
+    tensor covers), d as 32-bit words of bf16 pairs with its row stride."""
+    M, K = a.shape  # noqa: N806
+    N = b.shape[0]  # noqa: N806
+    sfa = _sfa_in_layout(sfa, M, K)
+    span = sfa.stride(1) * (sfa.shape[1] - 1) + M
+    return (a.contiguous(), sfa.as_strided((span,), (1,)), b.contiguous(), sfb.contiguous(),
+            d.as_strided((d.stride(0) * (M - 1) + N,), (1,)).view(torch.uint32), d.stride(0))
+
+
+def fp8_gemm_nt(a, b, d: torch.Tensor, c: torch.Tensor | None = None, recipe=None, compiled_dims: str = "nk",
+                disable_ue8m0_cast: bool = False) -> None:
+    """DeepGEMM's ``fp8_gemm_nt(a, b, d, c=None, recipe=None, compiled_dims='nk', disable_ue8m0_cast=False)``:
+    ``d = (a[0] * a[1]) @ (b[0] * b[1]).T (+ c)`` in place, ``a = (A [M, K] e4m3, sfa [M, ceil(K/128)] fp32)``,
+    ``b = (B [N, K] e4m3, sfb [ceil(N/128), ceil(K/128)] fp32)``, ``d`` / ``c`` bf16 [M, N]. ``compiled_dims`` and
+    ``disable_ue8m0_cast`` (JIT specialization and SM100 scale packing in DeepGEMM) are accepted and ignored."""
+    a_, sfa, b_, sfb, M, N, K = check_inputs(a, b, d, c, recipe)  # noqa: N806
+    if M == 0 or N == 0:
+        return
+    if c is not None and c.data_ptr() != d.data_ptr():
+        d.copy_(c)
+    if K == 0:
+        if c is None:
+            d.zero_()
+        return
+    if runtime.direct_call(a_, sfa, b_, sfb, d):
+        _run(a_, sfa, b_, sfb, d, c is not None)
+    else:
+        torch.ops.tirx.deepgemm_fp8_gemm_nt(a_, sfa, b_, sfb, d, c is not None)
+
+
+@torch.library.custom_op("tirx::deepgemm_fp8_gemm_nt", mutates_args=("d",))
+def _fp8_gemm_op(a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.Tensor, d: torch.Tensor,
+                 accumulate: bool) -> None:
+    _run(a, sfa, b, sfb, d, accumulate)
+
+
+@_fp8_gemm_op.register_fake
+def _(a, sfa, b, sfb, d, accumulate):
+    return None
+
+
+run_test, run_bench = harness.bind(__name__)
