@@ -85,8 +85,10 @@ def test_gemm_schedules(tile, layout, dtype, M, N, K):  # noqa: N803
 
 
 # ---------------------------------------------------------------------------------------------------------
-# wgmma forms: core.lang.wgmma's micro-kernels (test_lang_wgmma_gpu.py), all in one module (one g++ run), plus two
-# with a planted descriptor error and an mbarrier kernel that completes or deadlocks
+# wgmma forms and TMA: core.lang.wgmma's micro-kernels (test_lang_wgmma_gpu.py), all in one module (one g++ run),
+# plus two with a planted descriptor error, an mbarrier kernel that completes or deadlocks, and core.lang.tma's
+# micro-kernels (test_lang_tma_micro.py: rank 2-5 maps, SW128, OOB zero fill, clipped store, L2 hints, an mbarrier
+# ring, 2-CTA multicast, a 1-D bulk-copy ring)
 # ---------------------------------------------------------------------------------------------------------
 
 
@@ -138,6 +140,10 @@ def micro():
     funcs["wrong_swizzle"] = _planted(m, cases["ss_bf16_sw128"], swizzle=wgmma.SWIZZLE_64B)
     funcs["wrong_lbo"] = _planted(m, cases["ss_fp16_mn_major_b"], lbo=0)
     funcs["mbar_ok"], funcs["mbar_deadlock"] = _mbar_kernel(1), _mbar_kernel(2)
+    tma_micro = _load("test_lang_tma_micro")
+    for c in tma_micro.CASES:
+        cases[c.name] = c
+        funcs[c.name] = tma_micro._kernel(c)
     return m, cases, emulate.compile_module(build.codegen_many(funcs))
 
 
@@ -189,3 +195,23 @@ def test_mbarrier_completes_or_hangs(micro):
     assert rep.stderr.count("waits on the mbarrier") == 128 and "1 of 2 arrivals pending" in rep.stderr
     with pytest.raises(emulate.EmulationError, match="hang"):
         rep.check()
+
+
+_TMA = ["tma_load_sw128_64k", "tma_load_rank3", "tma_load_rank4", "tma_load_rank5", "tma_load_oob_zero",
+        "tma_store_clipped", "tma_l2_hint", "tma_ring", "tma_cluster_multicast", "tma_bulk_ring"]
+
+
+@pytest.mark.parametrize("name", _TMA)
+def test_tma_forms(micro, name):
+    """Bit for bit against test_lang_tma_numerics.expected (the GPU test's references): poisoned outputs, so unwritten
+    words and guard-band writes both show."""
+    c = micro[1][name]
+    numerics = _load("test_lang_tma_numerics")
+    poison = -0x21524111
+    inp = torch.randint(-2**31, 2**31, c.inp, dtype=torch.int32)
+    inp[inp == poison] = 0x1234567
+    inp0, out = inp.clone(), torch.full(c.out, poison, dtype=torch.int32)
+    micro[2](inp, out, function=name).check()
+    ref = numerics.expected({"kind": c.kind, "params": c.params, "out": list(c.out)}, inp, poison)
+    assert torch.equal(inp, inp0), "input changed"
+    assert torch.equal(out, ref), f"{int((out != ref).sum())} words differ"

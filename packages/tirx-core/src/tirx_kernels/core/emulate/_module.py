@@ -84,6 +84,10 @@ def _standin(name: str, params_text: str, asm: str) -> str:
         r = int(m.group(1))
         tmap, coords, src = names[0], names[1:1 + r], names[1 + r]
         return f"{head} {{ int32_t c_[{r}] = {{{', '.join(coords)}}}; emu_tma_store({tmap}, c_, {r}, {src}); }}"
+    if asm.startswith("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes"):
+        return f"{head} {{ emu_bulk_load({names[0]}, (const void*)({names[1]}), {names[2]}, {names[3]}); }}"
+    if asm.startswith("cp.async.bulk.global.shared::cta.bulk_group"):
+        return f"{head} {{ emu_bulk_store((void*)({names[0]}), {names[1]}, {names[2]}); }}"
     if asm.startswith(_NOOPS) and "wgmma.fence" not in asm[1:] and not any("&" in t for t, _ in params):
         return f"{head} {{}}"
     text = asm.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%")[:200]
@@ -140,6 +144,9 @@ def module_source(source: str) -> str:
             continue
         body = prelude[w.end():prelude.find("\n}", w.end())]
         asm = _ASM.search(body)
+        if asm is None and "asm" not in body:  # plain CUDA C++ (e.g. __syncwarp()): cuda_cpu.h's builtins serve
+            standins.append(f"static inline {w.group(1).strip()} {name}({w.group(3)}) {{{body}\n}}")
+            continue
         standins.append(_standin(name, w.group(3), asm.group(1).strip() if asm else "(no asm)"))
     parts, registry = ["\n".join(standins)], []
     seen = set()

@@ -323,6 +323,21 @@ static inline void tvm_builtin_ptx_ld_vec_shared__cluster_v4_f32(float& a, float
   a = w[0], b = w[1], c = w[2], d = w[3];
 }
 
+// ld / st.shared of 16 bytes
+static inline void tvm_builtin_ptx_ld_vec_shared_v4_b32(uint32_t& a, uint32_t& b, uint32_t& c, uint32_t& d,
+                                                        uint32_t addr) {
+  if (addr % 16) emu_fault("ld.shared.v4: address 0x%x is not 16-byte aligned", addr);
+  uint32_t w[4];
+  memcpy(w, emu_smem_at(addr, 16, "ld.shared.v4"), 16);
+  a = w[0], b = w[1], c = w[2], d = w[3];
+}
+static inline void tvm_builtin_ptx_st_vec_shared_v4_b32(uint32_t addr, uint32_t a, uint32_t b, uint32_t c,
+                                                        uint32_t d) {
+  if (addr % 16) emu_fault("st.shared.v4: address 0x%x is not 16-byte aligned", addr);
+  uint32_t w[4] = {a, b, c, d};
+  memcpy(emu_smem_at(addr, 16, "st.shared.v4"), w, 16);
+}
+
 // --- no-ops on the CPU: fences (every stand-in is sequentially consistent), register reallocation, PDL, hints
 static inline void tvm_builtin_ptx_fence_proxy_proxy_async_shared__cta() {}
 static inline void tvm_builtin_ptx_fence_proxy_proxy_async() {}
@@ -418,6 +433,20 @@ static void emu_tma_store(const void* tmap, const int32_t* coords, int rank, uin
     uint32_t a = emu_swizzle(src + o, m.swizzle_span);
     memcpy(g, emu_smem_at(a, m.esize, "TMA store"), m.esize);
   });
+  emu_progress.fetch_add(1);
+}
+
+// 1-D bulk copies (cp.async.bulk, no tensor map): 16-byte aligned, sizes a multiple of 16
+static void emu_bulk_load(uint32_t dst, const void* src, uint32_t n, uint32_t mbar) {
+  if (dst % 16 || (uintptr_t)src % 16 || n % 16)
+    emu_fault("cp.async.bulk load: shared 0x%x, global %p, %u bytes: not all 16-byte multiples", dst, src, n);
+  memcpy(emu_smem_at(dst, n, "cp.async.bulk load"), src, n);
+  emu_mbar_complete_tx(mbar, n);
+}
+static void emu_bulk_store(void* dst, uint32_t src, uint32_t n) {
+  if (src % 16 || (uintptr_t)dst % 16 || n % 16)
+    emu_fault("cp.async.bulk store: global %p, shared 0x%x, %u bytes: not all 16-byte multiples", dst, src, n);
+  memcpy(dst, emu_smem_at(src, n, "cp.async.bulk store"), n);
   emu_progress.fetch_add(1);
 }
 
