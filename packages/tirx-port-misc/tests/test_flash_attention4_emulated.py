@@ -3,9 +3,10 @@
 4-D tensor maps, TMA zero-fills the tails, wgmma SS/RS and the mbarrier rings run as modelled) against the fp32
 oracle, output and LSE, with guard bands around the outputs and the inputs checked unchanged.
 
-CI emulates one kernel (bf16, head dim 64, causal) on three shapes: GQA 2:1 with ragged tiles, Sq > Sk (rows that
-see no key: out 0, lse -inf), packed-QKV strided views. ``TIRX_EMULATE_FULL=1`` adds every other head-dim pair,
-fp16, non-causal, Sq < Sk and one-row decode (each kernel ~20-40 s of g++ on the 2-core machine)."""
+CI emulates one kernel (bf16, head dim 64, causal, ping-pong) on three shapes: GQA 2:1 with ragged tiles, Sq > Sk
+(rows that see no key: out 0, lse -inf), packed-QKV strided views. ``TIRX_EMULATE_FULL=1`` adds every other head-dim
+pair, fp16, non-causal, Sq < Sk, one-row decode and the plain (no ping-pong) schedule (each kernel ~20-40 s of g++
+on the 2-core machine)."""
 
 import math
 import os
@@ -25,10 +26,10 @@ full_only = pytest.mark.skipif(not _FULL, reason="set TIRX_EMULATE_FULL=1 (minut
 _modules = {}
 
 
-def _kernel(dtype: str, d: int, dv: int, causal: bool):
-    key = (dtype, d, dv, causal)
+def _kernel(dtype: str, d: int, dv: int, causal: bool, schedule: str = mod.SCHEDULE):
+    key = (dtype, d, dv, causal, schedule)
     if key not in _modules:
-        _modules[key] = emulate.compile_module(mod.get_kernel(dtype, d, dv, causal))
+        _modules[key] = emulate.compile_module(mod.get_kernel(dtype, d, dv, causal, schedule))
     return _modules[key]
 
 
@@ -38,7 +39,7 @@ def _guarded(shape, dtype):
     return buf, buf[1]
 
 
-def _run(dtype, d, dv, causal, B, Sq, Sk, Hq, Hkv, packed=False, seed=0):  # noqa: N803
+def _run(dtype, d, dv, causal, B, Sq, Sk, Hq, Hkv, packed=False, seed=0, schedule=mod.SCHEDULE):  # noqa: N803
     torch.manual_seed(seed)
     t = getattr(torch, dtype)
     if packed:  # q, k, v as views of one [B, S, 3, H, D] tensor: batch / sequence strides of the packed layout
@@ -51,7 +52,7 @@ def _run(dtype, d, dv, causal, B, Sq, Sk, Hq, Hkv, packed=False, seed=0):  # noq
     out_buf, out = _guarded((B, Sq, Hq, dv), t)
     lse_buf, lse = _guarded((B, Hq, Sq), torch.float32)
     scale = 1 / math.sqrt(d)
-    _kernel(dtype, d, dv, causal)(q, k, v, out, lse, scale, hang_timeout=60.0).check()
+    _kernel(dtype, d, dv, causal, schedule)(q, k, v, out, lse, scale, hang_timeout=60.0).check()
     for x, x0 in zip((q, k, v), before):
         assert torch.equal(x, x0), "an input was modified"
     for buf in (out_buf, lse_buf):
@@ -88,3 +89,9 @@ def test_packed_qkv_views():
 ])
 def test_every_head_dim_pair(dtype, d, dv, causal, B, Sq, Sk, Hq, Hkv):  # noqa: N803
     _run(dtype, d, dv, causal, B, Sq, Sk, Hq, Hkv)
+
+
+@full_only
+def test_plain_schedule():
+    """The variant without turns (kept to measure ping-pong against on the GPU)."""
+    _run("bfloat16", 128, 128, True, B=1, Sq=300, Sk=300, Hq=2, Hkv=1, schedule="plain")

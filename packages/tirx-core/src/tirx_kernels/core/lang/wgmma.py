@@ -199,6 +199,17 @@ def a_frag_col(lane, i, e, dtype: str):
     return (i // 2) * (k // 2) + (lane % 4) * per_reg + e
 
 
+def acc_as_rs_a(kk, i, e):
+    """The f32 accumulator register (of an m64nN fragment) that holds element ``e`` of RS A register ``i`` of k16
+    step ``kk``, when a 16-bit product of one wgmma feeds the next as its A (attention's P = softmax(S) into PV).
+
+    A register ``i`` sits at the accumulator's rows (row half ``i % 2``) and at K columns ``8 (i // 2) + 2 (lane %
+    4) + e`` of the step, i.e. accumulator column block ``2 kk + i // 2``: the same thread holds both, so the
+    conversion needs no shuffle or shared memory. Pack elements 0 and 1 into one b32 (cvt ...x2, element 0 in the
+    low half). 16-bit inputs only (k16)."""
+    return acc_index(2 * kk + i // 2, i % 2, e)
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Shared-memory matrix descriptors: K-major and MN-major, no swizzle / 32 / 64 / 128-byte swizzle
 # ---------------------------------------------------------------------------------------------------------

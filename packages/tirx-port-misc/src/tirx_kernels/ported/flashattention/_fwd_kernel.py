@@ -26,21 +26,24 @@ One CTA per (128-query tile, query head, batch); 384 threads:
 The CTAs of a head are launched longest-first (the last query tile first): with causal masking the tiles' work
 grows with the query index, so the long ones start early and the short ones fill the tail of the wave.
 
-Not yet (see the package README): ping-pong between the consumers and the softmax/GEMM overlap inside one
-warpgroup, a persistent scheduler, and sliding window, softcap, sink, varlen, paged KV.
+Schedule ``pingpong`` (the default; ``plain`` leaves it out): the consumers take turns issuing their GEMMs through
+named barriers (``roles.wait_turn`` / ``pass_turn``, barriers 3 and 4): QK^T of consumer 0, QK^T of consumer 1, PV of
+consumer 0, PV of consumer 1, ..., so one warpgroup's softmax runs while the other's GEMM holds the tensor cores
+(FA3's inter-warpgroup overlap). Both consumers read every K/V use, so the turns need no ring-phase argument; the
+counts match because consumer 0 skips its first wait and consumer 1 its last pass.
+
+Not yet (see the package README): the softmax/GEMM overlap inside one warpgroup, a persistent scheduler, and
+sliding window, softcap, sink, varlen, paged KV.
 """
 
 from __future__ import annotations
 
-import math
-
 NUM_CONSUMERS = 2
 BLOCK_M = NUM_CONSUMERS * 64  # one m64 wgmma row block per consumer
 WG_BAR = 1  # named barriers 1, 2: consumer w's 128 threads
+TURN_BAR = 3  # named barriers 3, 4: consumer w's turn to issue a GEMM (ping-pong)
 CHUNK = 64  # 16-bit elements of one 128-byte SW128 row: the TMA box's inner extent
 SMEM_LIMIT = 232448  # 227 KB, what ran on the H200 (HOPPER_TIRX.md)
-LOG2E = 1.4426950408889634
-LN2 = math.log(2.0)
 
 
 def padded(d: int) -> int:
@@ -74,24 +77,19 @@ def check_shape(head_dim: int, head_dim_v: int, block_n: int, num_stages: int) -
                          f"(limit {SMEM_LIMIT})")
 
 
-def p_source(kk: int, i: int, e: int) -> int:
-    """The S accumulator register packed as element ``e`` of RS A register ``i`` of the PV k16 step ``kk``.
-
-    wgmma's m64 RS A fragment puts register ``i`` at rows ``lane / 4 + 8 (i % 2)`` of the warp's 16 and K columns
-    ``8 (i / 2) + 2 (lane % 4) + e`` of the step; the m64nN accumulator puts register ``acc_index(j, r, e)`` at
-    the same rows for ``r = i % 2`` and columns ``8 j + 2 (lane % 4) + e``. So step ``kk``'s A is S's column
-    blocks ``2 kk`` and ``2 kk + 1``, lane for lane: P never leaves the thread that computed it."""
-    from tirx_kernels.core.lang import wgmma
-
-    return wgmma.acc_index(2 * kk + i // 2, i % 2, e)
+SCHEDULES = ("plain", "pingpong")
 
 
-def build_fwd_kernel(dtype: str, head_dim: int, head_dim_v: int, causal: bool, block_n: int, num_stages: int):
+def build_fwd_kernel(dtype: str, head_dim: int, head_dim_v: int, causal: bool, block_n: int, num_stages: int,
+                     schedule: str = "pingpong"):
     from tvm.script import tirx as T
 
-    from tirx_kernels.core.lang import mbarrier, roles, tma, wgmma
+    from tirx_kernels.core.lang import mbarrier, roles, softmax, tma, wgmma
 
     check_shape(head_dim, head_dim_v, block_n, num_stages)
+    if schedule not in SCHEDULES:
+        raise ValueError(f"flash_attention4: schedule {schedule!r} is not one of {SCHEDULES}")
+    pingpong = schedule == "pingpong"
     dp, dvp = padded(head_dim), padded(head_dim_v)
     q_chunks, v_chunks = dp // CHUNK, dvp // CHUNK
     elem = tma.elem_bytes(dtype)
@@ -112,7 +110,6 @@ def build_fwd_kernel(dtype: str, head_dim: int, head_dim_v: int, causal: bool, b
     q_box = tma.check_box(dtype, [CHUNK, 1, BLOCK_M, 1])  # bytes of one box
     kv_box = tma.check_box(dtype, [CHUNK, 1, block_n, 1])
     cvt_pack = {"bfloat16": T.ptx.cvt.rn.bf16x2.f32, "float16": T.ptx.cvt.rn.f16x2.f32}[dtype]
-    neg_inf = T.float32(-math.inf)
 
     def key_end(m0, Sq, Sk):  # noqa: N803
         """One past the last key the query tile starting at ``m0`` sees."""
@@ -126,11 +123,24 @@ def build_fwd_kernel(dtype: str, head_dim: int, head_dim_v: int, causal: bool, b
     def hidden(col, lim, Sk):  # noqa: N803
         return T.Or(col >= Sk, col > lim) if causal else col >= Sk
 
-    def quad_reduce(x, op):
-        """``op`` over the 4 lanes of a quad (one accumulator row): two xor shuffles (SHFL.BFLY), written out
-        rather than ``T.cuda.warp_max(x, 4)`` so the CPU emulator's shuffle stand-ins run it too."""
-        x = op(x, T.cuda.__shfl_xor_sync(T.uint32(0xFFFFFFFF), x, 2, 32))
-        return op(x, T.cuda.__shfl_xor_sync(T.uint32(0xFFFFFFFF), x, 1, 32))
+    def turn_wait(cw, first):
+        """Ping-pong: wait until the other consumer has issued its previous GEMM (consumer 0's first QK^T has
+        no predecessor)."""
+        if pingpong:
+            with T.If(T.Or(cw > 0, T.Not(first))):
+                with T.Then():
+                    roles.wait_turn(TURN_BAR, cw)
+
+    def turn_pass(cw, last):
+        """Ping-pong: hand the tensor cores to the other consumer (consumer 1's last PV has nobody after it)."""
+        if pingpong:
+            with T.If(T.Or(cw == 0, T.Not(last))):
+                with T.Then():
+                    roles.pass_turn(TURN_BAR, cw)
+
+    def tile_hidden(n0, diag, Sk, warp, lane):  # noqa: N803
+        """The mask of key tile ``n0`` as ``softmax.mask`` takes it: (row half, column block, element) -> hidden."""
+        return lambda r, j, e: hidden(n0 + wgmma.acc_col(lane, j, e), diag + wgmma.acc_row(warp, lane, r), Sk)
 
     @T.prim_func
     def flash_attention4_fwd(q_ptr: T.handle, k_ptr: T.handle, v_ptr: T.handle, o_ptr: T.handle,
@@ -224,21 +234,20 @@ def build_fwd_kernel(dtype: str, head_dim: int, head_dim_v: int, causal: bool, b
         else:
             # Math warpgroups: consumer cw owns query rows m0 + 64 cw .. + 63.
             cw, ct, warp, lane = roles.consumer_role(wg, tid)
-            scale_log2 = softmax_scale * T.float32(LOG2E)
+            scale_log2 = softmax_scale * T.float32(softmax.LOG2E)
             wgmma.encode_desc_kmajor_sw128(desc_q.ptr_to([0]), Qs.ptr_to([0]))
             wgmma.encode_desc_kmajor_sw128(desc_k.ptr_to([0]), Ks.ptr_to([0]))
             wgmma.encode_desc(desc_v.ptr_to([0]), Vs.ptr_to([0]), v_lbo, v_sbo, wgmma.SWIZZLE_128B)
             for i in T.unroll(o_regs):
                 o_acc[i] = T.float32(0)
-            for r in T.unroll(2):
-                row_max[r] = neg_inf
-                row_sum[r] = T.float32(0)
+            softmax.init(row_max, row_sum)
             mbarrier.wait(q_full.ptr_to([0]), 0)
             for n in range(n_blocks):
                 s = k_ring.stage(n)
                 n0 = n * block_n
                 # S = Q K^T (SS; the first k16 step overwrites the accumulator).
                 k_ring.consumer_wait(k_full, n)
+                turn_wait(cw, n == 0)
                 wgmma.fence()
                 for kk in T.unroll(qk_steps):
                     q_off = ((kk // 4) * BLOCK_M * CHUNK + cw * 64 * CHUNK) * elem + (kk % 4) * 32
@@ -246,57 +255,36 @@ def build_fwd_kernel(dtype: str, head_dim: int, head_dim_v: int, causal: bool, b
                     wgmma.mma(block_n, s_acc, wgmma.desc_advance(desc_q[0], q_off),
                               wgmma.desc_advance(desc_k[0], k_off), dtype, scale_d=kk > 0)
                 wgmma.commit()
+                turn_pass(cw, T.bool(False))
                 wgmma.wait(0)
                 # NOTES: the slot goes back once all 128 threads have passed their wgmma.wait (named barrier
                 # 1 + cw). On the GPU the warpgroup's wgmma already couples its warps, so one thread's wait would do
                 # (CUTLASS relies on it); the CPU emulator runs threads apart and, without the barrier, refilled a
                 # slot a lagging lane had not read yet (wrong S at head dim 256, or a hang on a missed phase).
-                # Costs a bar.sync per K and V tile: revisit with ping-pong, where turns order the warpgroups.
+                # Costs a bar.sync per K and V tile.
                 T.cuda.warpgroup_sync(WG_BAR + cw)
                 k_ring.consumer_release_warpgroup(k_empty, s, warp, lane)
                 # Mask: keys past Sk, and (causal) keys right of the bottom-right-aligned diagonal. Only the
                 # tiles that reach either edge pay for it.
                 diag = m0 + cw * 64 + (Sk - Sq)  # key limit of the warpgroup's first row
                 if needs_mask(n0, diag, Sk):
-                    for j in T.unroll(block_n // 8):
-                        for r in T.unroll(2):
-                            for e in T.unroll(2):
-                                col = n0 + wgmma.acc_col(lane, j, e)
-                                lim = diag + wgmma.acc_row(warp, lane, r)
-                                idx = wgmma.acc_index(j, r, e)
-                                s_acc[idx] = T.Select(hidden(col, lim, Sk), neg_inf, s_acc[idx])
-                # Online softmax per row half r (the 4 lanes of a quad hold one row).
+                    softmax.mask(s_acc, block_n, tile_hidden(n0, diag, Sk, warp, lane))
+                # Online softmax per row half r (the 4 lanes of a quad hold one row), O rescaled by red[1].
                 for r in T.unroll(2):
-                    red[0] = row_max[r]
-                    for j in T.unroll(block_n // 8):
-                        for e in T.unroll(2):
-                            red[0] = T.max(red[0], s_acc[wgmma.acc_index(j, r, e)])
-                    red[0] = quad_reduce(red[0], T.max)
-                    # A row with no visible key so far keeps max -inf; subtract 0 then, so exp2 sees -inf, not NaN.
-                    red[1] = T.Select(red[0] == neg_inf, T.float32(0), red[0] * scale_log2)
-                    rescale = T.exp2(row_max[r] * scale_log2 - red[1])
-                    row_max[r] = red[0]
-                    row_sum[r] = row_sum[r] * rescale
-                    for j in T.unroll(block_n // 8):
-                        for e in T.unroll(2):
-                            idx = wgmma.acc_index(j, r, e)
-                            s_acc[idx] = T.exp2(s_acc[idx] * scale_log2 - red[1])
-                            row_sum[r] = row_sum[r] + s_acc[idx]
-                    for j in T.unroll(dvp // 8):
-                        for e in T.unroll(2):
-                            o_acc[wgmma.acc_index(j, r, e)] = o_acc[wgmma.acc_index(j, r, e)] * rescale
-                # P to 16-bit pairs: RS A register i of k16 step kk is S column block 2 kk + i // 2, row half i % 2.
-                for kk in T.unroll(pv_steps):
-                    for i in T.unroll(4):
-                        T.evaluate(cvt_pack(p_frag[kk * 4 + i], s_acc[p_source(kk, i, 1)], s_acc[p_source(kk, i, 0)]))
+                    softmax.update(s_acc, block_n, r, row_max, row_sum, red, scale_log2)
+                    softmax.rescale(o_acc, dvp, r, red[1])
+                # P to 16-bit pairs in place of the RS A fragment (no shuffle: wgmma.acc_as_rs_a).
+                softmax.pack_p(p_frag, s_acc, block_n, cvt_pack)
                 # O += P V (RS; V MN-major).
                 v_ring.consumer_wait(v_full, n)
+                turn_wait(cw, T.bool(False))
                 wgmma.fence()
                 for kk in T.unroll(pv_steps):
                     wgmma.mma(dvp, o_acc, [p_frag[kk * 4 + i] for i in range(4)],
                               wgmma.desc_advance(desc_v[0], s * v_tile * elem + kk * v_kstep), dtype,
                               b_major=wgmma.MN_MAJOR)
                 wgmma.commit()
+                turn_pass(cw, n == n_blocks - 1)
                 wgmma.wait(0)
                 T.cuda.warpgroup_sync(WG_BAR + cw)
                 v_ring.consumer_release_warpgroup(v_empty, s, warp, lane)
@@ -304,9 +292,8 @@ def build_fwd_kernel(dtype: str, head_dim: int, head_dim_v: int, causal: bool, b
             # Epilogue: O / rowsum from the registers (16-bit pairs), LSE from lane 0 of each quad.
             Ow = T.decl_buffer((B * Sq * Hq * head_dim_v // 2,), "uint32", data=Out.data)
             for r in T.unroll(2):
-                red[0] = quad_reduce(row_sum[r], lambda a, c: a + c)
+                inv, lse_row = softmax.finalize(r, row_max, row_sum, red, scale_log2)
                 row = m0 + cw * 64 + wgmma.acc_row(warp, lane, r)
-                inv = T.Select(red[0] > T.float32(0), T.float32(1) / red[0], T.float32(0))
                 if row < Sq:
                     base = ((b * Sq + row) * Hq + h) * head_dim_v
                     for j in T.unroll(dvp // 8):
@@ -316,8 +303,6 @@ def build_fwd_kernel(dtype: str, head_dim: int, head_dim_v: int, causal: bool, b
                                                 o_acc[wgmma.acc_index(j, r, 0)] * inv))
                             Ow[(base + col) // 2] = packed[0]
                     if lane % 4 == 0:
-                        LSE[b, h, row] = T.Select(
-                            red[0] > T.float32(0),
-                            (row_max[r] * scale_log2 + T.log2(red[0])) * T.float32(LN2), neg_inf)
+                        LSE[b, h, row] = lse_row
 
     return flash_attention4_fwd

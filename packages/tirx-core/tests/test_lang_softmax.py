@@ -1,0 +1,64 @@
+# SPDX-License-Identifier: Apache-2.0
+"""core.lang.softmax and wgmma.acc_as_rs_a: the accumulator -> RS A identity that lets attention keep P in registers
+(every element of every k16 step's A fragment is, in the same thread, the accumulator element of the same row and
+column), and the helpers' tracing. The online softmax itself runs in flash_attention4's emulated tests
+(packages/tirx-port-misc/tests/test_flash_attention4_emulated.py) against an fp32 oracle."""
+
+import pytest
+
+from tirx_kernels.core.lang import wgmma
+
+
+@pytest.mark.parametrize("n", [16, 64, 96, 128, 256])
+def test_accumulator_is_the_rs_a_fragment_lane_for_lane(n):
+    seen = set()
+    for warp in range(4):
+        for lane in range(32):
+            for kk in range(n // 16):
+                for i in range(4):
+                    for e in range(2):
+                        reg = wgmma.acc_as_rs_a(kk, i, e)
+                        j, rem = divmod(reg, 4)
+                        r, e2 = divmod(rem, 2)
+                        assert wgmma.acc_index(j, r, e2) == reg
+                        assert wgmma.acc_row(warp, lane, r) == wgmma.a_frag_row(warp, lane, i)
+                        assert wgmma.acc_col(lane, j, e2) == kk * 16 + wgmma.a_frag_col(lane, i, e, "bfloat16")
+                        if warp == 0 and lane == 0:
+                            seen.add(reg)
+    assert seen == set(range(wgmma.acc_regs(n)))  # every accumulator register feeds exactly one A element
+
+
+def test_softmax_helpers_trace_into_a_kernel():
+    pytest.importorskip("tvm")
+    from tvm.script import tirx as T
+
+    from tirx_kernels.core import build
+    from tirx_kernels.core.lang import softmax
+
+    @T.prim_func
+    def probe(x_ptr: T.handle, y_ptr: T.handle):
+        X = T.match_buffer(x_ptr, (128, 64), "float32")
+        Y = T.match_buffer(y_ptr, (128, 34), "uint32")
+        T.device_entry()
+        tid = T.thread_id([128])
+        s_acc = T.alloc_local((32,), "float32")
+        p = T.alloc_local((16,), "uint32")
+        row_max = T.alloc_local((2,), "float32")
+        row_sum = T.alloc_local((2,), "float32")
+        red = T.alloc_local((2,), "float32")
+        for i in T.unroll(32):
+            s_acc[i] = X[tid, i]
+        softmax.init(row_max, row_sum)
+        softmax.mask(s_acc, 64, lambda r, j, e: j * 8 + e > tid % 64)
+        for r in T.unroll(2):
+            softmax.update(s_acc, 64, r, row_max, row_sum, red, T.float32(0.5))
+        softmax.pack_p(p, s_acc, 64, T.ptx.cvt.rn.bf16x2.f32)
+        for i in T.unroll(16):
+            Y[tid, i] = p[i]
+        for r in T.unroll(2):
+            inv, lse = softmax.finalize(r, row_max, row_sum, red, T.float32(0.5))
+            Y[tid, 32 + r] = T.reinterpret("uint32", inv * lse)
+
+    src = build.codegen(probe)
+    assert src.count("__shfl_xor_sync") >= 4  # max and sum, two xor steps each
+    assert "exp2f" in src and "log2f" in src
