@@ -41,6 +41,7 @@ def _t(*shape, dtype=torch.bfloat16):
                                  out=(_t(1, 8, 2, 32), torch.empty(1, 2, 8))), "out[0]"),
     (lambda: mod.flash_attn_func(_t(1, 8, 2, 64), _t(1, 8, 2, 64), _t(1, 8, 2, 64),
                                  out=(_t(1, 8, 2, 64), torch.empty(1, 8, 2))), "out[1]"),
+    (lambda: mod.flash_attn_func(*(torch.empty(65536, 1, 1, 64, dtype=torch.bfloat16),) * 3), "q"),  # grid z
     (lambda: mod.flash_attn_func(_t(1, 8, 2, 64), _t(1, 8, 2, 64), _t(1, 8, 2, 64)), "q"),  # valid, but on the CPU
 ])
 def test_invalid_inputs_name_the_argument(call, arg):

@@ -335,6 +335,11 @@ def _check_inputs(q, k, v, softmax_scale, window_size, learnable_sink, softcap, 
     for name, t in (("q", q), ("k", k), ("v", v)):
         if any(s > _INT32_MAX for s in t.stride()):
             _fail(name, "strides below 2**31 elements", f"strides {tuple(t.stride())}")
+    # The grid is (query tiles, Hq, B): CUDA's y and z extents stop at 65535.
+    if Hq > 65535:
+        _fail("q", "at most 65535 heads (the grid's y extent)", f"{Hq}")
+    if B > 65535:
+        _fail("q", "a batch of at most 65535 (the grid's z extent)", f"{B}")
     if B * Sq * Hq * Dv > _INT32_MAX:
         _fail("q", f"an output below 2**31 elements (B * Sq * Hq * Dv = {B * Sq * Hq * Dv})", f"shape {tuple(q.shape)}")
     checks.tensor(_OP, "q", q, cuda=True)
