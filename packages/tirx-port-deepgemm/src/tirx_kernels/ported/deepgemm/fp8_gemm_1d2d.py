@@ -256,8 +256,15 @@ def kernel_args(a, sfa, b, sfb, d) -> tuple:
     N = b.shape[0]  # noqa: N806
     sfa = _sfa_in_layout(sfa, M, K)
     span = sfa.stride(1) * (sfa.shape[1] - 1) + M
-    return (a.contiguous(), sfa.as_strided((span,), (1,)), b.contiguous(), sfb.contiguous(),
+    return (_tma_aligned(a), _tma_aligned(sfa.as_strided((span,), (1,))), _tma_aligned(b), sfb.contiguous(),
             d.as_strided((d.stride(0) * (M - 1) + N,), (1,)).view(torch.uint32), d.stride(0))
+
+
+def _tma_aligned(t: torch.Tensor) -> torch.Tensor:
+    """``t`` contiguous at a 16-byte-aligned address (a TMA map's base must be): a view at an odd offset is
+    copied."""
+    t = t.contiguous()
+    return t if t.data_ptr() % 16 == 0 else t.clone()
 
 
 def fp8_gemm_nt(a, b, d: torch.Tensor, c: torch.Tensor | None = None, recipe=None, compiled_dims: str = "nk",
