@@ -116,6 +116,39 @@ def _mbar_kernel(count: int):
     return mbar
 
 
+def _matrix_kernel():
+    """One warp: four 8x8 b16 matrices (X, row-major) into shared memory; ldmatrix x4 and x4.trans of them (lane l
+    gives the address of row l % 8 of matrix l / 8) to O[0], O[1] (lane-major, 4 words each); stmatrix x4.trans of
+    the plain fragments into a second tile, copied to O[2]."""
+    @T.prim_func
+    def matrix(x_ptr: T.handle, o_ptr: T.handle):
+        X = T.match_buffer(x_ptr, (128,), "int32", align=16)
+        Out = T.match_buffer(o_ptr, (3, 128), "int32", align=16)
+        T.device_entry()
+        T.cta_id([1])
+        lane = T.thread_id([32])
+        pool = T.SMEMPool()
+        S = pool.alloc((256,), "int32", align=1024)
+        pool.commit()
+        r = T.alloc_local((4,), "uint32")
+        q = T.alloc_local((4,), "uint32")
+        for i in T.unroll(4):
+            S[lane * 4 + i] = X[lane * 4 + i]
+        T.cuda.cta_sync()
+        row = T.cuda.cvta_generic_to_shared(S.ptr_to([lane * 4]))  # 8 b16 = 4 words per row, 8 rows per matrix
+        T.evaluate(T.ptx["ldmatrix.sync.aligned.m8n8.x4.shared.b16"](r[0], r[1], r[2], r[3], row))
+        T.evaluate(T.ptx["ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16"](q[0], q[1], q[2], q[3], row))
+        T.evaluate(T.ptx["stmatrix.sync.aligned.m8n8.x4.trans.shared.b16"](
+            T.cuda.cvta_generic_to_shared(S.ptr_to([128 + lane * 4])), r[0], r[1], r[2], r[3]))
+        T.cuda.cta_sync()
+        for i in T.unroll(4):
+            Out[0, lane * 4 + i] = T.Cast("int32", r[i])
+            Out[1, lane * 4 + i] = T.Cast("int32", q[i])
+            Out[2, lane * 4 + i] = S[128 + lane * 4 + i]
+
+    return matrix
+
+
 def _planted(micro, case, **wrong):
     """``case``'s micro-kernel with its B descriptor's swizzle or LBO replaced (the staging is unchanged)."""
     encode = wgmma.encode_desc
@@ -140,6 +173,7 @@ def micro():
     funcs["wrong_swizzle"] = _planted(m, cases["ss_bf16_sw128"], swizzle=wgmma.SWIZZLE_64B)
     funcs["wrong_lbo"] = _planted(m, cases["ss_fp16_mn_major_b"], lbo=0)
     funcs["mbar_ok"], funcs["mbar_deadlock"] = _mbar_kernel(1), _mbar_kernel(2)
+    funcs["matrix"] = _matrix_kernel()
     tma_micro = _load("test_lang_tma_micro")
     for c in tma_micro.CASES:
         cases[c.name] = c
@@ -215,3 +249,17 @@ def test_tma_forms(micro, name):
     ref = numerics.expected({"kind": c.kind, "params": c.params, "out": list(c.out)}, inp, poison)
     assert torch.equal(inp, inp0), "input changed"
     assert torch.equal(out, ref), f"{int((out != ref).sum())} words differ"
+
+
+def test_ldmatrix_stmatrix(micro):
+    x = torch.randint(0, 1 << 16, (4, 8, 8), dtype=torch.int32)  # matrix, row, column of b16 values
+    words = (x[..., 0::2] | (x[..., 1::2] << 16)).reshape(-1)  # row-major b16 pairs, low half first
+    o = torch.full((3, 128), 7, dtype=torch.int32)
+    micro[2](words.clone(), o, function="matrix").check()
+    lane = torch.arange(32)
+    g, c = lane // 4, 2 * (lane % 4)
+    plain = torch.stack([x[i, g, c] | (x[i, g, c + 1] << 16) for i in range(4)], 1)  # [lane, matrix]
+    trans = torch.stack([x[i, c, g] | (x[i, c + 1, g] << 16) for i in range(4)], 1)
+    stored = x.transpose(1, 2)  # stmatrix.trans of the plain fragments: each matrix transposed in memory
+    assert torch.equal(o[0], plain.reshape(-1).int()) and torch.equal(o[1], trans.reshape(-1).int())
+    assert torch.equal(o[2], (stored[..., 0::2] | (stored[..., 1::2] << 16)).reshape(-1).int())

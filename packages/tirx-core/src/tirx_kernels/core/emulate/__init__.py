@@ -49,17 +49,31 @@ PTX wrappers of the generated source become stand-ins by instruction text; model
   bf16 / f16 / tf32 (low 13 mantissa bits dropped) / e4m3 / e5m2 (exact decode), the transpose (MN-major)
   immediates, scale-a/b, scale-d; descriptors decoded as the PTX ISA defines them (start address, LBO, SBO, layout
   type none / 32B / 64B / 128B; base_offset ignored: tiles sit on their swizzle repeat). Products summed in double
-  and added to the f32 accumulator per instruction: compare with a tolerance, not bitwise. An instruction is
-  recorded at issue and computed when ``wgmma.wait_group`` retires its group (commit_group groups them), from the
-  shared memory of that moment; a thread returning with unretired wgmma is a fault.
+  and added to the f32 accumulator per instruction: compare with a tolerance, not bitwise. A wgmma is one
+  warpgroup-wide operation: the k-th wgmma each of the 128 threads issues is one instruction, recorded at issue
+  (accumulator addresses, RS registers) and computed for the whole warpgroup by the first thread whose
+  ``wgmma.wait_group`` retires its group (commit_group groups them), from the shared memory of that moment (it
+  waits, if need be, for the rest of the warpgroup to issue it). So one thread may give a stage back right after its
+  wait (as on the GPU), while a stage released *before* the wait, or accumulators read before it, give wrong values
+  here as they may there. Operands that differ across the warpgroup, or a thread returning with unretired wgmma, are
+  faults.
 - cp.async.bulk.tensor 1-5D tiled loads (OOB elements zero-filled, or NaN with the NaN fill; 16-byte chunks
   swizzled by the shared address; ``.multicast::cluster`` into every CTA of the mask, complete_tx on the mbarrier at
   the same offset in each) and stores (clipped to the tensor), both whole at issue; bulk commit/wait_group no-ops.
 - mbarrier init / arrive (local, remote through ``mapa``) / arrive.expect_tx / complete_tx / parity wait: phase,
   pending arrivals and a signed tx-count per barrier; more arrivals than expected, or a barrier used before its
   init, is a fault.
+- 1-D cp.async.bulk loads (complete_tx) and stores; ldmatrix / stmatrix m8n8 x1/x2/x4 (.trans) .b16 (warp
+  collectives through the shuffle exchange); ld/st.shared.v4, ld.shared::cluster.v4 (a mapa address reads the peer).
 - bar.sync / bar.arrive named barriers with thread counts, __syncthreads (exited threads drop out),
   barrier.cluster arrive/wait, %cluster_ctarank; fences, setmaxnreg, griddepcontrol, prefetches as no-ops.
+
+Not modelled (a wrapper whose PTX has no stand-in faults naming it; add one to ``hopper_cpu.h`` or a pattern to
+``_module.py``'s ``_standin``): wgmma with f16 accumulators or integer inputs, im2col / interleaved tensor maps,
+element strides, TMA reductions, mbarrier try_wait with a time limit, elect.sync, grid-wide flags between CTAs (the
+clusters run one after another: stream-K's partial-tile handshake cannot complete), memory-model ordering (every
+stand-in is sequentially consistent, so a missing fence is not caught), timing (a kernel is correct here in one
+interleaving of its threads, not in all).
 
 Outcomes: ``Report.ok`` as above; ``rc 88`` a fault (``EMU fault ...`` in ``stderr``: a shared address outside the
 CTA, a misaligned TMA box, a PTX wrapper with no stand-in -- named with its instruction); ``rc 3`` the host function

@@ -84,6 +84,14 @@ def _standin(name: str, params_text: str, asm: str) -> str:
         r = int(m.group(1))
         tmap, coords, src = names[0], names[1:1 + r], names[1 + r]
         return f"{head} {{ int32_t c_[{r}] = {{{', '.join(coords)}}}; emu_tma_store({tmap}, c_, {r}, {src}); }}"
+    m = re.match(r"(ld|st)matrix\.sync\.aligned\.m8n8\.x([124])(\.trans)?\.shared(?:::cta)?\.b16", asm)
+    if m:
+        n, trans = int(m.group(2)), str(bool(m.group(3))).lower()
+        if m.group(1) == "ld":
+            return (f"{head} {{ uint32_t* d_[{n}] = {{{', '.join('&' + x for x in names[:n])}}}; "
+                    f"emu_ldmatrix(d_, {n}, {trans}, {names[n]}); }}")
+        return (f"{head} {{ uint32_t v_[{n}] = {{{', '.join(names[1:1 + n])}}}; "
+                f"emu_stmatrix({names[0]}, v_, {n}, {trans}); }}")
     if asm.startswith("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes"):
         return f"{head} {{ emu_bulk_load({names[0]}, (const void*)({names[1]}), {names[2]}, {names[3]}); }}"
     if asm.startswith("cp.async.bulk.global.shared::cta.bulk_group"):

@@ -338,6 +338,40 @@ static inline void tvm_builtin_ptx_st_vec_shared_v4_b32(uint32_t addr, uint32_t 
   memcpy(emu_smem_at(addr, 16, "st.shared.v4"), w, 16);
 }
 
+// ldmatrix / stmatrix m8n8 .b16 (warp collectives): lanes 8i..8i+7 give the row addresses of matrix i; lane l
+// holds row l/4, columns 2(l%4) and 2(l%4)+1 of each matrix (low half first); .trans swaps rows and columns.
+static void emu_ldmatrix(uint32_t** d, int n, bool trans, uint32_t addr) {
+  int lane = emu_tid() & 31;
+  for (int i = 0; i < n; ++i) {
+    if (!trans) {
+      uint32_t row = emu_shfl(addr, 8 * i + lane / 4);
+      memcpy(d[i], emu_smem_at(row + 4 * (lane % 4), 4, "ldmatrix"), 4);
+    } else {
+      uint32_t r0 = emu_shfl(addr, 8 * i + 2 * (lane % 4)), r1 = emu_shfl(addr, 8 * i + 2 * (lane % 4) + 1);
+      uint16_t lo, hi;
+      memcpy(&lo, emu_smem_at(r0 + 2 * (lane / 4), 2, "ldmatrix"), 2);
+      memcpy(&hi, emu_smem_at(r1 + 2 * (lane / 4), 2, "ldmatrix"), 2);
+      *d[i] = lo | (uint32_t)hi << 16;
+    }
+  }
+  __syncwarp();  // every lane has read before any later store of the warp
+}
+static void emu_stmatrix(uint32_t addr, const uint32_t* v, int n, bool trans) {
+  int lane = emu_tid() & 31;
+  for (int i = 0; i < n; ++i) {
+    if (!trans) {
+      uint32_t row = emu_shfl(addr, 8 * i + lane / 4);
+      memcpy(emu_smem_at(row + 4 * (lane % 4), 4, "stmatrix"), &v[i], 4);
+    } else {
+      uint32_t r0 = emu_shfl(addr, 8 * i + 2 * (lane % 4)), r1 = emu_shfl(addr, 8 * i + 2 * (lane % 4) + 1);
+      uint16_t lo = (uint16_t)v[i], hi = (uint16_t)(v[i] >> 16);
+      memcpy(emu_smem_at(r0 + 2 * (lane / 4), 2, "stmatrix"), &lo, 2);
+      memcpy(emu_smem_at(r1 + 2 * (lane / 4), 2, "stmatrix"), &hi, 2);
+    }
+  }
+  __syncwarp();
+}
+
 // --- no-ops on the CPU: fences (every stand-in is sequentially consistent), register reallocation, PDL, hints
 static inline void tvm_builtin_ptx_fence_proxy_proxy_async_shared__cta() {}
 static inline void tvm_builtin_ptx_fence_proxy_proxy_async() {}
