@@ -118,8 +118,8 @@ def _mbar_kernel(count: int):
 
 def _matrix_kernel():
     """One warp: four 8x8 b16 matrices (X, row-major) into shared memory; ldmatrix x4 and x4.trans of them (lane l
-    gives the address of row l % 8 of matrix l / 8) to O[0], O[1] (lane-major, 4 words each); stmatrix x4.trans of
-    the plain fragments into a second tile, copied to O[2]."""
+    gives the address of row l % 8 of matrix l / 8) to Out[0], Out[1] (lane-major, 4 words each); stmatrix x4.trans of
+    the plain fragments into a second tile, copied to Out[2]."""
     @T.prim_func
     def matrix(x_ptr: T.handle, o_ptr: T.handle):
         X = T.match_buffer(x_ptr, (128,), "int32", align=16)

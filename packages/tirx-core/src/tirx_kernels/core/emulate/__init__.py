@@ -31,7 +31,7 @@ included, so a built kernel needs no extra input::
 
     mod = emulate.compile_module(func)      # a TIRx PrimFunc, or build.codegen(func)'s source
     rep = mod(a, b, c)                       # the tvm-ffi function's arguments: CPU tensors, ints, floats
-    rep.check()                              # or emulate.run(func, a, b, c, hang_timeout=10.0)
+    rep.check()                              # or emulate.run(func, a, b, c, hang_timeout=30.0)
     mods = emulate.compile_module(build.codegen_many({"f": f, "g": g}))   # one compile for several functions:
     mods(x, y, function="g")                 # ``function=`` picks one (default: main, else the first listed)
 
@@ -70,7 +70,8 @@ PTX wrappers of the generated source become stand-ins by instruction text; model
 
 Not modelled (a wrapper whose PTX has no stand-in faults naming it; add one to ``hopper_cpu.h`` or a pattern to
 ``_module.py``'s ``_standin``): wgmma with f16 accumulators or integer inputs, im2col / interleaved tensor maps,
-element strides, TMA reductions, mbarrier try_wait with a time limit, elect.sync, grid-wide flags between CTAs (the
+element strides, TMA reductions, mbarrier try_wait with a time limit, elect.sync in a partial warp (it elects lane
+0: every lane of a warp counts as active), grid-wide flags between CTAs (the
 clusters run one after another: stream-K's partial-tile handshake cannot complete), memory-model ordering (every
 stand-in is sequentially consistent, so a missing fence is not caught), timing (a kernel is correct here in one
 interleaving of its threads, not in all).
@@ -356,7 +357,7 @@ def compile_module(func_or_source):
     return _module.compile_module(func_or_source, CXXFLAGS)
 
 
-def run(func_or_source, *args, timeout: float = 600, hang_timeout: float = 10.0, function: str | None = None) \
+def run(func_or_source, *args, timeout: float = 600, hang_timeout: float = 30.0, function: str | None = None) \
         -> Report:
     """``compile_module(func_or_source)(*args, timeout=..., hang_timeout=..., function=...)``."""
     return compile_module(func_or_source)(*args, timeout=timeout, hang_timeout=hang_timeout, function=function)

@@ -258,7 +258,7 @@ class Module:
     def __init__(self, exe: Path, functions: list[str]):
         self.exe, self.functions = exe, functions
 
-    def __call__(self, *args, timeout: float = 600, hang_timeout: float = 10.0, function: str | None = None):
+    def __call__(self, *args, timeout: float = 600, hang_timeout: float = 30.0, function: str | None = None):
         import torch
 
         from tirx_kernels.core.emulate import EmulationError, Report

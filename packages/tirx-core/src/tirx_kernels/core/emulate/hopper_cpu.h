@@ -36,7 +36,8 @@ typedef CUtensorMap_st CUtensorMap;
 // ---------------------------------------------------------------------------------------------------------
 static std::atomic<uint64_t> emu_progress{0};  // bumped by every arrival, completion and barrier release
 static std::atomic<bool> emu_hung{false};
-static double emu_hang_s = 10.0;
+static std::atomic<int> emu_waiting{0}, emu_hang_reported{0};  // threads in emu_block; of them, reported
+static double emu_hang_s = 30.0;
 
 [[noreturn]] static void emu_fault(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 [[noreturn]] static void emu_fault(const char* fmt, ...) {
@@ -66,11 +67,16 @@ static void emu_block(std::atomic<uint32_t>* word, Done done, Describe describe)
   using clk = std::chrono::steady_clock;
   uint64_t seen = emu_progress.load();
   auto since = clk::now();
+  struct Count {
+    Count() { emu_waiting.fetch_add(1); }
+    ~Count() { emu_waiting.fetch_sub(1); }
+  } count;
   for (;;) {
     uint32_t v = word->load();
     if (done()) return;
     if (emu_hung.load()) {
       describe();
+      emu_hang_reported.fetch_add(1);
       for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
     }
     emu_futex_wait(word, v, 20);
@@ -81,8 +87,10 @@ static void emu_block(std::atomic<uint32_t>* word, Done done, Describe describe)
     } else if (std::chrono::duration<double>(clk::now() - since).count() > emu_hang_s) {
       bool first = !emu_hung.exchange(true);
       describe();
+      emu_hang_reported.fetch_add(1);
       if (first) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the other waiters print their lines
+        for (int i = 0; i < 500 && emu_hang_reported.load() < emu_waiting.load(); ++i)  // the others' lines
+          std::this_thread::sleep_for(std::chrono::milliseconds(10));
         fprintf(stderr, "EMU hang: no thread made progress for %.1f s\n", emu_hang_s);
         fflush(stderr);
         _exit(EMU_EXIT_HANG);
@@ -371,6 +379,9 @@ static void emu_stmatrix(uint32_t addr, const uint32_t* v, int n, bool trans) {
   }
   __syncwarp();
 }
+
+// elect.sync: the lowest active lane of the full mask -- lane 0 here, where every lane of a warp counts as active
+static inline uint32_t tvm_builtin_elect_one_sync() { return (emu_tid() & 31) == 0; }
 
 // --- no-ops on the CPU: fences (every stand-in is sequentially consistent), register reallocation, PDL, hints
 static inline void tvm_builtin_ptx_fence_proxy_proxy_async_shared__cta() {}
