@@ -22,8 +22,8 @@ from tirx_kernels.core import build, emulate  # noqa: E402
 from tirx_kernels.core.lang import mbarrier, wgmma  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-# Every GEMM schedule (ping-pong, 1x2 / 2x2 clusters, NN, small-M: ~20 s of g++ each): TIRX_EMULATE_ALL=1.
-ALL = os.environ.get("TIRX_EMULATE_ALL") == "1"
+# Every GEMM schedule (ping-pong, 1x2 / 2x2 clusters, NN, small-M: ~20 s of g++ each): TIRX_EMULATE_FULL=1.
+FULL = os.environ.get("TIRX_EMULATE_FULL") == "1"
 _modules = {}
 
 
@@ -78,7 +78,7 @@ _SCHEDULES = [  # (tile, layout, dtype, M, N, K): ragged M / N / K everywhere
 ]
 
 
-@pytest.mark.skipif(not ALL, reason="every schedule costs ~20 s of g++ each: TIRX_EMULATE_ALL=1")
+@pytest.mark.skipif(not FULL, reason="every schedule costs ~20 s of g++ each: TIRX_EMULATE_FULL=1")
 @pytest.mark.parametrize("tile,layout,dtype,M,N,K", _SCHEDULES, ids=[f"{t}_{lay}" for t, lay, *_ in _SCHEDULES])
 def test_gemm_schedules(tile, layout, dtype, M, N, K):  # noqa: N803
     _run_gemm(tile, M, N, K, dtype, layout)
