@@ -33,6 +33,10 @@ KERNEL_META = {
     "upstream": {"project": "DeepGEMM", "url": "https://github.com/deepseek-ai/DeepGEMM",
                  "commit": "54e22612409371d6364144b69086735beb54e98b"},
     "public_ops": ["fp8_gemm_nt"],
+    "reference_requirements": [
+        {"package": "deep-gemm", "import": "deep_gemm", "git": "https://github.com/deepseek-ai/DeepGEMM",
+         "commit": "54e22612409371d6364144b69086735beb54e98b", "baseline": "deepgemm"},
+    ],
 }
 
 # DeepGEMM's test shapes (tests/generators.py: DeepSeek-V3 projections, M = 128 / 4096) and ragged edges.

@@ -26,6 +26,10 @@ KERNEL_META = {
     "upstream": {"project": "DeepGEMM", "url": "https://github.com/deepseek-ai/DeepGEMM",
                  "commit": "54e22612409371d6364144b69086735beb54e98b"},
     "public_ops": ["per_token_cast_to_fp8"],
+    "reference_requirements": [
+        {"package": "deep-gemm", "import": "deep_gemm", "git": "https://github.com/deepseek-ai/DeepGEMM",
+         "commit": "54e22612409371d6364144b69086735beb54e98b", "baseline": "deepgemm"},
+    ],
 }
 
 CONFIGS = [
