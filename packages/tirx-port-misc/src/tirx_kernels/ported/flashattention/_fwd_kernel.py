@@ -26,14 +26,18 @@ One CTA per (128-query tile, query head, batch); 384 threads:
 The CTAs of a head are launched longest-first (the last query tile first): with causal masking the tiles' work
 grows with the query index, so the long ones start early and the short ones fill the tail of the wave.
 
-Schedule ``pingpong`` (the default; ``plain`` leaves it out): the consumers take turns issuing their GEMMs through
+Schedules: ``plain`` (each consumer S, softmax, PV in turn), ``pingpong`` and ``overlap`` (the default).
+``pingpong``: the consumers take turns issuing their GEMMs through
 named barriers (``roles.wait_turn`` / ``pass_turn``, barriers 3 and 4): QK^T of consumer 0, QK^T of consumer 1, PV of
 consumer 0, PV of consumer 1, ..., so one warpgroup's softmax runs while the other's GEMM holds the tensor cores
 (FA3's inter-warpgroup overlap). Both consumers read every K/V use, so the turns need no ring-phase argument; the
 counts match because consumer 0 skips its first wait and consumer 1 its last pass.
 
-Not yet (see the package README): the softmax/GEMM overlap inside one warpgroup, a persistent scheduler, and
-sliding window, softcap, sink, varlen, paged KV.
+``overlap`` adds FA3's intra-warpgroup overlap on top: QK^T of tile n and PV of tile n - 1 are issued together (one
+turn per tile), the softmax of tile n runs while PV n - 1 is on the tensor cores, and O is rescaled once it landed
+(same registers as ``plain``: P of tile n - 1, S of tile n and O are live together in both).
+
+Not yet (see the package README): a persistent scheduler, and sliding window, softcap, sink, varlen, paged KV.
 """
 
 from __future__ import annotations
@@ -77,11 +81,11 @@ def check_shape(head_dim: int, head_dim_v: int, block_n: int, num_stages: int) -
                          f"(limit {SMEM_LIMIT})")
 
 
-SCHEDULES = ("plain", "pingpong")
+SCHEDULES = ("plain", "pingpong", "overlap")
 
 
 def build_fwd_kernel(dtype: str, head_dim: int, head_dim_v: int, causal: bool, block_n: int, num_stages: int,
-                     schedule: str = "pingpong"):
+                     schedule: str = "overlap"):
     from tvm.script import tirx as T
 
     from tirx_kernels.core.lang import mbarrier, roles, softmax, tma, wgmma
@@ -89,7 +93,8 @@ def build_fwd_kernel(dtype: str, head_dim: int, head_dim_v: int, causal: bool, b
     check_shape(head_dim, head_dim_v, block_n, num_stages)
     if schedule not in SCHEDULES:
         raise ValueError(f"flash_attention4: schedule {schedule!r} is not one of {SCHEDULES}")
-    pingpong = schedule == "pingpong"
+    pingpong = schedule in ("pingpong", "overlap")
+    overlap = schedule == "overlap"
     dp, dvp = padded(head_dim), padded(head_dim_v)
     q_chunks, v_chunks = dp // CHUNK, dvp // CHUNK
     elem = tma.elem_bytes(dtype)
@@ -141,6 +146,35 @@ def build_fwd_kernel(dtype: str, head_dim: int, head_dim_v: int, causal: bool, b
     def tile_hidden(n0, diag, Sk, warp, lane):  # noqa: N803
         """The mask of key tile ``n0`` as ``softmax.mask`` takes it: (row half, column block, element) -> hidden."""
         return lambda r, j, e: hidden(n0 + wgmma.acc_col(lane, j, e), diag + wgmma.acc_row(warp, lane, r), Sk)
+
+    def issue_qk(s_acc, desc_q, desc_k, s, cw):
+        """S = Q K^T of the tile in stage ``s`` (SS; the first k16 step overwrites the accumulator), uncommitted."""
+        wgmma.fence()
+        for kk in range(qk_steps):
+            q_off = ((kk // 4) * BLOCK_M * CHUNK + cw * 64 * CHUNK) * elem + (kk % 4) * 32
+            k_off = (s * k_tile + (kk // 4) * block_n * CHUNK) * elem + (kk % 4) * 32
+            wgmma.mma(block_n, s_acc, wgmma.desc_advance(desc_q[0], q_off), wgmma.desc_advance(desc_k[0], k_off),
+                      dtype, scale_d=kk > 0)
+
+    def issue_pv(o_acc, p_frag, desc_v, s):
+        """O += P V of the tile in stage ``s`` (RS: P from registers; V MN-major), uncommitted."""
+        for kk in range(pv_steps):
+            wgmma.mma(dvp, o_acc, [p_frag[kk * 4 + i] for i in range(4)],
+                      wgmma.desc_advance(desc_v[0], s * v_tile * elem + kk * v_kstep), dtype, b_major=wgmma.MN_MAJOR)
+
+    def release(ring, empty, s, cw, warp, lane):
+        """Give slot ``s`` back once the whole warpgroup has passed its wgmma.wait (NOTES in the plain loop)."""
+        T.cuda.warpgroup_sync(WG_BAR + cw)
+        ring.consumer_release_warpgroup(empty, s, warp, lane)
+
+    def softmax_tile(s_acc, n0, diag, Sk, warp, lane, row_max, row_sum, red, corr, scale_log2):  # noqa: N803
+        """Mask (edge tiles only) and online softmax of one S tile; each row half's O rescale left in ``corr``."""
+        with T.If(needs_mask(n0, diag, Sk)):
+            with T.Then():
+                softmax.mask(s_acc, block_n, tile_hidden(n0, diag, Sk, warp, lane))
+        for r in range(2):
+            softmax.update(s_acc, block_n, r, row_max, row_sum, red, scale_log2)
+            T.buffer_store(corr, red[1], [r])
 
     @T.prim_func
     def flash_attention4_fwd(q_ptr: T.handle, k_ptr: T.handle, v_ptr: T.handle, o_ptr: T.handle,
@@ -200,6 +234,7 @@ def build_fwd_kernel(dtype: str, head_dim: int, head_dim_v: int, causal: bool, b
         row_max = T.alloc_local((2,), "float32")
         row_sum = T.alloc_local((2,), "float32")
         red = T.alloc_local((2,), "float32")
+        corr = T.alloc_local((2,), "float32")  # overlap: each row half's O rescale, applied once PV has landed
         desc_q = T.alloc_local((1,), "uint64")
         desc_k = T.alloc_local((1,), "uint64")
         desc_v = T.alloc_local((1,), "uint64")
@@ -242,52 +277,98 @@ def build_fwd_kernel(dtype: str, head_dim: int, head_dim_v: int, causal: bool, b
                 o_acc[i] = T.float32(0)
             softmax.init(row_max, row_sum)
             mbarrier.wait(q_full.ptr_to([0]), 0)
-            for n in range(n_blocks):
-                s = k_ring.stage(n)
-                n0 = n * block_n
-                # S = Q K^T (SS; the first k16 step overwrites the accumulator).
-                k_ring.consumer_wait(k_full, n)
-                turn_wait(cw, n == 0)
-                wgmma.fence()
-                for kk in T.unroll(qk_steps):
-                    q_off = ((kk // 4) * BLOCK_M * CHUNK + cw * 64 * CHUNK) * elem + (kk % 4) * 32
-                    k_off = (s * k_tile + (kk // 4) * block_n * CHUNK) * elem + (kk % 4) * 32
-                    wgmma.mma(block_n, s_acc, wgmma.desc_advance(desc_q[0], q_off),
-                              wgmma.desc_advance(desc_k[0], k_off), dtype, scale_d=kk > 0)
-                wgmma.commit()
-                turn_pass(cw, T.bool(False))
-                wgmma.wait(0)
-                # NOTES: the slot goes back once all 128 threads have passed their wgmma.wait (named barrier
-                # 1 + cw). On the GPU the warpgroup's wgmma already couples its warps, so one thread's wait would do
-                # (CUTLASS relies on it); the CPU emulator runs threads apart and, without the barrier, refilled a
-                # slot a lagging lane had not read yet (wrong S at head dim 256, or a hang on a missed phase).
-                # Costs a bar.sync per K and V tile.
-                T.cuda.warpgroup_sync(WG_BAR + cw)
-                k_ring.consumer_release_warpgroup(k_empty, s, warp, lane)
-                # Mask: keys past Sk, and (causal) keys right of the bottom-right-aligned diagonal. Only the
-                # tiles that reach either edge pay for it.
+            if overlap:
+                # FA3's intra-warpgroup overlap: QK^T of tile n and PV of tile n - 1 are issued together, and the
+                # softmax of tile n runs while PV n - 1 is still on the tensor cores; O's rescale waits for it.
+                # One turn per tile (ping-pong), around both GEMMs.
                 diag = m0 + cw * 64 + (Sk - Sq)  # key limit of the warpgroup's first row
-                if needs_mask(n0, diag, Sk):
-                    softmax.mask(s_acc, block_n, tile_hidden(n0, diag, Sk, warp, lane))
-                # Online softmax per row half r (the 4 lanes of a quad hold one row), O rescaled by red[1].
-                for r in T.unroll(2):
-                    softmax.update(s_acc, block_n, r, row_max, row_sum, red, scale_log2)
-                    softmax.rescale(o_acc, dvp, r, red[1])
-                # P to 16-bit pairs in place of the RS A fragment (no shuffle: wgmma.acc_as_rs_a).
-                softmax.pack_p(p_frag, s_acc, block_n, cvt_pack)
-                # O += P V (RS; V MN-major).
-                v_ring.consumer_wait(v_full, n)
-                turn_wait(cw, T.bool(False))
-                wgmma.fence()
-                for kk in T.unroll(pv_steps):
-                    wgmma.mma(dvp, o_acc, [p_frag[kk * 4 + i] for i in range(4)],
-                              wgmma.desc_advance(desc_v[0], s * v_tile * elem + kk * v_kstep), dtype,
-                              b_major=wgmma.MN_MAJOR)
-                wgmma.commit()
-                turn_pass(cw, n == n_blocks - 1)
-                wgmma.wait(0)
-                T.cuda.warpgroup_sync(WG_BAR + cw)
-                v_ring.consumer_release_warpgroup(v_empty, s, warp, lane)
+                if n_blocks > 0:
+                    k_ring.consumer_wait(k_full, 0)
+                    turn_wait(cw, T.bool(True))
+                    issue_qk(s_acc, desc_q, desc_k, 0, cw)
+                    wgmma.commit()
+                    turn_pass(cw, T.bool(False))
+                    wgmma.wait(0)
+                    release(k_ring, k_empty, 0, cw, warp, lane)
+                    softmax_tile(s_acc, 0, diag, Sk, warp, lane, row_max, row_sum, red, corr, scale_log2)
+                    softmax.pack_p(p_frag, s_acc, block_n, cvt_pack)
+                    for n in range(1, n_blocks):
+                        s = k_ring.stage(n)
+                        sp = v_ring.stage(n - 1)
+                        k_ring.consumer_wait(k_full, n)
+                        v_ring.consumer_wait(v_full, n - 1)
+                        turn_wait(cw, T.bool(False))
+                        issue_qk(s_acc, desc_q, desc_k, s, cw)
+                        wgmma.commit()
+                        issue_pv(o_acc, p_frag, desc_v, sp)
+                        wgmma.commit()
+                        turn_pass(cw, T.bool(False))
+                        wgmma.wait(1)  # S of tile n (the older group) has landed; PV n - 1 may still run
+                        release(k_ring, k_empty, s, cw, warp, lane)
+                        softmax_tile(s_acc, n * block_n, diag, Sk, warp, lane, row_max, row_sum, red, corr,
+                                     scale_log2)
+                        wgmma.wait(0)
+                        release(v_ring, v_empty, sp, cw, warp, lane)
+                        for r in T.unroll(2):
+                            softmax.rescale(o_acc, dvp, r, corr[r])
+                        softmax.pack_p(p_frag, s_acc, block_n, cvt_pack)
+                    # The last tile's PV.
+                    sl = v_ring.stage(n_blocks - 1)
+                    v_ring.consumer_wait(v_full, n_blocks - 1)
+                    turn_wait(cw, T.bool(False))
+                    wgmma.fence()
+                    issue_pv(o_acc, p_frag, desc_v, sl)
+                    wgmma.commit()
+                    turn_pass(cw, T.bool(True))
+                    wgmma.wait(0)
+                    release(v_ring, v_empty, sl, cw, warp, lane)
+            else:
+                for n in range(n_blocks):
+                    s = k_ring.stage(n)
+                    n0 = n * block_n
+                    # S = Q K^T (SS; the first k16 step overwrites the accumulator).
+                    k_ring.consumer_wait(k_full, n)
+                    turn_wait(cw, n == 0)
+                    wgmma.fence()
+                    for kk in T.unroll(qk_steps):
+                        q_off = ((kk // 4) * BLOCK_M * CHUNK + cw * 64 * CHUNK) * elem + (kk % 4) * 32
+                        k_off = (s * k_tile + (kk // 4) * block_n * CHUNK) * elem + (kk % 4) * 32
+                        wgmma.mma(block_n, s_acc, wgmma.desc_advance(desc_q[0], q_off),
+                                  wgmma.desc_advance(desc_k[0], k_off), dtype, scale_d=kk > 0)
+                    wgmma.commit()
+                    turn_pass(cw, T.bool(False))
+                    wgmma.wait(0)
+                    # NOTES: the slot goes back once all 128 threads have passed their wgmma.wait (named barrier
+                    # 1 + cw). On the GPU the warpgroup's wgmma already couples its warps, so one thread's wait would do
+                    # (CUTLASS relies on it); the CPU emulator runs threads apart and, without the barrier, refilled a
+                    # slot a lagging lane had not read yet (wrong S at head dim 256, or a hang on a missed phase).
+                    # Costs a bar.sync per K and V tile.
+                    T.cuda.warpgroup_sync(WG_BAR + cw)
+                    k_ring.consumer_release_warpgroup(k_empty, s, warp, lane)
+                    # Mask: keys past Sk, and (causal) keys right of the bottom-right-aligned diagonal. Only the
+                    # tiles that reach either edge pay for it.
+                    diag = m0 + cw * 64 + (Sk - Sq)  # key limit of the warpgroup's first row
+                    if needs_mask(n0, diag, Sk):
+                        softmax.mask(s_acc, block_n, tile_hidden(n0, diag, Sk, warp, lane))
+                    # Online softmax per row half r (the 4 lanes of a quad hold one row), O rescaled by red[1].
+                    for r in T.unroll(2):
+                        softmax.update(s_acc, block_n, r, row_max, row_sum, red, scale_log2)
+                        softmax.rescale(o_acc, dvp, r, red[1])
+                    # P to 16-bit pairs in place of the RS A fragment (no shuffle: wgmma.acc_as_rs_a).
+                    softmax.pack_p(p_frag, s_acc, block_n, cvt_pack)
+                    # O += P V (RS; V MN-major).
+                    v_ring.consumer_wait(v_full, n)
+                    turn_wait(cw, T.bool(False))
+                    wgmma.fence()
+                    for kk in T.unroll(pv_steps):
+                        wgmma.mma(dvp, o_acc, [p_frag[kk * 4 + i] for i in range(4)],
+                                  wgmma.desc_advance(desc_v[0], s * v_tile * elem + kk * v_kstep), dtype,
+                                  b_major=wgmma.MN_MAJOR)
+                    wgmma.commit()
+                    turn_pass(cw, n == n_blocks - 1)
+                    wgmma.wait(0)
+                    T.cuda.warpgroup_sync(WG_BAR + cw)
+                    v_ring.consumer_release_warpgroup(v_empty, s, warp, lane)
 
             # Epilogue: O / rowsum from the registers (16-bit pairs), LSE from lane 0 of each quad.
             Ow = T.decl_buffer((B * Sq * Hq * head_dim_v // 2,), "uint32", data=Out.data)
