@@ -1,9 +1,12 @@
 # SPDX-License-Identifier: Apache-2.0
 """tirx_kernels.core.emulate's module path (wgmma, TMA, mbarriers, clusters on the CPU): the native GEMM
 (fp16_bf16_gemm, verified on an H100) against torch on ragged shapes -- TMA zero fill of the M/N/K tails and store
-clipping, a C with a row stride and guard bands --; the wgmma forms of core.lang.wgmma's micro-kernels (RS, the
-MN-major B, fp8, tf32, the 32/64/128-byte swizzles); and the faults the emulator must report: a wrong descriptor
-giving a wrong answer, a deadlocked mbarrier ending as a hang within its timeout."""
+clipping, a C with a row stride and guard bands -- (persistent in CI; ping-pong, 2x1 / 1x2 / 2x2 clusters, NN and
+split-K small-M with TIRX_EMULATE_FULL=1); the wgmma forms of core.lang.wgmma's micro-kernels (RS, the MN-major B,
+fp8, tf32, the 32/64/128-byte swizzles) and an unswizzled descriptor; core.lang.tma's micro-kernels (rank 2-5, OOB
+fill, clipped stores, multicast, bulk copies) bit for bit; ldmatrix / stmatrix; and what the emulator must report: a
+wrong descriptor giving a wrong answer, shared memory overwritten before wgmma.wait showing, a deadlocked mbarrier
+ending as a hang within its timeout. One g++ run builds every micro-kernel (~25 s), one the GEMM (~20 s)."""
 
 import importlib.util
 import os
@@ -19,7 +22,7 @@ pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not ins
 from tvm.script import tirx as T  # noqa: E402
 
 from tirx_kernels.core import build, emulate  # noqa: E402
-from tirx_kernels.core.lang import mbarrier, wgmma  # noqa: E402
+from tirx_kernels.core.lang import mbarrier, tma, wgmma  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 # Every GEMM schedule (ping-pong, 1x2 / 2x2 clusters, NN, small-M: ~20 s of g++ each): TIRX_EMULATE_FULL=1.
@@ -149,6 +152,52 @@ def _matrix_kernel():
     return matrix
 
 
+def _early_release_kernel():
+    """One warpgroup, one m64n8k16 bf16 SS wgmma from *unswizzled* K-major tiles (8 x 16-byte core matrices: LBO 128 B
+    between the two K halves, SBO 256 B between 8-row groups). ``early`` = 1 zeroes B in shared memory after the
+    commit and before ``wgmma.wait``, the bug of a stage released before its wait."""
+    @T.prim_func
+    def early_release(a_ptr: T.handle, b_ptr: T.handle, c_ptr: T.handle, early: T.int32):
+        A = T.match_buffer(a_ptr, (64, 8), "int32", align=16)  # 64 x 16 bf16
+        B = T.match_buffer(b_ptr, (8, 8), "int32", align=16)  # 8 x 16 bf16 (N x K)
+        C = T.match_buffer(c_ptr, (64, 8), "float32", align=16)
+        T.device_entry()
+        T.cta_id([1])
+        tid = T.thread_id([128])
+        pool = T.SMEMPool()
+        As = pool.alloc((512,), "int32", align=1024)
+        Bs = pool.alloc((64,), "int32", align=1024)
+        pool.commit()
+        acc = T.alloc_local((4,), "float32")
+        da = T.alloc_local((1,), "uint64")
+        db = T.alloc_local((1,), "uint64")
+        warp = tid // 32
+        lane = tid % 32
+        for it in T.serial(4):  # word w = (row, k pair): byte (row/8)*256 + (k/8)*128 + (row%8)*16 + (k%8)*2
+            As[((it * 128 + tid) // 64) * 64 + ((it * 128 + tid) % 8) // 4 * 32 + ((it * 128 + tid) // 8) % 8 * 4
+               + (it * 128 + tid) % 4] = A[(it * 128 + tid) // 8, (it * 128 + tid) % 8]
+        if tid < 64:
+            Bs[(tid % 8) // 4 * 32 + tid // 8 * 4 + tid % 4] = B[tid // 8, tid % 8]
+        tma.fence_proxy_async()
+        T.cuda.cta_sync()
+        wgmma.encode_desc(da.ptr_to([0]), As.ptr_to([0]), 8, 16, wgmma.SWIZZLE_NONE)
+        wgmma.encode_desc(db.ptr_to([0]), Bs.ptr_to([0]), 8, 16, wgmma.SWIZZLE_NONE)
+        for i in T.unroll(4):
+            acc[i] = T.float32(0)
+        wgmma.fence()
+        wgmma.mma(8, acc, da[0], db[0], "bfloat16")
+        wgmma.commit()
+        if early == 1 and tid < 64:
+            Bs[tid] = 0
+        T.cuda.cta_sync()
+        wgmma.wait(0)
+        for r in T.unroll(2):
+            for e in T.unroll(2):
+                C[wgmma.acc_row(warp, lane, r), wgmma.acc_col(lane, 0, e)] = acc[wgmma.acc_index(0, r, e)]
+
+    return early_release
+
+
 def _planted(micro, case, **wrong):
     """``case``'s micro-kernel with its B descriptor's swizzle or LBO replaced (the staging is unchanged)."""
     encode = wgmma.encode_desc
@@ -174,6 +223,7 @@ def micro():
     funcs["wrong_lbo"] = _planted(m, cases["ss_fp16_mn_major_b"], lbo=0)
     funcs["mbar_ok"], funcs["mbar_deadlock"] = _mbar_kernel(1), _mbar_kernel(2)
     funcs["matrix"] = _matrix_kernel()
+    funcs["early_release"] = _early_release_kernel()
     tma_micro = _load("test_lang_tma_micro")
     for c in tma_micro.CASES:
         cases[c.name] = c
@@ -263,3 +313,17 @@ def test_ldmatrix_stmatrix(micro):
     stored = x.transpose(1, 2)  # stmatrix.trans of the plain fragments: each matrix transposed in memory
     assert torch.equal(o[0], plain.reshape(-1).int()) and torch.equal(o[1], trans.reshape(-1).int())
     assert torch.equal(o[2], (stored[..., 0::2] | (stored[..., 1::2] << 16)).reshape(-1).int())
+
+
+def test_unswizzled_descriptor_and_smem_released_before_the_wait(micro):
+    """The no-swizzle K-major layout gives A.Bᵀ; zeroing B between commit and wait (a stage given back before
+    wgmma.wait) shows here as a zero result: the emulator computes the wgmma when the wait retires it."""
+    a, b = torch.randn(64, 16).bfloat16(), torch.randn(8, 16).bfloat16()
+    ref = a.double() @ b.double().T
+    for early in (0, 1):
+        c = torch.full((64, 8), float("nan"))
+        micro[2](a.view(torch.int32), b.view(torch.int32), c, early, function="early_release").check()
+        if early:
+            assert torch.equal(c, torch.zeros(64, 8))
+        else:
+            torch.testing.assert_close(c.double(), ref, rtol=1e-5, atol=1e-5)
