@@ -65,17 +65,18 @@ def run_multi(kern, x: torch.Tensor, k: int, chunks: int, index_dtype=torch.int6
     return vals, idx
 
 
-# Each emulated CTA costs seconds on the CI machine: CI runs the first three (ties over chunks, the edge values,
-# 16-bit keys); TIRX_EMULATE_FULL=1 runs the rest (multi-row, constant rows, k past the row).
+# Each emulated CTA costs seconds on the CI machine: CI runs the first two (ties over chunks; the edge values with
+# 16-bit keys) and the transforms test; TIRX_EMULATE_FULL=1 runs the rest (multi-row, constant rows, k past the row).
+# The sm_90a build and its no-spill check: tirx-core's test_build_kernels, over every registered kernel.
 _FULL = os.environ.get("TIRX_EMULATE_FULL") == "1"
 full_only = pytest.mark.skipif(not _FULL, reason="set TIRX_EMULATE_FULL=1 (minutes of CPU on 2 cores)")
 
 
 # Chunks of 4096 (one gather tile): ties and the threshold spread over several CTAs.
 @pytest.mark.parametrize("kind, M, N, k, chunks, dtype", [
-    ("ties", 1, 12000, 1000, 3, torch.float32),
-    ("special", 1, 9000, 700, 3, torch.float32),
+    ("ties", 1, 8000, 1000, 2, torch.float32),
     ("special", 1, 9000, 257, 2, torch.float16),
+    pytest.param("special", 1, 9000, 700, 3, torch.float32, marks=full_only),
     pytest.param("random", 2, 20000, 300, 5, torch.float32, marks=full_only),
     pytest.param("constant", 1, 9000, 4000, 3, torch.float32, marks=full_only),
     pytest.param("random", 2, 3000, 4096, 2, torch.float32, marks=full_only),  # k past the row
@@ -88,11 +89,11 @@ def test_emulated(emulated, kind, M, N, k, chunks, dtype):
 
 
 def test_emulated_chunks_past_row_and_transforms(emulated):
-    """Per-row lengths: < k, inside the first chunk, past the width (clamped); chunks past a row's end; the
+    """Per-row lengths: inside the first chunk, past the width (clamped); chunks past a row's end; the
     page-table mapping."""
-    M, N, k = 3, 9000, 300
+    M, N, k = 2, 9000, 300
     x = make_rows("ties", M, N, torch.float32, seed=2)
-    lengths = torch.tensor([200, 5000, 20000], dtype=torch.int32)
+    lengths = torch.tensor([5000, 20000], dtype=torch.int32)
     stride = N + 5
     table = torch.randint(0, 10**6, (M, stride), dtype=torch.int32)
     _, idx = run_multi(emulated("float32", "int32", "page_table"), x, k, 2, index_dtype=torch.int32,
@@ -115,14 +116,6 @@ def test_chunk_plan():
 def test_protocol_literals():
     assert len(set(c["label"] for c in mod.CONFIGS)) == len(mod.CONFIGS)
     assert mod.KERNEL_META["upstream"] == single.KERNEL_META["upstream"]
-
-
-@pytest.mark.parametrize("params", [{"dtype": "float32", "index_dtype": "int64"}])
-def test_sass(params):
-    pytest.importorskip("tvm", reason="apache-tvm is needed to build")
-    from tirx_kernels.core import testing
-
-    testing.build_and_check_sass(mod, "radix_topk_multi_cta", params)
 
 
 # ------------------------------------------------------------------------------------------------ GPU
