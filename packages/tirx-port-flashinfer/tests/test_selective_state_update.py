@@ -45,10 +45,14 @@ def _shared_loads(src: str) -> str:
 
 
 def _narrow_warp_sums(src: str) -> str:
-    """cuda_cpu.h has a stand-in for the full-warp sum only: a group of < 32 lanes gets the same butterfly inline."""
-    return re.sub(r"tvm_builtin_cuda_warp_reduce_sum_(2|4|8|16)\(",
+    """cuda_cpu.h has stand-ins for full-warp sums and maxima only: a group of < 32 lanes gets the same butterfly
+    inline (the max: an int16 state's row maximum)."""
+    src = re.sub(r"tvm_builtin_cuda_warp_reduce_sum_(2|4|8|16)\(",
+                 lambda m: f"([](float v) {{ for (int m = {int(m.group(1)) // 2}; m > 0; m >>= 1) "
+                           "v += __shfl_xor_sync(0xffffffffu, v, m); return v; })(", src)
+    return re.sub(r"tvm_builtin_cuda_warp_reduce_max_(2|4|8|16)\(",
                   lambda m: f"([](float v) {{ for (int m = {int(m.group(1)) // 2}; m > 0; m >>= 1) "
-                            "v += __shfl_xor_sync(0xffffffffu, v, m); return v; })(", src)
+                            "v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, m)); return v; })(", src)
 
 
 def make_inputs(batch=3, T=1, nheads=4, ngroups=2, dim=64, dstate=128, state_dtype=torch.bfloat16,
@@ -178,6 +182,8 @@ def _module(schedule):
     ("stp_simple", "b64_h64_d64_s128_r8_noupdate"), ("stp_vertical", "b64_h64_d64_s128_r8_state_f32"),
     ("mtp_simple", "b64_h64_d64_s128_t6_r8_inter_f32_i64"), ("mtp_simple", "b64_h64_d64_s128_t6_r8_dst"),
     ("mtp_horizontal", "b8_h64_d64_s128_t8_r8_z_pad"),
+    ("stp_simple", "b37_h24_d64_s96_r3_state_i16_z_pad_dst"), ("mtp_simple", "b64_h64_d64_s128_t4_r8_state_i16"),
+    ("stp_simple", "b64_h64_d64_s128_r8_state_f16_sr"),
 ])
 def test_harness_rows_emulated(emulated, schedule, label):
     """A config row through the harness's own checks (guarded in-place pool, inputs unchanged, the comparators), the
@@ -201,6 +207,76 @@ def test_harness_rows_emulated(emulated, schedule, label):
     res = harness.check_config(fake, cfg)
     assert res["status"] == "passed"
     assert res["oracle"]["state"]["slots_written"] > 0 or cfg["disable_state_update"] or cfg.get("intermediate")
+    if cfg["state_dtype"] == "int16":  # the int16 rows' scales rewritten with them
+        assert res["oracle"]["state_scale"]["slots_written"] == res["oracle"]["state"]["slots_written"]
+
+
+def test_int16_quantization_convention():
+    """FlashInfer's int16 state encoding in the oracle: the row maximum maps to +-32767, the stored (decode) scale
+    is 1 / (32767 / max), a zero row keeps scale 1, values round half to even."""
+    rows = torch.tensor([[0.5, -2.0, 1.0, 0.0], [0.0, 0.0, 0.0, 0.0], [2.5, 3.5, -32767.0, 0.5]])
+    q, scale = ssu.quantize_rows(rows)
+    assert q.dtype == torch.int16 and q[0].tolist() == [8192, -32767, 16384, 0]  # 0.5 * 16383.5 = 8191.75
+    assert q[1].tolist() == [0, 0, 0, 0] and scale[1].item() == 1.0
+    assert q[2].tolist() == [2, 4, -32767, 0]  # enc = 1: 2.5 -> 2, 3.5 -> 4, 0.5 -> 0 (half to even)
+    torch.testing.assert_close(scale[0], torch.tensor(1.0) / (torch.tensor(32767.0) / 2.0), atol=0, rtol=0)
+
+
+def test_philox_stream_and_software_stochastic_rounding():
+    """The oracle's Philox-4x32-10 against Random123's known-answer vector (key 0, counter 0); the fp16 rounding
+    adds the 13 noise bits below fp16's mantissa and truncates (no noise: toward zero; full noise: up one ulp)."""
+    from tirx_kernels.ported.flashinfer.mamba import _ssu_philox as philox
+
+    r = philox.randint4x(0, torch.tensor([0]), 10)[:, 0].tolist()
+    assert r == [0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8]
+    x = torch.tensor([1.0 + 2**-11, -3.14159, 1e-6, 70000.0])
+    assert philox.cvt_rs_f16(x, torch.zeros(4, dtype=torch.long)).tolist() == [1.0, -3.140625, 0.0, float("inf")]
+    up = philox.cvt_rs_f16(x, torch.full((4,), 0x1FFF))
+    assert up[0].item() == 1.0 + 2**-10 and up[1].item() == -3.142578125
+
+
+def test_stochastic_rounding_bit_exact_emulated(emulated):
+    """fp16 state with rand_seed: the emulated kernel's stored state bit for bit equal to the torch oracle of the same
+    Philox stream. The update is made exact in fp32 on both sides (A = 0 so exp(A dt) = 1, dt = x = 1, no softplus:
+    s' = s + B) so that any difference is the rounding's; every row must round some value up and some down."""
+    d = make_inputs(batch=3, nheads=4, ngroups=2, dim=64, dstate=128, state_dtype=torch.float16, pad=True,
+                    z=False, bias=False)
+    d["A"] = torch.zeros_like(d["A"])
+    d["dt"] = torch.ones_like(d["dt"])
+    d["x"] = torch.ones_like(d["x"])
+    d["dt_softplus"] = False
+    d["rand_seed"] = torch.tensor([0x123456789ABC], dtype=torch.int64)
+    d["philox_rounds"] = 10
+    before = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in d.items()}
+    run_emulated(emulated, d, "stp_simple")
+    _, want_pool, _ = ssu.oracle(**{k: v for k, v in before.items() if k != "out"})
+    assert torch.equal(d["state"].view(torch.int16), want_pool.view(torch.int16))
+    slots = before["idx"][before["idx"] != before["pad_slot_id"]].long()
+    exact = before["state"][slots].float()  # the fp32 s' = s + B of the live entries
+    Bh = before["B"][:, 0].float().repeat_interleave(2, 1)[before["idx"] != before["pad_slot_id"]]
+    exact = exact + Bh[:, :, None, :]
+    got = d["state"][slots].float()
+    assert bool((got > exact).any()) and bool((got < exact).any())  # rounded both ways: noise, not one direction
+
+
+@pytest.mark.parametrize("change, arg", [
+    (dict(state_scale=None), "state_scale"),
+    (dict(state_scale="shape"), "state_scale"),
+    (dict(intermediate_states_buffer="int16"), "intermediate_states_buffer"),
+])
+def test_int16_state_rejections_name_the_argument(change, arg):
+    from tirx_kernels.core.checks import TirxInputError
+
+    a = _fi_args(T=1 if "intermediate_states_buffer" in change else None)
+    a["state"] = torch.zeros(a["state"].shape, dtype=torch.int16)
+    a["state_scale"] = torch.ones(a["state"].shape[:3])
+    if "state_scale" in change:
+        a["state_scale"] = None if change["state_scale"] is None else torch.ones(a["state"].shape[:2])
+    else:
+        a["intermediate_states_buffer"] = torch.zeros((2, 1) + tuple(a["state"].shape[1:]), dtype=torch.int16)
+        a["cache_steps"] = 1
+    with pytest.raises(TirxInputError, match=f"argument '{arg}'"):
+        ssu.selective_state_update(**a)
 
 
 # ------------------------------------------------------------------------------------------------ params, SASS
@@ -230,6 +306,7 @@ def test_plan_divides_the_row(state_dtype, dstate):
     ("mtp_simple", ("float32", "bfloat16", 256, 8, "simple")),
     ("mtp_horizontal", ("bfloat16", "bfloat16", 128, 8, "horizontal")),
     ("mtp_simple", ("float16", "float16", 96, 8, "simple")),
+    ("stp_simple", ("int16", "bfloat16", 128, 1, "simple")),
 ])
 def test_sass(schedule, params):
     """No spills or local memory (ptxas, nvcc 13.0: 95 registers for bf16 dstate 128, 200 for fp32 dstate 256 at

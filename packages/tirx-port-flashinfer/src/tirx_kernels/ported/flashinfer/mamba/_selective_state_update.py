@@ -38,6 +38,7 @@ from tirx_kernels.ported.flashinfer.mamba._ssu_op import (  # noqa: F401
     normalize,
     oracle,
     pick_schedule,
+    quantize_rows,
     run,
     schedule_is_stp,
     schedule_name,
@@ -97,7 +98,7 @@ def _generator(device: str) -> torch.Generator:
 def prepare_data(schedule: str, batch: int, nheads: int, dim: int, dstate: int, ngroups: int, state_dtype: str,
                  dtype: str, weight_dtype: str, z: bool, dt_bias: bool, dt_softplus: bool, pad: bool,
                  index_dtype: str, intermediate: bool, dst: bool, disable_state_update: bool, T: int = 1,  # noqa: N803
-                 slots: int | None = None, device: str = "cuda", **_) -> dict:
+                 slots: int | None = None, device: str = "cuda", stochastic: bool = False, **_) -> dict:
     """FlashInfer's call forms: the pool holds ``slots`` (default batch + 3, more with dst) slots, the batch reads
     distinct random ones (entry 1 the pad slot with ``pad``) and writes elsewhere with ``dst``; dt / A / D / dt_bias
     are the broadcast per-head views FlashInfer takes."""
@@ -116,7 +117,9 @@ def prepare_data(schedule: str, batch: int, nheads: int, dim: int, dstate: int, 
     if pad and batch > 1:
         idx[1] = -1
     data = {
-        "state": rn(slots, nheads, dim, dstate).to(st),
+        "state": (torch.randint(-32767, 32768, (slots, nheads, dim, dstate), generator=g, device=device,
+                                dtype=torch.int32).to(st)
+                  if st == torch.int16 else rn(slots, nheads, dim, dstate).to(st)),
         "x": rn(*lead, nheads, dim).to(it),
         "dt": rn(*lead, nheads, scale=0.5).to(wt).unsqueeze(-1).expand(*lead, nheads, dim),
         "A": (-torch.rand(nheads, generator=g, device=device) - 0.5)[:, None, None].expand(nheads, dim, dstate),
@@ -145,12 +148,23 @@ def prepare_data(schedule: str, batch: int, nheads: int, dim: int, dstate: int, 
                                               if intermediate else None)
         data["cache_steps"] = T if intermediate else 0
         data["intermediate"] = bool(intermediate)
+    if schedule_name(schedule) == "simple":
+        # the simple modules' INPLACE names it: an int16 pool's per-row decode scales (values ~ randn), else a
+        # one-element stand-in the op does not see
+        quant = st == torch.int16
+        data["state_scale"] = (torch.rand(slots, nheads, dim, generator=g, device=device) + 0.5) / 32767 \
+            if quant else torch.full((1, 1, 1), 7.0, device=device)
+        data["quantized"] = quant
+    if stochastic:  # fp16 state, stochastic rounding: FlashInfer's device-side seed and its default rounds
+        data["rand_seed"] = torch.randint(0, 2**62, (1,), generator=g, device=device, dtype=torch.int64)
+        data["philox_rounds"] = 10
     return data
 
 
 _OP_KEYS = ("state", "x", "dt", "A", "B", "C", "D", "z", "dt_bias", "dt_softplus", "state_batch_indices",
             "pad_slot_id", "out", "disable_state_update", "intermediate_states_buffer",
-            "intermediate_state_indices", "cache_steps", "dst_state_batch_indices")
+            "intermediate_state_indices", "cache_steps", "dst_state_batch_indices", "state_scale", "rand_seed",
+            "philox_rounds")
 
 
 def op_args(data: dict) -> tuple:
@@ -159,6 +173,9 @@ def op_args(data: dict) -> tuple:
     a["cache_steps"] = a["cache_steps"] or 0
     if not data.get("intermediate", False):
         a["intermediate_states_buffer"] = None
+    if not data.get("quantized", False):
+        a["state_scale"] = None
+    a["philox_rounds"] = a["philox_rounds"] or 10
     return tuple(a[k] for k in _OP_KEYS)
 
 
@@ -168,8 +185,11 @@ def reference(**data) -> dict:
     args = list(op_args(data))
     args[_OP_KEYS.index("out")] = data["out"]
     n = normalize(*args)
-    want_out, pool, inter = oracle(**{k: v for k, v in n.items() if k not in ("out", "mtp")})
+    want = oracle(**{k: v for k, v in n.items() if k not in ("out", "mtp")})
+    want_out, pool, inter = want[:3]
     res = {"out": want_out.reshape(data["out"].shape), "state": pool}
+    if "state_scale" in data:
+        res["state_scale"] = want[3] if len(want) > 3 else data["state_scale"]
     if "intermediate_states_buffer" in data:
         res["intermediate_states_buffer"] = inter if inter is not None else data["intermediate_states_buffer"]
     return res
@@ -218,7 +238,9 @@ def state_comparator(key: str, tol: dict):
 
 
 # the catalog's test tolerances (flashinfer tests/mamba): 2e-2 on bf16 / fp16 state, 2e-3 on fp32
-STATE_TOLERANCE = {"bfloat16": (2e-2, 2e-2), "float16": (2e-2, 2e-2), "float32": (2e-3, 2e-3)}
+# int16: one unit (the rounding of a value a few fp32 ulps away); its fp32 scales: 1e-5 relative
+STATE_TOLERANCE = {"bfloat16": (2e-2, 2e-2), "float16": (2e-2, 2e-2), "float32": (2e-3, 2e-3), "int16": (1.0, 0.0)}
+SCALE_TOLERANCE = {"float32": (0.0, 1e-5)}
 OUT_TOLERANCE = {"bfloat16": (2e-2, 2e-2), "float16": (2e-2, 2e-2), "float32": (2e-3, 2e-3)}
 
 

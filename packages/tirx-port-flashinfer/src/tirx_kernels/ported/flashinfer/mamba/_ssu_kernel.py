@@ -17,6 +17,9 @@ is read as zeros and never written (its output is still computed). The state is 
 ``buffer[icache * cache_steps + t]`` instead (``icache = intermediate_state_indices[b]`` or the slot) and the pool is
 left alone, as upstream's simple MTP kernel (the only MTP schedule FlashInfer builds for sm90; its sm100 vertical /
 horizontal ones also write the final state).
+An int16 state (FlashInfer's quantized pool) is read as ``int16 * state_scale[slot, h, r]`` and stored as
+``rn(clip(s * 32767 / max|s[r, :]|, +-32767))`` with the new decode scale ``1 / (32767 / max)`` (1 for a zero row) in
+``state_scale`` (the row maximum a ``lanes_per_row``-lane shuffle max); ``out`` uses the unquantized state.
 
 Schedule (one kernel generator, its knobs pinned by the registered modules): a CTA owns ``rows_per_cta`` rows of one
 (b, h); a row is spread over ``lanes_per_row`` adjacent lanes, each holding ``dstate / lanes_per_row`` state columns
@@ -36,8 +39,11 @@ from __future__ import annotations
 
 import torch
 
-_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
-STATE_DTYPES = ("bfloat16", "float16", "float32")
+_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32, "int16": torch.int16}
+# int16: FlashInfer's quantized state, value = int16 * state_scale[slot, head, row] (fp32, one scale a state row);
+# rewritten with the row's new scale max|s| / 32767 (``quantize_row``).
+STATE_DTYPES = ("bfloat16", "float16", "float32", "int16")
+INT16_MAX = 32767.0
 INPUT_DTYPES = ("bfloat16", "float16")
 WEIGHT_KINDS = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}  # dt / D / dt_bias, read at run time
 DSTATES = (64, 96, 128, 256)
@@ -76,33 +82,44 @@ def plan(state_dtype: str, dstate: int, schedule: str) -> dict:
     return s
 
 
-def kernel_params(state_dtype: str, input_dtype: str, dstate: int, max_tokens: int, schedule: str) -> dict:
+def kernel_params(state_dtype: str, input_dtype: str, dstate: int, max_tokens: int, schedule: str,
+                  philox_rounds: int = 0) -> dict:
+    """Compile params; ``philox_rounds`` (stochastic rounding of an fp16 state) only where nonzero, so the
+    round-to-nearest kernels keep their params."""
     return {"state_dtype": state_dtype, "input_dtype": input_dtype, "dstate": int(dstate),
-            "max_tokens": int(max_tokens), "schedule": schedule}
+            "max_tokens": int(max_tokens), "schedule": schedule,
+            **({"philox_rounds": int(philox_rounds)} if philox_rounds else {})}
 
 
 # ---------------------------------------------------------------------------------------------------------
 # The TIRx function
 # ---------------------------------------------------------------------------------------------------------
 
-def get_kernel(state_dtype: str, input_dtype: str, dstate: int, max_tokens: int, schedule: str):
+def get_kernel(state_dtype: str, input_dtype: str, dstate: int, max_tokens: int, schedule: str,
+               philox_rounds: int = 0):
     if state_dtype not in STATE_DTYPES or input_dtype not in INPUT_DTYPES:
         raise ValueError(f"selective_state_update: state dtype {state_dtype!r} / input dtype {input_dtype!r} not in "
                          f"{STATE_DTYPES} / {INPUT_DTYPES}")
     if dstate not in DSTATES or not 1 <= max_tokens <= MAX_TOKENS or schedule not in SCHEDULES:
         raise ValueError(f"selective_state_update: dstate {dstate} (one of {DSTATES}), max_tokens {max_tokens} "
                          f"(1..{MAX_TOKENS}), schedule {schedule!r} (one of {sorted(SCHEDULES)})")
-    return build_kernel(state_dtype, input_dtype, dstate, max_tokens, **plan(state_dtype, dstate, schedule))
+    if philox_rounds and (state_dtype != "float16" or max_tokens != 1 or not 0 < philox_rounds <= 16):
+        raise ValueError(f"selective_state_update: stochastic rounding (philox_rounds {philox_rounds}, 1..16) takes "
+                         f"an fp16 state and one token, not {state_dtype!r} / max_tokens {max_tokens}")
+    return build_kernel(state_dtype, input_dtype, dstate, max_tokens, **plan(state_dtype, dstate, schedule),
+                        philox_rounds=philox_rounds)
 
 
 def build_kernel(state_dtype: str, input_dtype: str, dstate: int, max_tokens: int, rows_per_cta: int,
-                 lanes_per_row: int, rows_per_thread: int):
+                 lanes_per_row: int, rows_per_thread: int, philox_rounds: int = 0):
     from tvm.script import tirx as T
 
     from tirx_kernels.core.lang import reduce, vector
+    from tirx_kernels.ported.flashinfer.mamba import _ssu_philox as philox
 
     R, L, RT = rows_per_cta, lanes_per_row, rows_per_thread  # noqa: N806
     fp32_state = state_dtype == "float32"
+    quant = state_dtype == "int16"
     ve = 4 if fp32_state else 8  # state elements a 16-byte vector
     vpt = _vectors_per_row(state_dtype, dstate) // L  # vectors a lane holds of a row
     ncols = vpt * ve
@@ -141,26 +158,74 @@ def build_kernel(state_dtype: str, input_dtype: str, dstate: int, max_tokens: in
         wide = (i64(Ix[i + i + 1]) << T.int64(32)) | i64(T.Cast("uint32", lo))
         return T.if_then_else(is64, wide, i64(lo))
 
-    def unpack_state(regs, base, sf):
-        """The fp32 columns of a row from its loaded words ``regs[base:base + words]``."""
+    def int16_value(word):
+        """fp32 value of the int16 in the low 16 bits of ``word``."""
+        return T.Cast("float32", T.reinterpret("int16", T.Cast("uint16", word & T.uint32(0xFFFF))))
+
+    def unpack_state(regs, base, sf, dequant):
+        """The fp32 columns of a row from its loaded words ``regs[base:base + words]`` (int16: times the row's
+        decode scale ``dequant``)."""
         for i in range(words):
-            if fp32_state:
+            if quant:
+                T.buffer_store(sf, int16_value(regs[base + i]) * dequant, [2 * i])
+                T.buffer_store(sf, int16_value(regs[base + i] >> T.uint32(16)) * dequant, [2 * i + 1])
+            elif fp32_state:
                 T.buffer_store(sf, T.cuda.uint_as_float(regs[base + i]), [i])
             else:
                 lo, hi = vector.unpack2(regs[base + i], state_dtype)
                 T.buffer_store(sf, lo, [2 * i])
                 T.buffer_store(sf, hi, [2 * i + 1])
 
-    def store_state(buf, row_base, m, sf, packed, pred):
-        """The row's columns rounded once to the state dtype, 16-byte stores."""
+    def quantize_row(sf, m, qscale):
+        """int16 state, FlashInfer's convention: the row's max |s| over its ``L`` lanes, encode = 32767 / max (1 for
+        an all-zero row), ``qscale[0] =`` encode, ``qscale[1] =`` the decode scale 1 / encode that is stored."""
+        T.buffer_store(qscale, T.float32(0), [0])
+        for i in range(ncols):
+            T.buffer_store(qscale, T.max(qscale[0], T.fabs(sf[i])), [0])
+        if L > 1:  # the shuffle into a register first: every lane of the warp takes it, none in a select's branch
+            T.buffer_store(qscale, T.cuda.warp_max(qscale[0], L), [0])
+        T.buffer_store(qscale, T.if_then_else(qscale[0] == T.float32(0), T.float32(1),
+                                              T.float32(INT16_MAX) / qscale[0]), [0])
+        T.buffer_store(qscale, T.float32(1) / qscale[0], [1])
+
+    def int16_bits(x, enc):
+        """Round-to-nearest-even int16 of ``x * enc`` clipped to +-32767, as the low 16 bits of a uint32."""
+        q = T.Cast("int32", T.nearbyint(T.min(T.max(x * enc, T.float32(-INT16_MAX)), T.float32(INT16_MAX))))
+        return T.Cast("uint32", q) & T.uint32(0xFFFF)
+
+    def store_state(buf, row_base, m, sf, packed, pred, qscale=None, rng=None):
+        """The row's columns rounded once to the state dtype, 16-byte stores (int16: ``qscale`` from
+        ``quantize_row``; ``rng = (ph, seed_lo, seed_hi, row offset)``: fp16 stochastic rounding, one Philox call
+        per 4 columns at the group's element offset)."""
         for v in range(vpt):
-            if fp32_state:
+            if rng is not None:
+                ph, seed_lo, seed_hi, row_off = rng
+                for half in range(2):
+                    philox.tir_randint4x(T, ph, seed_lo, seed_hi, row_off + i64((v * L + m) * 8 + 4 * half),
+                                         philox_rounds)
+                    for w in range(2):
+                        e = v * 8 + 4 * half + 2 * w
+                        T.buffer_store(packed, philox.tir_cvt_rs_f16(T, sf[e], ph[2 * w])
+                                       | (philox.tir_cvt_rs_f16(T, sf[e + 1], ph[2 * w + 1]) << T.uint32(16)),
+                                       [2 * half + w])
+            elif quant:
+                for w in range(4):
+                    T.buffer_store(packed, int16_bits(sf[v * 8 + 2 * w], qscale[0])
+                                   | (int16_bits(sf[v * 8 + 2 * w + 1], qscale[0]) << T.uint32(16)), [w])
+            elif fp32_state:
                 for w in range(4):
                     T.buffer_store(packed, T.cuda.float_as_uint(sf[v * 4 + w]), [w])
             else:
                 for w in range(4):
                     vector.pack2(packed, w, sf[v * 8 + 2 * w], sf[v * 8 + 2 * w + 1], state_dtype)
             vector.store_v4(buf.ptr_to([row_base + i64((v * L + m) * ve)]), packed, 0, pred)
+
+    def rng_of(ph, seed, row_off):
+        """store_state's ``rng`` with stochastic rounding (the seed's two words; the row's offset in the source
+        slot, as upstream's counter), else None."""
+        if not philox_rounds:
+            return None
+        return (ph, T.Cast("uint32", seed[0]), T.Cast("uint32", seed[1]), row_off)
 
     def token_step(Bs, Cs, sf, bc, acc, t, m, dA, dtx):  # noqa: N803
         """One token on the row's columns: ``s = s dA + B dtx``, ``acc = s . C`` (this lane's part)."""
@@ -179,14 +244,15 @@ def build_kernel(state_dtype: str, input_dtype: str, dstate: int, max_tokens: in
     def selective_state_update(state_ptr: T.handle, x_ptr: T.handle, dt_ptr: T.handle, a_ptr: T.handle,
                                b_ptr: T.handle, c_ptr: T.handle, d_ptr: T.handle, bias_ptr: T.handle,
                                z_ptr: T.handle, out_ptr: T.handle, idx_ptr: T.handle, dst_ptr: T.handle,
-                               inter_ptr: T.handle, inter_idx_ptr: T.handle,
+                               inter_ptr: T.handle, inter_idx_ptr: T.handle, scale_ptr: T.handle,
+                               seed_ptr: T.handle,
                                batch: T.int32, nheads: T.int32, dim: T.int32, heads_per_group: T.int32,
                                ntokens: T.int32, state_stride: T.int32, x_sb: T.int32, x_st: T.int32,
                                dt_sb: T.int32, dt_st: T.int32, b_sb: T.int32, b_st: T.int32, c_sb: T.int32,
                                c_st: T.int32, z_sb: T.int32, z_st: T.int32, o_sb: T.int32, o_st: T.int32,
                                idx_s: T.int32, dst_sb: T.int32, dst_st: T.int32, inter_idx_s: T.int32,
                                cache_steps: T.int32, weight_kind: T.int32, flags: T.int32, pad_slot_id: T.int32,
-                               zero: T.int32):
+                               scale_sb: T.int32, zero: T.int32):
         n_state = T.int64()
         n_inter = T.int64()
         n_x = T.int32()
@@ -201,6 +267,8 @@ def build_kernel(state_dtype: str, input_dtype: str, dstate: int, max_tokens: in
         n_idx = T.int32()
         n_dst = T.int32()
         n_iidx = T.int32()
+        n_sc = T.int64()
+        n_seed = T.int32()
         S = T.match_buffer(state_ptr, (n_state,), state_dtype, align=16)
         X = T.match_buffer(x_ptr, (n_x,), input_dtype, align=2)
         DT = T.match_buffer(dt_ptr, (n_dt,), "int16", align=2)
@@ -215,6 +283,8 @@ def build_kernel(state_dtype: str, input_dtype: str, dstate: int, max_tokens: in
         DST = T.match_buffer(dst_ptr, (n_dst,), "int32", align=4)
         INTER = T.match_buffer(inter_ptr, (n_inter,), state_dtype, align=16)
         IIDX = T.match_buffer(inter_idx_ptr, (n_iidx,), "int32", align=4)
+        SC = T.match_buffer(scale_ptr, (n_sc,), "float32", align=4)
+        SEED = T.match_buffer(seed_ptr, (n_seed,), "int32", align=4)  # rand_seed (int64) as two words
         T.device_entry()
         b, hc = T.cta_id([batch, nheads * (dim // R)])
         tid = T.thread_id([threads])
@@ -229,6 +299,8 @@ def build_kernel(state_dtype: str, input_dtype: str, dstate: int, max_tokens: in
         bc = T.alloc_local((16,), "uint32")
         packed = T.alloc_local((4,), "uint32")
         acc = T.alloc_local((1,), "float32")
+        qscale = T.alloc_local((2,), "float32")
+        ph = T.alloc_local((8,), "uint32")
 
         h = hc // (dim // R)
         row0 = (hc % (dim // R)) * R
@@ -282,7 +354,10 @@ def build_kernel(state_dtype: str, input_dtype: str, dstate: int, max_tokens: in
         for k in T.unroll(RT):
             lr = g + k * groups
             row_base = head_base + i64(row0 + lr) * i64(dstate)
-            unpack_state(regs, k * words, sf)
+            # int16: the row's decode scale (a pad slot's rows are zeros, its scale never read)
+            dequant = T.if_then_else(pad, T.float32(0), SC[slot * i64(scale_sb) + i64(h * dim + row0 + lr)]) \
+                if quant else T.float32(1)
+            unpack_state(regs, k * words, sf, dequant)
             sf[0] = sf[0] + a_zero
             for t in T.serial(ntokens):
                 dA = DAs[t]
@@ -299,15 +374,30 @@ def build_kernel(state_dtype: str, input_dtype: str, dstate: int, max_tokens: in
                     OUT[i64(b) * i64(o_sb) + i64(t * o_st + h * dim + row0 + lr)] = T.reinterpret(
                         input_dtype, T.Cast("uint16", packed[0]))
                 if (flags & INTERMEDIATE) != 0:
+                    # (an int16 pool takes no intermediate buffer: the op rejects one, its scales are not ported)
+                    if quant:
+                        quantize_row(sf, m, qscale)
                     store_state(INTER, (icache * i64(cache_steps) + i64(t)) * i64(nheads * dim * dstate) + row_base,
-                                m, sf, packed, T.Not(pad))
+                                m, sf, packed, T.Not(pad), qscale)
                 elif (flags & HAS_DST) != 0:
                     dslot = index_value(DST, b * dst_sb + t * dst_st, is64)
-                    store_state(S, dslot * i64(state_stride) + row_base, m, sf, packed,
-                                T.And(T.And(T.Not(pad), dslot != i64(pad_slot_id)),
-                                      T.And((flags & UPDATE) != 0, T.Or(t == ntokens - 1, dst_st != 0))))
+                    dpred = T.And(T.And(T.Not(pad), dslot != i64(pad_slot_id)),
+                                  T.And((flags & UPDATE) != 0, T.Or(t == ntokens - 1, dst_st != 0)))
+                    if quant:
+                        quantize_row(sf, m, qscale)
+                    store_state(S, dslot * i64(state_stride) + row_base, m, sf, packed, dpred, qscale,
+                                rng_of(ph, SEED, slot * i64(state_stride) + row_base))
+                    if quant:
+                        if T.And(m == 0, dpred):
+                            SC[dslot * i64(scale_sb) + i64(h * dim + row0 + lr)] = qscale[1]
             if (flags & (INTERMEDIATE | HAS_DST)) == 0:
-                store_state(S, slot * i64(state_stride) + row_base, m, sf, packed,
-                            T.And(T.Not(pad), (flags & UPDATE) != 0))
+                spred = T.And(T.Not(pad), (flags & UPDATE) != 0)
+                if quant:
+                    quantize_row(sf, m, qscale)
+                store_state(S, slot * i64(state_stride) + row_base, m, sf, packed, spred, qscale,
+                            rng_of(ph, SEED, slot * i64(state_stride) + row_base))
+                if quant:
+                    if T.And(m == 0, spred):
+                        SC[slot * i64(scale_sb) + i64(h * dim + row0 + lr)] = qscale[1]
 
     return selective_state_update

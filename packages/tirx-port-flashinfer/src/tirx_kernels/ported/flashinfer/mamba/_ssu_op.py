@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from tirx_kernels.core import checks, runtime
+from tirx_kernels.ported.flashinfer.mamba import _ssu_philox as _philox
 from tirx_kernels.ported.flashinfer.mamba._ssu_kernel import (
     _DTYPES,
     DSTATES,
@@ -23,6 +24,7 @@ from tirx_kernels.ported.flashinfer.mamba._ssu_kernel import (
     HAS_Z,
     INDEX64,
     INPUT_DTYPES,
+    INT16_MAX,
     INTERMEDIATE,
     MAX_TOKENS,
     SCHEDULES,
@@ -64,18 +66,20 @@ def _stand_in_index(device) -> torch.Tensor:
     return _ONE_INT32[key]
 
 
-ARG_ORDER = ("S", "X", "DT", "A", "Bm", "Cm", "Dv", "BIAS", "Z", "OUT", "IDX", "DST", "INTER", "IIDX")
+ARG_ORDER = ("S", "X", "DT", "A", "Bm", "Cm", "Dv", "BIAS", "Z", "OUT", "IDX", "DST", "INTER", "IIDX", "SC",
+             "SEED")
 SCALAR_ORDER = ("batch", "nheads", "dim", "heads_per_group", "ntokens", "state_stride", "x_sb", "x_st", "dt_sb",
                 "dt_st", "b_sb", "b_st", "c_sb", "c_st", "z_sb", "z_st", "o_sb", "o_st", "idx_s", "dst_sb", "dst_st",
-                "inter_idx_s", "cache_steps", "weight_kind", "flags", "pad_slot_id", "zero")
+                "inter_idx_s", "cache_steps", "weight_kind", "flags", "pad_slot_id", "scale_sb", "zero")
 
 
 def kernel_args(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, idx, pad_slot_id, out, update,  # noqa: N803
-                inter, inter_idx, cache_steps, dst, schedule):
+                inter, inter_idx, cache_steps, dst, schedule, state_scale=None, rand_seed=None, philox_rounds=0):
     """(pointers by buffer name, scalars by name, params, grid, block) of one launch. Tensors in the normalized
     forms: state (slots, nheads, dim, dstate); x, z, out (batch, T, nheads, dim); dt (batch, T, nheads) (the head
     column of FlashInfer's broadcast dim); B, C (batch, T, ngroups, dstate); A, D, dt_bias (nheads,); idx (batch,),
-    dst (batch, T) with stride 0 on T for one slot a request, inter_idx (batch,)."""
+    dst (batch, T) with stride 0 on T for one slot a request, inter_idx (batch,); state_scale (slots, nheads, dim)
+    fp32 with an int16 state."""
     batch, T_, nheads, dim = x.shape
     dstate = state.shape[3]
     ngroups = B.shape[2]
@@ -91,7 +95,9 @@ def kernel_args(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, idx, pad_slot
             "Z": _flat(z if z is not None else x), "OUT": _flat(out),
             "IDX": _as_i32(idx) if idx is not None else stand_in, "DST": _as_i32(dst) if dst is not None else stand_in,
             "INTER": _flat(inter if inter is not None else state),
-            "IIDX": _as_i32(inter_idx) if inter_idx is not None else stand_in}
+            "IIDX": _as_i32(inter_idx) if inter_idx is not None else stand_in,
+            "SC": _flat(state_scale) if state_scale is not None else _flat(A),
+            "SEED": _as_i32(rand_seed) if rand_seed is not None else stand_in}
     zt = z if z is not None else x
     scalars = {"batch": batch, "nheads": nheads, "dim": dim, "heads_per_group": nheads // ngroups, "ntokens": T_,
                "state_stride": state.stride(0), "x_sb": x.stride(0), "x_st": x.stride(1), "dt_sb": dt.stride(0),
@@ -100,10 +106,12 @@ def kernel_args(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, idx, pad_slot
                "o_st": out.stride(1), "idx_s": idx.stride(0) if idx is not None else 0,
                "dst_sb": dst.stride(0) if dst is not None else 0, "dst_st": dst.stride(1) if dst is not None else 0,
                "inter_idx_s": inter_idx.stride(0) if inter_idx is not None else 0, "cache_steps": cache_steps,
-               "weight_kind": WEIGHT_KINDS[dt.dtype], "flags": flags, "pad_slot_id": pad_slot_id, "zero": 0}
+               "weight_kind": WEIGHT_KINDS[dt.dtype], "flags": flags, "pad_slot_id": pad_slot_id,
+               "scale_sb": state_scale.stride(0) if state_scale is not None else 0, "zero": 0}
     max_tokens = 1 if T_ == 1 and schedule_is_stp(schedule) else MAX_TOKENS
     name = schedule_name(schedule)
-    params = kernel_params(str(state.dtype)[6:], str(x.dtype)[6:], dstate, max_tokens, name)
+    params = kernel_params(str(state.dtype)[6:], str(x.dtype)[6:], dstate, max_tokens, name,
+                           philox_rounds if rand_seed is not None else 0)
     p = plan(params["state_dtype"], dstate, name)
     grid = (batch, nheads * (dim // p["rows_per_cta"]))
     block = (p["rows_per_cta"] * p["lanes_per_row"] // p["rows_per_thread"],)
@@ -123,11 +131,22 @@ def schedule_name(schedule: str) -> str:
 # The fp32 oracle
 # ---------------------------------------------------------------------------------------------------------
 
+def quantize_rows(s: torch.Tensor) -> tuple:
+    """FlashInfer's int16 state encoding of fp32 rows (last dim): ``(int16 rows, fp32 decode scales)``, the scale
+    1 / (32767 / max |row|) (1 for a zero row), values rounded to nearest even and clipped to +-32767."""
+    rmax = s.abs().amax(-1)
+    enc = torch.where(rmax == 0, torch.ones_like(rmax), torch.tensor(INT16_MAX, dtype=torch.float32) / rmax)
+    q = torch.round((s * enc[..., None]).clamp(-INT16_MAX, INT16_MAX)).to(torch.int16)
+    return q, 1.0 / enc
+
+
 def oracle(state, x, dt, A, B, C, D, z=None, dt_bias=None, dt_softplus=False, idx=None,  # noqa: N803
-           pad_slot_id=-1, update=True, inter=None, inter_idx=None, cache_steps=0, dst=None):
+           pad_slot_id=-1, update=True, inter=None, inter_idx=None, cache_steps=0, dst=None, state_scale=None,
+           rand_seed=None, philox_rounds=0):
     """The recurrence in fp32 on the normalized forms (``kernel_args``): ``(out fp32, state pool, inter)``, the pool
     and inter in their dtypes with only the written rows changed. Vectorized over the batch (source slots distinct,
-    destinations apart from the sources, as a serving engine's indices are)."""
+    destinations apart from the sources, as a serving engine's indices are). An int16 pool (with ``state_scale``)
+    returns ``(out, pool, inter, new state_scale)``."""
     batch, T_, nheads, dim = x.shape
     dstate = state.shape[3]
     hpg = nheads // B.shape[2]
@@ -137,6 +156,19 @@ def oracle(state, x, dt, A, B, C, D, z=None, dt_bias=None, dt_softplus=False, id
     live = slots != pad_slot_id
     s = torch.zeros(batch, nheads, dim, dstate, device=x.device)
     s[live] = state[slots[live]].float()
+    if state_scale is not None:
+        s[live] = s[live] * state_scale[slots[live]][..., None].float()
+        scales = state_scale.clone()
+
+    def put(where, rows, src):
+        if state_scale is not None:
+            pool[where], scales[where] = quantize_rows(rows)
+        elif rand_seed is not None:  # stochastic rounding, counters at the source slot's element offsets
+            row = torch.arange(nheads * dim, device=x.device).reshape(nheads, dim) * dstate
+            offsets = src.long()[:, None, None] * state.stride(0) + row
+            pool[where] = _philox.round_rows(rows, int(rand_seed.reshape(-1)[0]), offsets, philox_rounds)
+        else:
+            pool[where] = rows.to(pool.dtype)
     out = torch.empty(batch, T_, nheads, dim, dtype=torch.float32, device=x.device)
     for t in range(T_):
         d = dt[:, t].float() + (dt_bias.float() if dt_bias is not None else 0)  # (batch, nheads)
@@ -158,10 +190,10 @@ def oracle(state, x, dt, A, B, C, D, z=None, dt_bias=None, dt_softplus=False, id
         elif dst is not None and update and (t == T_ - 1 or dst.stride(1) != 0):
             ds = dst[:, t].long()
             ok = live & (ds != pad_slot_id)
-            pool[ds[ok]] = s[ok].to(pool.dtype)
+            put(ds[ok], s[ok], slots[ok])
     if inter is None and dst is None and update:
-        pool[slots[live]] = s[live].to(pool.dtype)
-    return out, pool, inter_out
+        put(slots[live], s[live], slots[live])
+    return (out, pool, inter_out) if state_scale is None else (out, pool, inter_out, scales)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -195,7 +227,7 @@ def _head_column(name: str, t: torch.Tensor, lead: int, nheads: int, dim: int) -
 def normalize(state, x, dt, A, B, C, D, z=None, dt_bias=None, dt_softplus=False,  # noqa: N803, C901
               state_batch_indices=None, pad_slot_id=-1, out=None, disable_state_update=False,
               intermediate_states_buffer=None, intermediate_state_indices=None, cache_steps=0,
-              dst_state_batch_indices=None) -> dict:
+              dst_state_batch_indices=None, state_scale=None, rand_seed=None, philox_rounds=10) -> dict:
     """FlashInfer's argument forms validated and brought to ``kernel_args``'s normalized ones (views, no copies);
     ``out`` must already be the output tensor. Returns kernel_args' keyword arguments plus ``mtp``."""
     for name, t in (("state", state), ("x", x), ("dt", dt), ("A", A), ("B", B), ("C", C), ("D", D)):
@@ -308,7 +340,32 @@ def normalize(state, x, dt, A, B, C, D, z=None, dt_bias=None, dt_softplus=False,
         _fail("dst_state_batch_indices", "the dtype of state_batch_indices (one index dtype a call)", dtypes)
     # upstream: a multi-token call with destination indices writes every step, whatever disable_state_update says
     update = not disable_state_update or (mtp and dst is not None)
-    return dict(state=state, x=x, dt=dt_col, A=A_col, B=B, C=C, D=D_col, z=z, dt_bias=bias_col,
+    quant = state.dtype == torch.int16
+    if quant != (state_scale is not None):
+        _fail("state_scale", "a float32 (slots, nheads, dim) tensor exactly when state is int16",
+              "None" if state_scale is None else f"a tensor with a {state.dtype} state")
+    if quant:
+        if state_scale.dim() == 4 and state_scale.shape[-1] == 1:
+            state_scale = state_scale[..., 0]
+        if tuple(state_scale.shape) != (slots, nheads, dim) or state_scale.dtype != torch.float32 or \
+                state_scale.stride(2) != 1 or state_scale.stride(1) != dim or \
+                not 0 < state_scale.stride(0) <= _INT32_MAX:
+            _fail("state_scale", f"float32 (slots, nheads, dim) = {(slots, nheads, dim)}, rows contiguous",
+                  f"{state_scale.dtype} {tuple(state_scale.shape)} strides {state_scale.stride()}")
+        if inter is not None:
+            _fail("intermediate_states_buffer", "None with an int16 state (intermediate_state_scales not ported)",
+                  "a tensor")
+    if rand_seed is not None:
+        if not isinstance(rand_seed, torch.Tensor) or rand_seed.numel() != 1 or rand_seed.dtype != torch.int64:
+            _fail("rand_seed", "a one-element int64 tensor", rand_seed if not isinstance(rand_seed, torch.Tensor)
+                  else f"{rand_seed.dtype} numel {rand_seed.numel()}")
+        if state.dtype != torch.float16 or mtp:
+            _fail("rand_seed", "None unless the state is float16 and the call single-token (stochastic rounding "
+                  "of multi-token calls not ported)", f"a seed with a {state.dtype} state, mtp={mtp}")
+        if not 0 < int(philox_rounds) <= 16:
+            _fail("philox_rounds", "1..16 with rand_seed", philox_rounds)
+    return dict(state_scale=state_scale, rand_seed=rand_seed, philox_rounds=int(philox_rounds) if rand_seed is not None
+                else 0, state=state, x=x, dt=dt_col, A=A_col, B=B, C=C, D=D_col, z=z, dt_bias=bias_col,
                 dt_softplus=bool(dt_softplus), idx=idx, pad_slot_id=int(pad_slot_id), out=out, update=update,
                 inter=inter, inter_idx=inter_idx, cache_steps=int(cache_steps) if inter is not None else 0, dst=dst,
                 mtp=mtp)
@@ -351,7 +408,8 @@ def pick_schedule(algorithm: str, n: dict) -> str:
 
 def call_params(schedule: str, n: dict) -> dict:
     return kernel_params(str(n["state"].dtype)[6:], str(n["x"].dtype)[6:], n["state"].shape[3],
-                         1 if schedule_is_stp(schedule) else MAX_TOKENS, schedule_name(schedule))
+                         1 if schedule_is_stp(schedule) else MAX_TOKENS, schedule_name(schedule),
+                         n["philox_rounds"] if n.get("rand_seed") is not None else 0)
 
 
 _TVM_ORDER = ARG_ORDER + SCALAR_ORDER
@@ -395,11 +453,13 @@ def selective_state_update(state: torch.Tensor, x: torch.Tensor, dt: torch.Tenso
                            cu_seqlens: torch.Tensor | None = None, num_accepted_tokens: torch.Tensor | None = None,
                            backend: str = "auto") -> torch.Tensor:
     """Mamba-2 selective state update (FlashInfer 0.7.4's ``flashinfer.mamba.selective_state_update``): updates
-    ``state`` in place and returns ``out`` (x's shape). Not supported yet (a ``TirxInputError`` names them): the
-    int16 state with ``state_scale``, Philox stochastic rounding (``rand_seed``), ``intermediate_state_scales``,
-    varlen ``cu_seqlens`` and ``num_accepted_tokens``."""
-    _unsupported(state_scale=(state_scale, state_scale is None), rand_seed=(rand_seed, rand_seed is None),
-                 intermediate_state_scales=(intermediate_state_scales, intermediate_state_scales is None),
+    ``state`` in place and returns ``out`` (x's shape). An int16 ``state`` takes its fp32 per-row ``state_scale``
+    (slots, nheads, dim), rewritten with the new rows. ``rand_seed`` (a one-element int64 tensor, read on the
+    device) rounds an fp16 state stochastically with ``philox_rounds`` Philox rounds (single-token calls).
+    Not supported yet (a ``TirxInputError`` names them): ``rand_seed`` on multi-token calls,
+    ``intermediate_state_scales`` (so no intermediate buffer with an int16 state), varlen ``cu_seqlens`` and
+    ``num_accepted_tokens``."""
+    _unsupported(intermediate_state_scales=(intermediate_state_scales, intermediate_state_scales is None),
                  cu_seqlens=(cu_seqlens, cu_seqlens is None),
                  num_accepted_tokens=(num_accepted_tokens, num_accepted_tokens is None),
                  algorithm=(algorithm, algorithm in _ALGORITHMS), backend=(backend, backend in ("auto", "flashinfer")))
@@ -410,7 +470,7 @@ def selective_state_update(state: torch.Tensor, x: torch.Tensor, dt: torch.Tenso
         out = torch.empty_like(xs.unsqueeze(1) if cache_steps >= 1 and xs.dim() == 3 else xs)
     args = (state, x, dt, A, B, C, D, z, dt_bias, bool(dt_softplus), state_batch_indices, int(pad_slot_id), out,
             bool(disable_state_update), intermediate_states_buffer, intermediate_state_indices, int(cache_steps),
-            dst_state_batch_indices)
+            dst_state_batch_indices, state_scale, rand_seed, int(philox_rounds))
     n = normalize(*args)
     for name, t in (("state", n["state"]), ("x", n["x"])):
         checks.tensor(OP, name, t, cuda=True)
@@ -420,6 +480,8 @@ def selective_state_update(state: torch.Tensor, x: torch.Tensor, dt: torch.Tenso
         run(schedule, n)
         runtime.mark_written(state)
         runtime.mark_written(out)
+        if state_scale is not None:
+            runtime.mark_written(state_scale)
     else:
         getattr(torch.ops.tirx, f"selective_state_update_{schedule}")(*args)
     return out

@@ -58,6 +58,7 @@ CONFIGS = [
         "index_dtype": "int64",
     },
     {"label": "b64_h64_d64_s128_t6_r8_dst", "batch": 64, "T": 6, "dst": True},
+    {"label": "b64_h64_d64_s128_t4_r8_state_i16", "batch": 64, "T": 4, "state_dtype": "int16"},
     {
         "label": "b64_h64_d64_s128_t6_r8_nosoftplus_dt_bf16",
         "batch": 64,
@@ -104,10 +105,11 @@ DEFAULTS = {
 
 # The pool and the intermediate-state buffer are updated in place; their untouched slots are checked bit for
 # bit (``state_comparator``).
-INPLACE = {"state": "state", "intermediate_states_buffer": "intermediate_states_buffer"}
+INPLACE = {"state": "state", "intermediate_states_buffer": "intermediate_states_buffer", "state_scale": "state_scale"}
 COMPARATORS = {
     "state": _impl.state_comparator("state", _impl.STATE_TOLERANCE),
     "intermediate_states_buffer": _impl.state_comparator("intermediate_states_buffer", _impl.STATE_TOLERANCE),
+    "state_scale": _impl.state_comparator("state_scale", _impl.SCALE_TOLERANCE),
 }
 
 SCHEDULE = "mtp_simple"

@@ -54,6 +54,10 @@ CONFIGS = [
     {"label": "b64_h64_d64_s128_r8_dt_bf16", "batch": 64, "weight_dtype": "bfloat16"},
     {"label": "b64_h64_d64_s128_r8_i64_dst", "batch": 64, "index_dtype": "int64", "dst": True},
     {"label": "b64_h64_d64_s128_r8_noupdate", "batch": 64, "disable_state_update": True},
+    {"label": "b64_h64_d64_s128_r8_state_i16", "batch": 64, "state_dtype": "int16"},
+    {"label": "b64_h64_d64_s128_r8_state_f16_sr", "batch": 64, "state_dtype": "float16", "stochastic": True},
+    {"label": "b37_h24_d64_s96_r3_state_i16_z_pad_dst", "batch": 37, "nheads": 24, "dstate": 96,
+     "state_dtype": "int16", "z": True, "pad": True, "dst": True},
     {
         "label": "b37_h24_d128_s96_r3_z_pad",
         "batch": 37,
@@ -89,11 +93,13 @@ DEFAULTS = {
     "intermediate": False,
     "dst": False,
     "disable_state_update": False,
+    "stochastic": False,
 }
 
 # The pool is updated in place; its untouched slots are checked bit for bit (``state_comparator``).
-INPLACE = {"state": "state"}
-COMPARATORS = {"state": _impl.state_comparator("state", _impl.STATE_TOLERANCE)}
+INPLACE = {"state": "state", "state_scale": "state_scale"}
+COMPARATORS = {"state": _impl.state_comparator("state", _impl.STATE_TOLERANCE),
+               "state_scale": _impl.state_comparator("state_scale", _impl.SCALE_TOLERANCE)}
 
 SCHEDULE = "stp_simple"
 
