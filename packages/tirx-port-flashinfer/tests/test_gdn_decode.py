@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
-"""gdn_decode_bf16_wide_vec_t1: the generated CUDA run on the CPU (``core.emulate``) against the fp32 oracle on the
-output and the whole pool (unaddressed slots bit-identical, inputs unchanged) through the harness's own checks; SASS;
-on a GPU, every config row, graph replay and FlashInfer 0.7.4 on the same calls."""
+"""gdn_decode_bf16_wide_vec_t1 / _mtp, gdn_decode_bf16_ilp4, gdn_decode_fp32_mtp_warp: the generated CUDA run on
+the CPU (``core.emulate``) against the fp32 oracle on the output and the whole pool (unaddressed slots bit-identical,
+inputs unchanged) through the harness's own checks; SASS; on a GPU, every config row, graph replay and FlashInfer
+0.7.4 on the same calls."""
 
 import re
 
@@ -10,10 +11,22 @@ import torch
 
 from tirx_kernels.core import artifacts
 from tirx_kernels.ported.flashinfer.gdn_decode import _gdn_decode as gd
+from tirx_kernels.ported.flashinfer.gdn_decode import gdn_decode_bf16_ilp4 as ilp4_mod
 from tirx_kernels.ported.flashinfer.gdn_decode import gdn_decode_bf16_wide_vec_mtp as mtp_mod
 from tirx_kernels.ported.flashinfer.gdn_decode import gdn_decode_bf16_wide_vec_t1 as mod
+from tirx_kernels.ported.flashinfer.gdn_decode import gdn_decode_fp32_mtp_warp as fp32_mod
 
-MODULES = {"t1": mod, "mtp": mtp_mod}
+MODULES = {"t1": mod, "mtp": mtp_mod, "ilp4": ilp4_mod, "fp32": fp32_mod}
+# The rows emulated on the CPU: every row of the wide-vector pair, representative ones of the newer names (the
+# emulation is the CI's slowest step): ILP4 at T = 1 and at T = 4 with pad / out index / int64 / intermediates;
+# fp32 at ILP 4 (HV = 64 at batch 4) with intermediates and at ILP 2 with an output index.
+EMULATED = [(w, c["label"]) for w in ("t1", "mtp") for c in MODULES[w].CONFIGS] + [
+    ("ilp4", "t1_b64_h16_hv32"), ("ilp4", "t4_b33_h8_hv32_inter_pad_out_idx_i64"),
+    ("fp32", "t2_b4_h16_hv64_inter"), ("fp32", "t8_b8_h4_hv8_inter_out_idx")]
+
+
+def _route(m) -> str:
+    return getattr(m, "ROUTE", "wide_vec")
 
 
 @pytest.fixture(scope="module")
@@ -44,9 +57,9 @@ def _narrow_warp_sums(src: str) -> str:
                             "v += __shfl_xor_sync(0xffffffffu, v, m); return v; })(", src)
 
 
-@pytest.mark.parametrize("which, label", [(w, c["label"]) for w, m in MODULES.items() for c in m.CONFIGS])
+@pytest.mark.parametrize("which, label", EMULATED)
 def test_harness_rows_emulated(emulated, which, label):
-    """Every config row (batch cut to 4) through harness.check_config on the CPU: guarded in-place pool, inputs
+    """The emulated config rows (batch cut to 4) through harness.check_config on the CPU: guarded in-place pool, inputs
     unchanged, the pool comparator; the launch runs the public op's normalization into the emulated kernel."""
     import types
 
@@ -57,7 +70,7 @@ def test_harness_rows_emulated(emulated, which, label):
 
     def launch(cfg, data):
         n = gd.normalized(data)
-        ptrs, scalars, grid, block = gd.kernel_args(**n)
+        ptrs, scalars, grid, block = gd.kernel_args(**n, schedule=gd.schedule_of(_route(m), 4, cfg["n_vheads"]))
         kern = emulated(m, m.compile_params(**cfg))
         named = {f"{k}_ptr": v for k, v in ptrs.items()}
         kern(*[named[p.name] if p.pointer else scalars[p.name] for p in kern.params], grid=grid, block=block).check()
@@ -89,14 +102,16 @@ def test_oracle_matches_a_per_row_loop():
     torch.testing.assert_close(want["output"][n, 0, hv], S @ q, atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("which, dtype", [("t1", "bfloat16"), ("t1", "float16"), ("mtp", "bfloat16")])
-def test_sass(which, dtype):
+@pytest.mark.parametrize("which, params", [("t1", {"input_dtype": "bfloat16"}), ("t1", {"input_dtype": "float16"}),
+                                           ("mtp", {"input_dtype": "bfloat16"}), ("ilp4", {"input_dtype": "bfloat16"}),
+                                           ("fp32", {"input_dtype": "bfloat16", "ilp": 4})])
+def test_sass(which, params):
     """No spills or local memory; 16-byte state loads and stores."""
     pytest.importorskip("tvm", reason="apache-tvm is needed to build")
     from tirx_kernels.core import testing
 
     m = MODULES[which]
-    sass = testing.build_and_check_sass(m, m.KERNEL_META["name"], {"input_dtype": dtype})
+    sass = testing.build_and_check_sass(m, m.KERNEL_META["name"], params)
     assert re.search(r"LDG\.E(\.[A-Z]+)*\.128", sass) and re.search(r"STG\.E(\.[A-Z]+)*\.128", sass)
 
 
@@ -208,3 +223,75 @@ def test_gpu_mtp_matches_flashinfer(verify):
         torch.testing.assert_close(ours[key][1:].float() if key == "initial_state" else ours[key][live].float(),
                                    ref[key][1:].float() if key == "initial_state" else ref[key][live].float(),
                                    atol=2e-2, rtol=2e-2)
+
+
+def test_fp32_negative_index_skips_the_request_emulated(emulated):
+    """fp32 route: a negative read index leaves that request's output rows, the whole pool and its buffer entry
+    as they were (upstream's fp32 MTP convention); the other requests match the oracle."""
+    cfg = {**fp32_mod.DEFAULTS, "batch": 3, "T": 2, "n_heads": 2, "n_vheads": 4, "intermediate": True, "pad": True}
+    data = fp32_mod.prepare_data(**cfg, device="cpu")
+    data["output"].fill_(float("nan"))
+    before = {k: data[k].clone() for k in ("initial_state", "intermediate_states_buffer")}
+    n = gd.normalized(data)
+    want_out, want_pool, want_inter = gd.oracle(**{k: v for k, v in n.items() if k != "out"}, out=data["output"])
+    ptrs, scalars, grid, block = gd.kernel_args(**n, schedule=gd.schedule_of("fp32_warp", 3, 4))
+    kern = emulated(fp32_mod, fp32_mod.compile_params(**cfg))
+    named = {f"{k}_ptr": v for k, v in ptrs.items()}
+    kern(*[named[p.name] if p.pointer else scalars[p.name] for p in kern.params], grid=grid, block=block).check()
+    assert bool(torch.isnan(data["output"][1]).all()) and not bool(torch.isnan(data["output"][[0, 2]]).any())
+    torch.testing.assert_close(data["output"][[0, 2]].float(), want_out[[0, 2]], atol=2e-2, rtol=2e-2)
+    slots = int(before["initial_state"].shape[0])
+    assert torch.equal(data["intermediate_states_buffer"][1], before["intermediate_states_buffer"][1])
+    torch.testing.assert_close(data["intermediate_states_buffer"], want_inter, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(data["initial_state"], want_pool, atol=1e-4, rtol=1e-4)
+    changed = (data["initial_state"] != before["initial_state"]).reshape(slots, -1).any(1)
+    assert int(changed.sum()) == 2  # the two live requests' slots only
+
+
+def test_fp32_rejects_a_bf16_pool():
+    from tirx_kernels.core.checks import TirxInputError
+
+    d = fp32_mod.prepare_data(**{**fp32_mod.DEFAULTS, "batch": 2, "state_dtype": "bfloat16"}, device="cpu")
+    with pytest.raises(TirxInputError, match="argument 'initial_state'.*float32"):
+        fp32_mod.gated_delta_rule_mtp(d["q"], d["k"], d["v"], d["initial_state"], d["initial_state_indices"],
+                                      d["A_log"], d["a"], d["dt_bias"], d["b"])
+
+
+@gpu
+@pytest.mark.parametrize("verify", [False, True])
+def test_gpu_fp32_mtp_matches_flashinfer(verify):
+    """fp32 state, T = 4, intermediate buffer, with and without the final write: FlashInfer 0.7.4's
+    gated_delta_rule_mtp on copies (catalog tolerances: output 1e-3 / 5e-3, state and intermediates 2e-5)."""
+    flashinfer = pytest.importorskip("flashinfer")
+    d = fp32_mod.prepare_data(**{**fp32_mod.DEFAULTS, "batch": 24, "T": 4, "intermediate": True,
+                                 "disable_state_update": verify})
+    runs = []
+    for fn in (fp32_mod.gated_delta_rule_mtp, flashinfer.gdn_decode.gated_delta_rule_mtp):
+        pool, inter = d["initial_state"].clone(), d["intermediate_states_buffer"].clone()[:, :4]
+        out = torch.empty_like(d["output"])
+        fn(d["q"], d["k"], d["v"], pool, d["initial_state_indices"], d["A_log"], d["a"], d["dt_bias"], d["b"],
+           output=out, intermediate_states_buffer=inter, disable_state_update=verify)
+        runs.append((out, pool, inter))
+    torch.cuda.synchronize()
+    (o1, p1, i1), (o2, p2, i2) = runs
+    torch.testing.assert_close(o1.float(), o2.float(), atol=1e-3, rtol=5e-3)
+    torch.testing.assert_close(p1, p2, atol=2e-5, rtol=2e-5)
+    torch.testing.assert_close(i1, i2, atol=2e-5, rtol=2e-5)
+
+
+@gpu
+@pytest.mark.parametrize("T", [1, 2, 4, 8])
+def test_gpu_ilp4_matches_flashinfer(T):  # noqa: N803
+    """The ILP-4 schedule against FlashInfer 0.7.4's bf16 decode at each of its token classes."""
+    flashinfer = pytest.importorskip("flashinfer")
+    d = ilp4_mod.prepare_data(**{**ilp4_mod.DEFAULTS, "batch": 8, "T": T, "n_heads": 4, "n_vheads": 8})
+    kw = gd.op_kwargs(d)
+    ours, ref = dict(kw), dict(kw)
+    for x in (ours, ref):
+        x["initial_state"] = d["initial_state"].clone()
+        x["output"] = torch.empty_like(d["output"])
+    ilp4_mod.gated_delta_rule_decode_ilp4(**ours)
+    flashinfer.gdn_decode.gated_delta_rule_decode_pretranspose(**ref)
+    torch.cuda.synchronize()
+    torch.testing.assert_close(ours["output"].float(), ref["output"].float(), atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(ours["initial_state"].float(), ref["initial_state"].float(), atol=2e-2, rtol=2e-2)

@@ -3,7 +3,7 @@
 # Upstream: flashinfer (https://github.com/flashinfer-ai/flashinfer), python/flashinfer/gdn_decode.py and
 # flashinfer/gdn_kernels/gdn_decode_bf16_state.py, release v0.7.4 (commit 77039051b0be921788dc2784ec41423b558878ec).
 # Read for semantics only; written anew in TIRx on the row layout of mamba/_selective_state_update.py.
-"""Gated DeltaNet decode, T = 1..8 tokens, bf16 state pool ``[pool, HV, V, K]`` (K-last), K = V = 128.
+"""Gated DeltaNet decode, T = 1..8 tokens, bf16 or fp32 state pool ``[pool, HV, V, K]`` (K-last), K = V = 128.
 
 Per batch entry ``n`` and value head ``hv`` (query/key head ``h = hv / (HV / H)``), in fp32 as upstream:
     g = exp(-exp(A_log[hv]) * softplus(a[n, hv] + dt_bias[hv]))   (softplus thresholded at 20)
@@ -13,11 +13,14 @@ Per batch entry ``n`` and value head ``hv`` (query/key head ``h = hv / (HV / H)`
     S = g S;  S[v, :] += beta (v[n, hv, v] - S[v, :] . k') k';  out[n, hv, v] = S[v, :] . q'
 token by token. ``S`` is read from ``pool[idx[n]]`` and written after the last token (rounded once to bf16; ``out``
 from the fp32 state) to ``pool[out_idx[n]]`` (default the same slot), not with ``disable_state_update``; with an
-intermediate buffer every token's state goes to ``buffer[n, t]`` too. A negative index is upstream's null buffer:
-slot 0 is read and written.
+intermediate buffer every token's state goes to ``buffer[n, t]`` too. A negative index is the bf16 API's null
+buffer: slot 0 is read and written. With an fp32 pool (``gated_delta_rule_mtp``) the state is kept in fp32 and a
+negative read index skips its request (no state, buffer or output write; ``NEG_SKIPS``), a negative write index
+writes back to the read slot.
 
-Schedule (the mamba kernel's): a CTA owns ``rows_per_cta`` state rows (values) of one (n, hv); a row's 128 bf16 keys
-(16 vectors of 16 bytes) spread over ``lanes_per_row`` lanes, ``rows_per_thread`` rows a thread, every state load
+Schedule (the mamba kernel's; ``SCHEDULES`` gives the knobs each registered name pins): a CTA owns
+``rows_per_cta`` state rows (values) of one (n, hv); a row's 128 keys (16 bf16 or 32 fp32 vectors of 16 bytes)
+spread over ``lanes_per_row`` lanes, ``rows_per_thread`` rows a thread, every state load
 issued before any math; q', k' (normalized once per CTA by two warps), v, g and beta staged in shared memory; two
 lane-group sums a row (S k', then S q').
 """
@@ -33,28 +36,48 @@ INPUT_DTYPES = ("bfloat16", "float16")
 WEIGHT_KINDS = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}  # a / b (16-bit), dt_bias: at run time
 SOFTPLUS_THRESHOLD = 20.0
 L2_EPS = 1e-6
-HAS_OUT_INDEX, L2NORM, INDEX64, UPDATE, INTERMEDIATE = 1, 2, 4, 8, 16
+STATE_DTYPES = ("bfloat16", "float32")
+# NEG_SKIPS: a negative index skips the entry (no state or output write), the fp32-state MTP API's convention;
+# without it a negative index is the bf16 API's null buffer (slot 0).
+HAS_OUT_INDEX, L2NORM, INDEX64, UPDATE, INTERMEDIATE, NEG_SKIPS = 1, 2, 4, 8, 16, 32
 MAX_TOKENS = 8
-ROWS_PER_CTA, LANES_PER_ROW, ROWS_PER_THREAD = 32, 8, 2
 _INT32_MAX = 2**31 - 1
 
+# The schedules the registered names pin: state rows a CTA owns, lanes a row, rows a thread (loads in flight).
+#   wide_vec:  32 rows, a bf16 row on 8 lanes (two 16-byte vectors a lane), 2 rows a thread: 128 threads
+#   ilp4:      64 rows, 8 lanes a row, 4 independent rows a thread, every load issued first: 128 threads
+#   warp_ilp2 / warp_ilp4 (fp32 state): a warp on each row (one 16-byte fp32 vector a lane, the dot products
+#              full-warp sums), 2 or 4 rows a warp in flight, 4 warps a CTA: 8 or 16 rows a CTA, 128 threads
+SCHEDULES = {
+    "wide_vec": {"rows_per_cta": 32, "lanes_per_row": 8, "rows_per_thread": 2},
+    "ilp4": {"rows_per_cta": 64, "lanes_per_row": 8, "rows_per_thread": 4},
+    "warp_ilp2": {"rows_per_cta": 8, "lanes_per_row": 32, "rows_per_thread": 2},
+    "warp_ilp4": {"rows_per_cta": 16, "lanes_per_row": 32, "rows_per_thread": 4},
+}
+ROWS_PER_CTA, LANES_PER_ROW, ROWS_PER_THREAD = (SCHEDULES["wide_vec"][k] for k in
+                                                ("rows_per_cta", "lanes_per_row", "rows_per_thread"))
 
-def get_kernel(input_dtype: str, max_tokens: int, rows_per_cta: int = ROWS_PER_CTA,
-               lanes_per_row: int = LANES_PER_ROW, rows_per_thread: int = ROWS_PER_THREAD):
-    if input_dtype not in INPUT_DTYPES or not 1 <= max_tokens <= MAX_TOKENS:
+
+def get_kernel(input_dtype: str, max_tokens: int, schedule: str = "wide_vec", state_dtype: str = "bfloat16"):
+    if input_dtype not in INPUT_DTYPES or not 1 <= max_tokens <= MAX_TOKENS or schedule not in SCHEDULES \
+            or state_dtype not in STATE_DTYPES:
         raise ValueError(f"gdn_decode: input dtype {input_dtype!r} (one of {INPUT_DTYPES}), max_tokens {max_tokens} "
-                         f"(1..{MAX_TOKENS})")
-    return build_kernel(input_dtype, max_tokens, rows_per_cta, lanes_per_row, rows_per_thread)
+                         f"(1..{MAX_TOKENS}), schedule {schedule!r} (one of {sorted(SCHEDULES)}), state dtype "
+                         f"{state_dtype!r} (one of {STATE_DTYPES})")
+    return build_kernel(input_dtype, max_tokens, state_dtype=state_dtype, **SCHEDULES[schedule])
 
 
-def build_kernel(input_dtype: str, max_tokens: int, rows_per_cta: int, lanes_per_row: int, rows_per_thread: int):
+def build_kernel(input_dtype: str, max_tokens: int, rows_per_cta: int, lanes_per_row: int, rows_per_thread: int,
+                 state_dtype: str = "bfloat16"):
     from tvm.script import tirx as T
 
     from tirx_kernels.core.lang import reduce, vector
 
     R, L, RT = rows_per_cta, lanes_per_row, rows_per_thread  # noqa: N806
-    vpt = K_DIM // 8 // L  # 16-byte bf16 vectors a lane holds of a row
-    ncols = 8 * vpt
+    fp32_state = state_dtype == "float32"
+    ve = 4 if fp32_state else 8  # state elements a 16-byte vector
+    vpt = K_DIM // ve // L  # 16-byte vectors a lane holds of a row
+    ncols = ve * vpt
     words = 4 * vpt
     threads = R * L // RT
     groups = threads // L
@@ -88,8 +111,8 @@ def build_kernel(input_dtype: str, max_tokens: int, rows_per_cta: int, lanes_per
         """``acc[0] =`` this lane's part of ``S[row, :] . vecs[base:base + 128]`` (fp32 in shared memory)."""
         T.buffer_store(acc, T.float32(0), [0])
         for v in range(vpt):
-            for e in range(8):
-                T.buffer_store(acc, acc[0] + sf[v * 8 + e] * vecs[base + (v * L + m) * 8 + e], [0])
+            for e in range(ve):
+                T.buffer_store(acc, acc[0] + sf[v * ve + e] * vecs[base + (v * L + m) * ve + e], [0])
 
     def decay(sf, g):
         for i in range(ncols):
@@ -97,20 +120,26 @@ def build_kernel(input_dtype: str, max_tokens: int, rows_per_cta: int, lanes_per
 
     def rank1(sf, ks, base, m, delta):
         for v in range(vpt):
-            for e in range(8):
-                T.buffer_store(sf, sf[v * 8 + e] + delta * ks[base + (v * L + m) * 8 + e], [v * 8 + e])
+            for e in range(ve):
+                T.buffer_store(sf, sf[v * ve + e] + delta * ks[base + (v * L + m) * ve + e], [v * ve + e])
 
     def unpack_state(regs, base, sf):
         for i in range(words):
-            lo, hi = vector.unpack2(regs[base + i], "bfloat16")
-            T.buffer_store(sf, lo, [2 * i])
-            T.buffer_store(sf, hi, [2 * i + 1])
+            if fp32_state:
+                T.buffer_store(sf, T.cuda.uint_as_float(regs[base + i]), [i])
+            else:
+                lo, hi = vector.unpack2(regs[base + i], "bfloat16")
+                T.buffer_store(sf, lo, [2 * i])
+                T.buffer_store(sf, hi, [2 * i + 1])
 
     def store_state(buf, row_base, m, sf, packed, pred=None):
         for v in range(vpt):
             for w in range(4):
-                vector.pack2(packed, w, sf[v * 8 + 2 * w], sf[v * 8 + 2 * w + 1], "bfloat16")
-            vector.store_v4(buf.ptr_to([row_base + i64((v * L + m) * 8)]), packed, 0, pred)
+                if fp32_state:
+                    T.buffer_store(packed, T.cuda.float_as_uint(sf[v * 4 + w]), [w])
+                else:
+                    vector.pack2(packed, w, sf[v * 8 + 2 * w], sf[v * 8 + 2 * w + 1], "bfloat16")
+            vector.store_v4(buf.ptr_to([row_base + i64((v * L + m) * ve)]), packed, 0, pred)
 
     @T.prim_func
     def gdn_decode(state_ptr: T.handle, q_ptr: T.handle, k_ptr: T.handle, v_ptr: T.handle, alog_ptr: T.handle,
@@ -133,7 +162,7 @@ def build_kernel(input_dtype: str, max_tokens: int, rows_per_cta: int, lanes_per
         n_out = T.int32()
         n_idx = T.int32()
         n_oidx = T.int32()
-        S = T.match_buffer(state_ptr, (n_state,), "bfloat16", align=16)
+        S = T.match_buffer(state_ptr, (n_state,), state_dtype, align=16)
         Q = T.match_buffer(q_ptr, (n_q,), input_dtype, align=2)
         Kt = T.match_buffer(k_ptr, (n_k,), input_dtype, align=2)
         Vt = T.match_buffer(v_ptr, (n_v,), input_dtype, align=2)
@@ -144,7 +173,7 @@ def build_kernel(input_dtype: str, max_tokens: int, rows_per_cta: int, lanes_per
         OUT = T.match_buffer(out_ptr, (n_out,), input_dtype, align=2)
         IDX = T.match_buffer(idx_ptr, (n_idx,), "int32", align=4)
         OIDX = T.match_buffer(oidx_ptr, (n_oidx,), "int32", align=4)
-        INTER = T.match_buffer(inter_ptr, (n_inter,), "bfloat16", align=16)
+        INTER = T.match_buffer(inter_ptr, (n_inter,), state_dtype, align=16)
         T.device_entry()
         nb, hc = T.cta_id([batch, n_vheads * (V_DIM // R)])
         tid = T.thread_id([threads])
@@ -168,7 +197,10 @@ def build_kernel(input_dtype: str, max_tokens: int, rows_per_cta: int, lanes_per
         src = index_value(IDX, nb * idx_s, is64)
         slot = T.if_then_else(src < T.int64(0), T.int64(0), src)  # upstream's null buffer: slot 0
         dst_raw = T.if_then_else((flags & HAS_OUT_INDEX) != 0, index_value(OIDX, nb * oidx_s, is64), slot)
-        dst = T.if_then_else(dst_raw < T.int64(0), T.int64(0), dst_raw)
+        skips = (flags & NEG_SKIPS) != 0
+        live = T.Or(T.Not(skips), src >= T.int64(0))
+        # a negative destination: upstream's null buffer (slot 0), or with NEG_SKIPS the source slot
+        dst = T.if_then_else(dst_raw < T.int64(0), T.if_then_else(skips, slot, T.int64(0)), dst_raw)
         head_base = i64(hv) * i64(V_DIM * K_DIM)
 
         # State loads first.
@@ -176,7 +208,7 @@ def build_kernel(input_dtype: str, max_tokens: int, rows_per_cta: int, lanes_per
             for v in T.unroll(vpt):
                 vector.load_v4(regs, k * words + 4 * v,
                                S.ptr_to([slot * i64(state_stride) + head_base
-                                         + i64(row0 + g + k * groups) * i64(K_DIM) + i64((v * L + m) * 8)]))
+                                         + i64(row0 + g + k * groups) * i64(K_DIM) + i64((v * L + m) * ve)]))
 
         # Stage every token's q, k, v rows and gates.
         for i in T.unroll(stage_trips):
@@ -233,15 +265,15 @@ def build_kernel(input_dtype: str, max_tokens: int, rows_per_cta: int, lanes_per
                 rank1(sf, Ks, t * K_DIM, m, delta)
                 dot(sf, Qs, t * K_DIM, m, acc)
                 o = reduce.warp_sum(acc[0], L)
-                if m == 0:
+                if T.And(m == 0, live):
                     vector.pack2(packed, 0, o, o, input_dtype)
                     OUT[i64(nb) * i64(o_sb) + i64(t * o_st + hv * V_DIM + row0 + lr)] = T.reinterpret(
                         input_dtype, T.Cast("uint16", packed[0]))
                 if (flags & INTERMEDIATE) != 0:
                     store_state(INTER, i64(nb) * i64(inter_sb) + i64(t) * i64(n_vheads * V_DIM * K_DIM) + row_off,
-                                m, sf, packed)
+                                m, sf, packed, live)
             if (flags & UPDATE) != 0:
-                store_state(S, dst * i64(state_stride) + row_off, m, sf, packed)
+                store_state(S, dst * i64(state_stride) + row_off, m, sf, packed, live)
 
     return gdn_decode
 
@@ -262,7 +294,7 @@ def _flat(t: torch.Tensor) -> torch.Tensor:
 
 
 def kernel_args(pool, q, k, v, A_log, a, dt_bias, b, out, idx, out_idx, scale, use_qk_l2norm,  # noqa: N803
-                inter=None, update=True):
+                inter=None, update=True, schedule="wide_vec"):
     """(pointers by buffer name, scalars by name, grid, block) on the normalized forms: pool (slots, HV, V, K), q, k
     (B, T, H, K), v, out (B, T, HV, V), a, b (B, T, HV), A_log, dt_bias (HV,), idx, out_idx (B,) or None, inter
     (B, >= T, HV, V, K) or None."""
@@ -270,7 +302,8 @@ def kernel_args(pool, q, k, v, A_log, a, dt_bias, b, out, idx, out_idx, scale, u
     n_vheads = v.shape[2]
     index64 = any(t is not None and t.dtype == torch.int64 for t in (idx, out_idx))
     flags = (HAS_OUT_INDEX if out_idx is not None else 0) | (L2NORM if use_qk_l2norm else 0) | \
-        (INDEX64 if index64 else 0) | (UPDATE if update else 0) | (INTERMEDIATE if inter is not None else 0)
+        (INDEX64 if index64 else 0) | (UPDATE if update else 0) | (INTERMEDIATE if inter is not None else 0) | \
+        (NEG_SKIPS if pool.dtype == torch.float32 else 0)
     ptrs = {"S": _flat(pool), "Q": _flat(q), "Kt": _flat(k), "Vt": _flat(v), "ALOG": _flat(A_log),
             "Aw": _flat(a).view(torch.int16), "BIAS": _flat(dt_bias).view(torch.int16),
             "Bw": _flat(b).view(torch.int16), "OUT": _flat(out), "IDX": _flat(idx).view(torch.int32),
@@ -284,20 +317,26 @@ def kernel_args(pool, q, k, v, A_log, a, dt_bias, b, out, idx, out_idx, scale, u
                "oidx_s": out_idx.stride(0) if out_idx is not None else 0,
                "inter_sb": inter.stride(0) if inter is not None else 0, "a_kind": WEIGHT_KINDS[a.dtype],
                "bias_kind": WEIGHT_KINDS[dt_bias.dtype], "flags": flags, "scale": float(scale), "zero": 0}
-    grid = (batch, n_vheads * (V_DIM // ROWS_PER_CTA))
-    block = (ROWS_PER_CTA * LANES_PER_ROW // ROWS_PER_THREAD,)
+    sch = SCHEDULES[schedule]
+    grid = (batch, n_vheads * (V_DIM // sch["rows_per_cta"]))
+    block = (sch["rows_per_cta"] * sch["lanes_per_row"] // sch["rows_per_thread"],)
     return ptrs, scalars, grid, block
 
 
 def oracle(pool, q, k, v, A_log, a, dt_bias, b, idx, out_idx, scale, use_qk_l2norm, inter=None,  # noqa: N803
-           update=True):
-    """fp32 recurrence on the normalized forms: ``(out fp32 (B, T, HV, V), new pool, new inter)``."""
+           update=True, out=None):
+    """fp32 recurrence on the normalized forms: ``(out fp32 (B, T, HV, V), new pool, new inter)``. An fp32 pool
+    follows the fp32 MTP API: a negative index skips its entry (``out`` keeps the given tensor's rows there, the pool
+    and buffer are not written) and a negative destination is the source slot."""
     batch, ntokens, n_heads, _ = q.shape
     n_vheads = v.shape[2]
     new = pool.clone()
     new_inter = inter.clone() if inter is not None else None
     src = idx.long().clamp(min=0)
-    dst = out_idx.long().clamp(min=0) if out_idx is not None else src
+    skips = pool.dtype == torch.float32
+    live = idx.long() >= 0 if skips else torch.ones_like(src, dtype=torch.bool)
+    dst = out_idx.long() if out_idx is not None else src
+    dst = torch.where(dst < 0, src if skips else torch.zeros_like(dst), dst)
     qf = q.float().repeat_interleave(n_vheads // n_heads, 2)
     kf = k.float().repeat_interleave(n_vheads // n_heads, 2)
     if use_qk_l2norm:
@@ -309,6 +348,7 @@ def oracle(pool, q, k, v, A_log, a, dt_bias, b, idx, out_idx, scale, use_qk_l2no
     g = torch.exp(-torch.exp(A_log.float()) * sp)  # (B, T, HV)
     beta = torch.sigmoid(b.float())
     S = pool[src].float()  # (B, HV, V, K)
+    out_given = out
     out = torch.empty(batch, ntokens, n_vheads, V_DIM, device=q.device)
     for t in range(ntokens):
         S = S * g[:, t, :, None, None]
@@ -317,9 +357,11 @@ def oracle(pool, q, k, v, A_log, a, dt_bias, b, idx, out_idx, scale, use_qk_l2no
         S = S + (beta[:, t, :, None] * (v[:, t].float() - kv))[..., None] * kt
         out[:, t] = (S * qf[:, t, :, None, :]).sum(-1)
         if inter is not None:
-            new_inter[:batch, t] = S.to(inter.dtype)
+            new_inter[:batch, t][live] = S[live].to(inter.dtype)
     if update:
-        new[dst] = S.to(pool.dtype)
+        new[dst[live]] = S[live].to(pool.dtype)
+    if out is not None and not bool(live.all()):
+        out[~live] = out_given[~live].float()
     return out, new, new_inter
 
 
@@ -336,8 +378,10 @@ def _fail(name: str, expected: str, got) -> None:
 
 def normalize(q, k, v, state, A_log, a, dt_bias, b, scale, output, use_qk_l2norm, initial_state,  # noqa: N803, C901
               initial_state_indices, output_state_indices, intermediate_states_buffer=None,
-              disable_state_update=False) -> dict:
-    """FlashInfer's forms validated and brought to ``kernel_args``'s (views only); ``output`` already allocated."""
+              disable_state_update=False, state_dtype=torch.bfloat16) -> dict:
+    """FlashInfer's forms validated and brought to ``kernel_args``'s (views only); ``output`` already allocated.
+    ``state_dtype``: the pool's (and intermediate buffer's) dtype the calling API takes."""
+    sname = str(state_dtype)[6:]
     for name, t in (("q", q), ("k", k), ("v", v), ("A_log", A_log), ("a", a), ("dt_bias", dt_bias), ("b", b)):
         if not isinstance(t, torch.Tensor):
             _fail(name, "a tensor", type(t).__name__)
@@ -377,10 +421,11 @@ def normalize(q, k, v, state, A_log, a, dt_bias, b, scale, output, use_qk_l2norm
               "both" if pool_mode else "neither")
     pool = initial_state if pool_mode else state
     pname = "initial_state" if pool_mode else "state"
-    if pool.dim() != 4 or tuple(pool.shape[1:]) != (n_vheads, V_DIM, K_DIM) or pool.dtype != torch.bfloat16:
-        _fail(pname, f"bfloat16 (slots, HV, V, K) = (*, {n_vheads}, 128, 128)", f"{pool.dtype} {tuple(pool.shape)}")
+    if pool.dim() != 4 or tuple(pool.shape[1:]) != (n_vheads, V_DIM, K_DIM) or pool.dtype != state_dtype:
+        _fail(pname, f"{sname} (slots, HV, V, K) = (*, {n_vheads}, 128, 128)", f"{pool.dtype} {tuple(pool.shape)}")
+    es = pool.element_size()
     if pool.stride(3) != 1 or pool.stride(2) != K_DIM or pool.stride(1) != V_DIM * K_DIM or pool.data_ptr() % 16 \
-            or (pool.stride(0) * 2) % 16 or not 0 < pool.stride(0) <= _INT32_MAX:
+            or (pool.stride(0) * es) % 16 or not 0 < pool.stride(0) <= _INT32_MAX:
         _fail(pname, "contiguous 16-byte aligned (HV, V, K) slots", f"strides {pool.stride()}")
     if pool_mode:
         idx = initial_state_indices
@@ -401,11 +446,11 @@ def normalize(q, k, v, state, A_log, a, dt_bias, b, scale, output, use_qk_l2norm
     if inter is not None:
         step = n_vheads * V_DIM * K_DIM
         if inter.dim() != 5 or inter.shape[0] < batch or inter.shape[1] < ntokens or \
-                tuple(inter.shape[2:]) != (n_vheads, V_DIM, K_DIM) or inter.dtype != torch.bfloat16 or \
+                tuple(inter.shape[2:]) != (n_vheads, V_DIM, K_DIM) or inter.dtype != state_dtype or \
                 inter.stride(1) != step or inter.stride(2) != V_DIM * K_DIM or inter.stride(3) != K_DIM or \
-                inter.stride(4) != 1 or inter.data_ptr() % 16 or (inter.stride(0) * 2) % 16 or \
+                inter.stride(4) != 1 or inter.data_ptr() % 16 or (inter.stride(0) * es) % 16 or \
                 not 0 < inter.stride(0) <= _INT32_MAX:
-            _fail("intermediate_states_buffer", "bfloat16 (B, >= T, HV, V, K) with contiguous steps",
+            _fail("intermediate_states_buffer", f"{sname} (B, >= T, HV, V, K) with contiguous steps",
                   f"{inter.dtype} {tuple(inter.shape)} strides {inter.stride()}")
     scale = K_DIM ** -0.5 if scale is None else float(scale)
     return dict(pool=pool, q=q, k=k, v=v, A_log=A_log, a=a, dt_bias=dt_bias, b=b, out=output, idx=idx,
@@ -414,26 +459,79 @@ def normalize(q, k, v, state, A_log, a, dt_bias, b, scale, output, use_qk_l2norm
 
 
 _FUNCTIONS: dict = {}
+# The registered modules' routes: the wide-vector pair (T = 1 / T > 1), ILP4 (bf16) and the fp32-state warp kernel.
+ROUTES = ("wide_vec", "ilp4", "fp32_warp")
+# fp32_warp: 4 rows a warp in flight where the grid has enough CTAs to fill the GPU at 2 rows (upstream's MTP
+# config table also raises its ILP with the work units), else 2 (twice the CTAs for small batches).
+WARP_ILP4_FROM_CTAS = 2048
 
 
-def module_for(ntokens: int):
+def module_for(route: str, ntokens: int = 1):
     import importlib
 
-    name = "gdn_decode_bf16_wide_vec_t1" if ntokens == 1 else "gdn_decode_bf16_wide_vec_mtp"
+    name = {"ilp4": "gdn_decode_bf16_ilp4", "fp32_warp": "gdn_decode_fp32_mtp_warp"}.get(route) or (
+        "gdn_decode_bf16_wide_vec_t1" if ntokens == 1 else "gdn_decode_bf16_wide_vec_mtp")
     return importlib.import_module(f"{__package__}.{name}")
 
 
-def run(n: dict) -> None:
+def warp_ilp(batch: int, n_vheads: int) -> int:
+    return 4 if batch * n_vheads * (V_DIM // SCHEDULES["warp_ilp2"]["rows_per_cta"]) >= WARP_ILP4_FROM_CTAS else 2
+
+
+def schedule_of(route: str, batch: int, n_vheads: int) -> str:
+    return f"warp_ilp{warp_ilp(batch, n_vheads)}" if route == "fp32_warp" else route
+
+
+def call_params(route: str, input_dtype: str, batch: int, n_vheads: int) -> dict:
+    """The compile params of the route's module for a call."""
+    if route == "fp32_warp":
+        return {"input_dtype": input_dtype, "ilp": warp_ilp(batch, n_vheads)}
+    return {"input_dtype": input_dtype}
+
+
+def run(n: dict, route: str = "wide_vec") -> None:
     batch, ntokens = n["q"].shape[:2]
     if batch == 0:
         return
-    ptrs, scalars, _, _ = kernel_args(**n)
-    key = (ntokens == 1, str(n["q"].dtype), n["q"].get_device())
+    n_vheads = n["v"].shape[2]
+    ptrs, scalars, _, _ = kernel_args(**n, schedule=schedule_of(route, batch, n_vheads))
+    params = call_params(route, str(n["q"].dtype)[6:], batch, n_vheads)
+    mod = module_for(route, ntokens)
+    key = (mod.__name__, tuple(sorted(params.items())), n["q"].get_device())
     fn = _FUNCTIONS.get(key)
     if fn is None:
-        fn = _FUNCTIONS[key] = runtime.get_function(module_for(ntokens), {"input_dtype": str(n["q"].dtype)[6:]},
-                                                    n["q"].device)
+        fn = _FUNCTIONS[key] = runtime.get_function(mod, params, n["q"].device)
     fn(*(ptrs[k] for k in ARG_ORDER), *(scalars[k] for k in SCALAR_ORDER))
+
+
+def state_dtype_of(route: str) -> torch.dtype:
+    return torch.float32 if route == "fp32_warp" else torch.bfloat16
+
+
+def decode(route, q, k, v, state, A_log, a, dt_bias, b, scale=None, output=None,  # noqa: N803
+           use_qk_l2norm=True, initial_state=None, initial_state_indices=None, output_state_indices=None,
+           intermediate_states_buffer=None, disable_state_update=False):
+    """The public ops' body on a route: validate, then launch directly or through the route module's custom op."""
+    if output is None:
+        if not isinstance(q, torch.Tensor) or not isinstance(v, torch.Tensor) or q.dim() != 4 or v.dim() != 4:
+            _fail("q", "a (B, T, H, K) tensor", type(q).__name__)
+        output = torch.empty(q.shape[0], q.shape[1], v.shape[2], V_DIM, dtype=q.dtype, device=q.device)
+    n = normalize(q, k, v, state, A_log, a, dt_bias, b, scale, output, use_qk_l2norm, initial_state,
+                  initial_state_indices, output_state_indices, intermediate_states_buffer, disable_state_update,
+                  state_dtype_of(route))
+    checks.tensor(OP, "q", q, cuda=True)
+    checks.same_device(OP, "q", q, k=k, v=v, state=n["pool"], output=output)
+    args = (q, k, v, n["pool"], A_log, a, dt_bias, b, n["idx"], output_state_indices, output, n["scale"],
+            n["use_qk_l2norm"], intermediate_states_buffer, n["update"])
+    if runtime.direct_call(*[t for t in args if isinstance(t, torch.Tensor)]):
+        run(n, route)
+        runtime.mark_written(n["pool"])
+        runtime.mark_written(output)
+        if intermediate_states_buffer is not None:
+            runtime.mark_written(intermediate_states_buffer)
+    else:
+        getattr(torch.ops.tirx, module_for(route, q.shape[1]).KERNEL_META["name"])(*args)
+    return output, n["pool"]
 
 
 def gated_delta_rule_decode_pretranspose(q, k, v, state, A_log, a, dt_bias, b, scale=None, output=None,  # noqa: N803
@@ -445,32 +543,14 @@ def gated_delta_rule_decode_pretranspose(q, k, v, state, A_log, a, dt_bias, b, s
     T > 1); returns ``(output, state)``, the state updated in place. A negative index reads and writes slot 0."""
     if backend not in ("auto", "flashinfer"):
         _fail("backend", "'auto' or 'flashinfer'", repr(backend))
-    if output is None:
-        if not isinstance(q, torch.Tensor) or not isinstance(v, torch.Tensor) or q.dim() != 4 or v.dim() != 4:
-            _fail("q", "a (B, T, H, K) tensor", type(q).__name__)
-        output = torch.empty(q.shape[0], q.shape[1], v.shape[2], V_DIM, dtype=q.dtype, device=q.device)
-    n = normalize(q, k, v, state, A_log, a, dt_bias, b, scale, output, use_qk_l2norm, initial_state,
+    return decode("wide_vec", q, k, v, state, A_log, a, dt_bias, b, scale, output, use_qk_l2norm, initial_state,
                   initial_state_indices, output_state_indices, intermediate_states_buffer, disable_state_update)
-    checks.tensor(OP, "q", q, cuda=True)
-    checks.same_device(OP, "q", q, k=k, v=v, state=n["pool"], output=output)
-    args = (q, k, v, n["pool"], A_log, a, dt_bias, b, n["idx"], output_state_indices, output, n["scale"],
-            n["use_qk_l2norm"], intermediate_states_buffer, n["update"])
-    if runtime.direct_call(*[t for t in args if isinstance(t, torch.Tensor)]):
-        run(n)
-        runtime.mark_written(n["pool"])
-        runtime.mark_written(output)
-        if intermediate_states_buffer is not None:
-            runtime.mark_written(intermediate_states_buffer)
-    else:
-        op = "gdn_decode_bf16_wide_vec_t1" if q.shape[1] == 1 else "gdn_decode_bf16_wide_vec_mtp"
-        getattr(torch.ops.tirx, op)(*args)
-    return output, n["pool"]
 
 
 def custom_op_body(q, k, v, pool, A_log, a, dt_bias, b, idx, out_idx, output, scale, use_qk_l2norm,  # noqa: N803
-                   inter, update) -> None:
+                   inter, update, route="wide_vec") -> None:
     run(normalize(q, k, v, None, A_log, a, dt_bias, b, scale, output, use_qk_l2norm, pool, idx, out_idx, inter,
-                  not update))
+                  not update, state_dtype_of(route)), route)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -494,11 +574,12 @@ def _generator(device: str) -> torch.Generator:
 def prepare_data(mtp: bool, batch: int, n_heads: int, n_vheads: int, dtype: str, ab_dtype: str, bias_dtype: str,
                  use_qk_l2norm: bool, pad: bool, out_index: bool, index_dtype: str, T: int = 1,  # noqa: N803
                  intermediate: bool = False, disable_state_update: bool = False, device: str = "cuda",
-                 **_) -> dict:
+                 state_dtype: str = "bfloat16", **_) -> dict:
     """A pool of 2 batch + 2 slots (slot 0 the null buffer); distinct source slots, destinations apart from them.
     The multi-token module always carries ``intermediate_states_buffer`` (INPLACE names it): a one-entry stand-in
-    where the config writes none."""
+    where the config writes none. ``state_dtype``: the pool's and buffer's (float32 for the fp32-state route)."""
     g = _generator(device)
+    st = _DTYPES[state_dtype]
     t, it = _DTYPES[dtype], getattr(torch, index_dtype)
     slots = 2 * batch + 2
 
@@ -514,7 +595,7 @@ def prepare_data(mtp: bool, batch: int, n_heads: int, n_vheads: int, dtype: str,
         "v": rn(batch, T, n_vheads, V_DIM).to(t), "A_log": rn(n_vheads, scale=0.5),
         "a": rn(batch, T, n_vheads).to(_DTYPES[ab_dtype]), "dt_bias": rn(n_vheads, scale=0.5).to(_DTYPES[bias_dtype]),
         "b": rn(batch, T, n_vheads).to(_DTYPES[ab_dtype]),
-        "initial_state": rn(slots, n_vheads, V_DIM, K_DIM, scale=0.3).to(torch.bfloat16),
+        "initial_state": rn(slots, n_vheads, V_DIM, K_DIM, scale=0.3).to(st),
         "initial_state_indices": idx.to(it),
         "output_state_indices": order[batch:2 * batch].to(it) if out_index else None,
         "use_qk_l2norm": bool(use_qk_l2norm),
@@ -522,7 +603,7 @@ def prepare_data(mtp: bool, batch: int, n_heads: int, n_vheads: int, dtype: str,
     }
     if mtp:
         shape = (batch, T + 1, n_vheads, V_DIM, K_DIM) if intermediate else (1, 1, 1, 1, 1)
-        data["intermediate_states_buffer"] = torch.full(shape, 7.0, device=device).to(torch.bfloat16)
+        data["intermediate_states_buffer"] = torch.full(shape, 7.0, device=device).to(st)
         data["intermediate"] = bool(intermediate)
         data["disable_state_update"] = bool(disable_state_update)
     return data
@@ -543,7 +624,8 @@ def normalized(data: dict) -> dict:
     kw = op_kwargs(data)
     return normalize(kw["q"], kw["k"], kw["v"], None, kw["A_log"], kw["a"], kw["dt_bias"], kw["b"], None,
                      kw["output"], kw["use_qk_l2norm"], kw["initial_state"], kw["initial_state_indices"],
-                     kw["output_state_indices"], kw.get("intermediate_states_buffer"), kw["disable_state_update"])
+                     kw["output_state_indices"], kw.get("intermediate_states_buffer"), kw["disable_state_update"],
+                     kw["initial_state"].dtype)
 
 
 def reference(**data) -> dict:
@@ -555,22 +637,26 @@ def reference(**data) -> dict:
     return res
 
 
-def launch(cfg: dict, data: dict) -> None:
-    gated_delta_rule_decode_pretranspose(**op_kwargs(data))
+def launch(cfg: dict, data: dict, route: str = "wide_vec") -> None:
+    kw = op_kwargs(data)
+    kw.pop("state")
+    decode(route, state=None, **kw)
 
 
 def roofline(batch: int, n_heads: int, n_vheads: int, dtype: str, T: int = 1, intermediate: bool = False,  # noqa: N803
-             disable_state_update: bool = False, **_) -> dict:
-    """The state read once and written once (bf16; per token into the intermediate buffer), q / k / v / out once."""
+             disable_state_update: bool = False, state_dtype: str = "bfloat16", **_) -> dict:
+    """The state read once and written once (per token into the intermediate buffer), q / k / v / out once."""
     es = _DTYPES[dtype].itemsize
+    ss = _DTYPES[state_dtype].itemsize
     writes = (0 if disable_state_update else 1) + (T if intermediate else 0)
-    return {"bytes": batch * (n_vheads * V_DIM * K_DIM * 2 * (1 + writes)
+    return {"bytes": batch * (n_vheads * V_DIM * K_DIM * ss * (1 + writes)
                               + T * (2 * n_heads + 2 * n_vheads) * K_DIM * es),
             "flops": 8 * batch * T * n_vheads * V_DIM * K_DIM}
 
 
 def pool_comparator(key: str):
-    """Slots (entries) the oracle does not write bit-identical to the input, written ones within bf16 tolerance."""
+    """Slots (entries) the oracle does not write bit-identical to the input, written ones within the state dtype's
+    tolerance (bf16 2e-2; fp32 1e-4: the oracle sums in another order)."""
     def compare(got, want, cfg, inputs):
         from tirx_kernels.core import harness
 
@@ -585,15 +671,17 @@ def pool_comparator(key: str):
         if not torch.equal(gb[~written], bb[~written]):
             raise harness.KernelCheckError(f"{key}: a slot the call does not address changed")
         try:
-            torch.testing.assert_close(got[written].float(), want[written].float(), atol=2e-2, rtol=2e-2)
+            tol = 1e-4 if before.dtype == torch.float32 else 2e-2
+            torch.testing.assert_close(got[written].float(), want[written].float(), atol=tol, rtol=tol)
         except AssertionError as e:
             raise harness.KernelCheckError(f"{key}: {str(e)[:600]}") from None
         return {"slots_written": int(written.sum()), "slots_untouched": int((~written).sum())}
     return compare
 
 
-def get_baselines(**cfg) -> dict:
-    """FlashInfer 0.7.4's op on copies of the pool (and intermediate buffer)."""
+def get_baselines(route: str = "wide_vec", **cfg) -> dict:
+    """FlashInfer 0.7.4's op on copies of the pool (and intermediate buffer): ``gated_delta_rule_mtp`` for the fp32
+    state, ``gated_delta_rule_decode_pretranspose`` for the bf16 one."""
     def flashinfer():
         import flashinfer.gdn_decode
 
@@ -603,7 +691,13 @@ def get_baselines(**cfg) -> dict:
             if "intermediate_states_buffer" in kw:
                 kw["intermediate_states_buffer"] = kw["intermediate_states_buffer"].clone()
             kw["output"] = torch.empty_like(d["output"])
-            out, _ = flashinfer.gdn_decode.gated_delta_rule_decode_pretranspose(**kw)
+            if route == "fp32_warp":
+                kw.pop("state")
+                if kw["output_state_indices"] is None:  # an argument of later releases only
+                    kw.pop("output_state_indices")
+                out, _ = flashinfer.gdn_decode.gated_delta_rule_mtp(**kw)
+            else:
+                out, _ = flashinfer.gdn_decode.gated_delta_rule_decode_pretranspose(**kw)
             res = {"output": out, "initial_state": pool}
             if "intermediate_states_buffer" in d:
                 res["intermediate_states_buffer"] = kw.get("intermediate_states_buffer",
