@@ -267,7 +267,8 @@ def test_gpu_fp32_mtp_matches_flashinfer(verify):
                                  "disable_state_update": verify})
     runs = []
     for fn in (fp32_mod.gated_delta_rule_mtp, flashinfer.gdn_decode.gated_delta_rule_mtp):
-        pool, inter = d["initial_state"].clone(), d["intermediate_states_buffer"].clone()[:, :4]
+        # a contiguous (B, T, ...) buffer: upstream reshapes (and would copy) a strided one
+        pool, inter = d["initial_state"].clone(), d["intermediate_states_buffer"][:, :4].contiguous()
         out = torch.empty_like(d["output"])
         fn(d["q"], d["k"], d["v"], pool, d["initial_state_indices"], d["A_log"], d["a"], d["dt_bias"], d["b"],
            output=out, intermediate_states_buffer=inter, disable_state_update=verify)
