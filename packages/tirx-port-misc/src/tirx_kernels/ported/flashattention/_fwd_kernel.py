@@ -109,7 +109,7 @@ def build_fwd_kernel(dtype: str, head_dim: int, head_dim_v: int, causal: bool, b
     # V is the MN-major B operand of O += P V: 64-column chunks of block_n rows, LBO steps between chunks.
     v_lbo, v_sbo = wgmma.desc_offsets(wgmma.MN_MAJOR, wgmma.SWIZZLE_128B, mn_chunk_bytes=block_n * 128)
     v_kstep = wgmma.k_step_bytes(wgmma.MN_MAJOR, wgmma.SWIZZLE_128B, dtype)
-    # One arrival per consumer warpgroup gives a slot back, after a warpgroup barrier (see the NOTES at the release).
+    # One arrival per consumer warpgroup gives a slot back, after a warpgroup barrier (NOTES in release()).
     k_ring = mbarrier.Ring.for_warpgroups(num_stages, NUM_CONSUMERS, "warpgroup")
     v_ring = mbarrier.Ring.for_warpgroups(num_stages, NUM_CONSUMERS, "warpgroup")
     q_box = tma.check_box(dtype, [CHUNK, 1, BLOCK_M, 1])  # bytes of one box
@@ -163,7 +163,11 @@ def build_fwd_kernel(dtype: str, head_dim: int, head_dim_v: int, causal: bool, b
                       wgmma.desc_advance(desc_v[0], s * v_tile * elem + kk * v_kstep), dtype, b_major=wgmma.MN_MAJOR)
 
     def release(ring, empty, s, cw, warp, lane):
-        """Give slot ``s`` back once the whole warpgroup has passed its wgmma.wait (NOTES in the plain loop)."""
+        """Give slot ``s`` back (one arrival for the warpgroup) once all its 128 threads passed their wgmma.wait."""
+        # NOTES: on the GPU the warpgroup's wgmma already couples its warps, so one thread's wait would do (CUTLASS
+        # relies on it); the CPU emulator runs threads apart and, without the barrier (named barrier 1 + cw), refilled
+        # a slot a lagging lane had not read yet (wrong S at head dim 256, or a hang on a missed phase). Costs a
+        # bar.sync per K and V tile.
         T.cuda.warpgroup_sync(WG_BAR + cw)
         ring.consumer_release_warpgroup(empty, s, warp, lane)
 
@@ -323,52 +327,29 @@ def build_fwd_kernel(dtype: str, head_dim: int, head_dim_v: int, causal: bool, b
                     wgmma.wait(0)
                     release(v_ring, v_empty, sl, cw, warp, lane)
             else:
+                # plain / pingpong: per tile S = QK^T, softmax, PV, each waited for before the next step.
+                diag = m0 + cw * 64 + (Sk - Sq)  # key limit of the warpgroup's first row
                 for n in range(n_blocks):
                     s = k_ring.stage(n)
-                    n0 = n * block_n
-                    # S = Q K^T (SS; the first k16 step overwrites the accumulator).
                     k_ring.consumer_wait(k_full, n)
                     turn_wait(cw, n == 0)
-                    wgmma.fence()
-                    for kk in T.unroll(qk_steps):
-                        q_off = ((kk // 4) * BLOCK_M * CHUNK + cw * 64 * CHUNK) * elem + (kk % 4) * 32
-                        k_off = (s * k_tile + (kk // 4) * block_n * CHUNK) * elem + (kk % 4) * 32
-                        wgmma.mma(block_n, s_acc, wgmma.desc_advance(desc_q[0], q_off),
-                                  wgmma.desc_advance(desc_k[0], k_off), dtype, scale_d=kk > 0)
+                    issue_qk(s_acc, desc_q, desc_k, s, cw)
                     wgmma.commit()
                     turn_pass(cw, T.bool(False))
                     wgmma.wait(0)
-                    # NOTES: the slot goes back once all 128 threads have passed their wgmma.wait (named barrier
-                    # 1 + cw). On the GPU the warpgroup's wgmma already couples its warps, so one thread's wait would do
-                    # (CUTLASS relies on it); the CPU emulator runs threads apart and, without the barrier, refilled a
-                    # slot a lagging lane had not read yet (wrong S at head dim 256, or a hang on a missed phase).
-                    # Costs a bar.sync per K and V tile.
-                    T.cuda.warpgroup_sync(WG_BAR + cw)
-                    k_ring.consumer_release_warpgroup(k_empty, s, warp, lane)
-                    # Mask: keys past Sk, and (causal) keys right of the bottom-right-aligned diagonal. Only the
-                    # tiles that reach either edge pay for it.
-                    diag = m0 + cw * 64 + (Sk - Sq)  # key limit of the warpgroup's first row
-                    if needs_mask(n0, diag, Sk):
-                        softmax.mask(s_acc, block_n, tile_hidden(n0, diag, Sk, warp, lane))
-                    # Online softmax per row half r (the 4 lanes of a quad hold one row), O rescaled by red[1].
+                    release(k_ring, k_empty, s, cw, warp, lane)
+                    softmax_tile(s_acc, n * block_n, diag, Sk, warp, lane, row_max, row_sum, red, corr, scale_log2)
                     for r in T.unroll(2):
-                        softmax.update(s_acc, block_n, r, row_max, row_sum, red, scale_log2)
-                        softmax.rescale(o_acc, dvp, r, red[1])
-                    # P to 16-bit pairs in place of the RS A fragment (no shuffle: wgmma.acc_as_rs_a).
+                        softmax.rescale(o_acc, dvp, r, corr[r])
                     softmax.pack_p(p_frag, s_acc, block_n, cvt_pack)
-                    # O += P V (RS; V MN-major).
                     v_ring.consumer_wait(v_full, n)
                     turn_wait(cw, T.bool(False))
                     wgmma.fence()
-                    for kk in T.unroll(pv_steps):
-                        wgmma.mma(dvp, o_acc, [p_frag[kk * 4 + i] for i in range(4)],
-                                  wgmma.desc_advance(desc_v[0], s * v_tile * elem + kk * v_kstep), dtype,
-                                  b_major=wgmma.MN_MAJOR)
+                    issue_pv(o_acc, p_frag, desc_v, s)
                     wgmma.commit()
                     turn_pass(cw, n == n_blocks - 1)
                     wgmma.wait(0)
-                    T.cuda.warpgroup_sync(WG_BAR + cw)
-                    v_ring.consumer_release_warpgroup(v_empty, s, warp, lane)
+                    release(v_ring, v_empty, s, cw, warp, lane)
 
             # Epilogue: O / rowsum from the registers (16-bit pairs), LSE from lane 0 of each quad.
             Ow = T.decl_buffer((B * Sq * Hq * head_dim_v // 2,), "uint32", data=Out.data)
