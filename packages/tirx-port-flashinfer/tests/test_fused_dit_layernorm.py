@@ -31,6 +31,9 @@ def test_every_call_resolves_to_a_bundled_artifact():
             params = mod.compile_params(mode=mode, H=H)
             cands = [artifacts.canonical_params(p) for p in runtime.candidate_params(mod, params)]
             assert bundled & set(cands), (mode, H, cands)
+            for fmt in ("nvfp4", "mxfp8"):  # the quantized outputs: one kernel per (mode, format) serves any H
+                params = mod.compile_params(mode=mode, H=H, out=fmt)
+                assert bundled & {artifacts.canonical_params(p) for p in runtime.candidate_params(mod, params)}
     assert {"mode": "grss", "H": 3072} in mod.artifact_params()
 
 
@@ -74,8 +77,21 @@ X, G, V = _t(2, 4, 64), _t(2, 4, 64), _t(64, dtype=f32)
     (mod.fused_dit_gate_residual_layernorm_gamma_beta, (X, X, G, V, _t(63, dtype=f32)), {}, "beta"),
     (mod.fused_dit_gate_residual_layernorm_gamma_beta, (X, X, G, V, V), {"gate_bias": _t(2, 64, dtype=f32)},
      "gate_bias"),
-    (mod.fused_dit_gate_residual_layernorm_scale_shift, (X, X, G, G, G), {"use_nvfp4": True}, "use_nvfp4"),
-    (mod.fused_dit_gate_residual_layernorm_scale_shift, (X, X, G, G, G), {"use_mxfp8": True}, "use_mxfp8"),
+    (mod.fused_dit_gate_residual_layernorm_scale_shift, (X, X, G, G, G), {"use_nvfp4": True},
+     "global_scaling_factor"),
+    (mod.fused_dit_gate_residual_layernorm_scale_shift, (X, X, G, G, G),
+     {"use_nvfp4": True, "global_scaling_factor": _t(1, 1, dtype=f32)}, "global_scaling_factor"),
+    (mod.fused_dit_gate_residual_layernorm_scale_shift, (X, X, G, G, G), {"use_nvfp4": True, "use_mxfp8": True},
+     "use_mxfp8"),
+    (mod.fused_dit_residual_layernorm_scale_shift, (_t(2, 4, 48), _t(2, 4, 48), _t(2, 4, 48)), {"use_mxfp8": True},
+     "input"),
+    (mod.fused_dit_residual_layernorm_scale_shift, (X, G, G), {"use_mxfp8": True, "norm_out": X}, "norm_out"),
+    (mod.fused_dit_residual_layernorm_scale_shift, (X, G, G),
+     {"use_mxfp8": True, "sf_out": _t(2, 1, 1, 32, 4, 4, dtype=torch.int8)}, "sf_out"),
+    (mod.fused_dit_residual_layernorm_scale_shift, (X, G, G),
+     {"use_nvfp4": True, "global_scaling_factor": _t(1, dtype=f32), "sf_out": _t(2, 1, 2, 32, 4, 4,
+                                                                                  dtype=torch.uint8)}, "sf_out"),
+    (mod.fused_dit_residual_layernorm_scale_shift, (X, G, G), {"use_mxfp8": True}, "input"),  # CPU tensors
     (mod.fused_dit_gate_residual_layernorm_scale_shift, (X, X, G, _t(64, 4, 2).permute(2, 1, 0), G), {}, "scale"),
     (mod.fused_dit_residual_layernorm_scale_shift, (X, G, G), {"epsilon": "x"}, "epsilon"),
     (mod.fused_dit_residual_layernorm_scale_shift, (X, G, G), {"norm_out": _t(2, 4, 32)}, "norm_out"),
@@ -86,6 +102,23 @@ X, G, V = _t(2, 4, 64), _t(2, 4, 64), _t(64, dtype=f32)
 def test_rejected_inputs_name_the_argument(fn, args, kw, arg):
     with pytest.raises(TirxInputError, match=f"argument '{arg}'"):
         fn(*args, **kw)
+
+
+def test_quantized_params_and_shapes():
+    from tirx_kernels.ported.flashinfer.norm import _dit_layernorm_quant as Q
+
+    assert mod.compile_params(mode="grss", H=3072, out="nvfp4") == {"mode": "grss", "out": "nvfp4"}
+    assert mod.general_params({"mode": "rss", "out": "mxfp8"}) == {"mode": "rss", "out": "mxfp8"}
+    for mode in mod.MODES:
+        for fmt in Q.QUANT_FORMATS:
+            assert {"mode": mode, "out": fmt} in mod.artifact_params()
+    with pytest.raises(ValueError, match="quantized kernel takes H at run time"):
+        mod.get_kernel("grss", H=3072, out="nvfp4")
+    # upstream's shapes (flashinfer/norm/__init__.py, _dit_ln_prepare_outputs) at H = 3072
+    assert Q.norm_out_shape(2, 300, 3072, "nvfp4") == (2, 300, 384)
+    assert Q.sf_out_shape(2, 300, 3072, "nvfp4") == (2, 3, 48, 32, 4, 4)
+    assert Q.norm_out_shape(2, 300, 3072, "mxfp8") == (2, 300, 768)
+    assert Q.sf_out_shape(2, 300, 3072, "mxfp8") == (2, 3, 24, 32, 4, 4)
 
 
 def test_protocol_literals():
@@ -238,9 +271,112 @@ def test_general_kernel_emulated(emulated, mode, B, R, H, kw):
     _check(emulated(params), params, mode, B, R, H, **kw)
 
 
+@pytest.fixture(scope="module")
+def emulated_quant():
+    pytest.importorskip("tvm", reason="apache-tvm is needed to generate the kernels")
+    import shutil
+
+    from tirx_kernels.core import emulate
+    from tirx_kernels.core.build import codegen
+    from tirx_kernels.core.lang import quant
+
+    if shutil.which("g++") is None:
+        pytest.skip("no g++ to compile the emulation")
+    cache = {}
+
+    def get(mode, fmt):
+        if (mode, fmt) not in cache:
+            saved, emulate.CXXFLAGS = emulate.CXXFLAGS, [*emulate.CXXFLAGS, *quant.emulate_cxxflags()]
+            try:
+                cache[mode, fmt] = emulate.compile(codegen(mod.get_kernel(mode, out=fmt)))
+            finally:
+                emulate.CXXFLAGS = saved
+        return cache[mode, fmt]
+    return get
+
+
+SENTINEL = 0xCD
+
+
+@pytest.mark.parametrize("mode, fmt, B, R, H, kw", [
+    ("grss", "nvfp4", 2, 3, 3072, {}),
+    ("grgb", "nvfp4", 1, 130, 64, {"off": 1, "pad": 3}),
+    ("rss", "mxfp8", 2, 5, 160, {"residual": False, "in_place": False}),
+    ("grss", "mxfp8", 1, 2, 1024, {"per_batch": True, "scale": 0.5, "in_place": True}),
+])
+def test_quantized_kernel_emulated(emulated, emulated_quant, mode, fmt, B, R, H, kw):  # noqa: N803
+    """The quantized kernel against the general bf16 kernel on the same inputs (the same statistics by construction):
+    residual_out equal, codes and scale bytes those of the oracle's encoder applied to the bf16 norm_out, bit for bit;
+    the scale padding untouched (upstream leaves it), inputs unchanged; and within the format's step of the fp32
+    oracle."""
+    from tirx_kernels.ported.flashinfer.norm import _dit_layernorm_quant as Q
+
+    g = torch.Generator().manual_seed(B * 7 + R * 3 + H)
+    off, pad = kw.get("off", 0), kw.get("pad", 0)
+    residual, in_place = kw.get("residual", True), kw.get("in_place", False)
+    xb, x = _tokens(B, R, H, off, pad, g)
+    rb, res = _tokens(B, R, H, off, pad, g)
+    temb = torch.randn(B * (1 if kw.get("per_batch") else R) * 6 * H, generator=g).to(bf16)
+    chunk = [temb.view(B, -1, 6, H)[:, :, k].expand(B, R, H) for k in range(6)]
+    vecs = [torch.randn(H, generator=g) for _ in range(3)]
+    isf = torch.full((1,), kw.get("scale", 1.0))
+    toks = {"X": x, "Rs": res if residual else x, "Gt": chunk[2], "Sc": chunk[1], "Sh": chunk[0]}
+    names = {"X": ("xb", "xr"), "Rs": ("rb", "rr"), "Gt": ("gbs", "grs"), "Sc": ("scb", "scr"), "Sh": ("shb", "shr"),
+             "RO": ("rob", "ror"), "NO": ("nob", "nor")}
+    before = {"x": xb.clone(), "temb": temb.clone(), "r": rb.clone()}
+
+    def run(kern, grid, block, outs):
+        ptrs = {f"{k}_ptr": v for k, v in {**toks, **outs}.items()}
+        ptrs.update(GB_ptr=vecs[0], W1_ptr=vecs[1], W2_ptr=vecs[2], Isf_ptr=isf)
+        scalars = {"B": B, "R": R, "H": H, "eps": 1e-6, "has_residual": int(residual), "zero": 0, "cse_v1": B * R}
+        for k, (sb, sr) in names.items():
+            t = {**toks, **outs}.get(k)
+            if t is not None:
+                scalars[sb], scalars[sr] = t.stride(0), t.stride(1)
+        kern(grid=grid, block=block, **{p.name: ptrs[p.name] if p.pointer else scalars[p.name]
+                                       for p in kern.params}).check()
+
+    # the general bf16 kernel (residual_out to a fresh buffer: the residual stays for the quantized run)
+    params = mod.general_params({"mode": mode})
+    ro_ref = torch.full((B, R, H), float("nan")).to(bf16)
+    no_ref = torch.full((B, R, H), float("nan")).to(bf16)
+    run(emulated(params), *_grid(params, B, R), {"RO": ro_ref, "NO": no_ref})
+    gs = torch.tensor([448.0 * 6.0 / float(no_ref.float().abs().amax())])
+    ro = res if in_place else torch.full((B, R, H), float("nan")).to(bf16)
+    codes = torch.full(Q.norm_out_shape(B, R, H, fmt), 0x7F7F7F7F, dtype=torch.int32)
+    sf = torch.full(Q.sf_out_shape(B, R, H, fmt), SENTINEL, dtype=torch.uint8)
+    run(emulated_quant(mode, fmt), (B * R,), (Q.QUANT_THREADS,), {"RO": ro, "Y": codes, "S": sf, "Gs": gs})
+    assert torch.equal(ro.view(torch.int16), ro_ref.view(torch.int16))
+    want_codes, want_sf = Q.encode(no_ref.float(), fmt, gs)
+    assert torch.equal(codes, want_codes)
+    blk = Q.block_of(fmt)
+    written = torch.zeros(sf.numel(), dtype=torch.bool)
+    for b in range(B):
+        pos = Q.quant_ref.sf_offsets(R, H // blk, "128x4", "cpu").reshape(-1) + b * (sf.numel() // B)
+        written[pos] = True
+    assert torch.equal(sf.reshape(-1)[written], want_sf.reshape(-1)[written])
+    assert (sf.reshape(-1)[~written] == SENTINEL).all()
+    assert torch.equal(xb, before["x"]) and torch.equal(temb, before["temb"])
+    if not in_place:
+        assert torch.equal(rb, before["r"])
+    # against the fp32 oracle: dequantized within the format's step of the block's largest value
+    kw_ref = {"residual": res if residual else None, "gate": chunk[2], "gate_bias": vecs[0], "scale": chunk[1],
+              "shift": chunk[0], "scale_bias": vecs[1], "shift_bias": vecs[2], "gamma": vecs[1], "beta": vecs[2],
+              "input_global_scaling_factor": None if "scale" not in kw else isf}
+    if in_place:
+        kw_ref["residual"] = before["r"].as_strided(res.shape, res.stride(), res.storage_offset())
+    y = mod.reference(mode, before["x"].as_strided(x.shape, x.stride(), x.storage_offset()), 1e-6,
+                      **kw_ref)["norm_out"]
+    deq = Q.dequantize(codes, sf, fmt, H, gs)
+    amax = y.reshape(B, R, H // blk, blk).abs().amax(-1, keepdim=True).expand(-1, -1, -1, blk).reshape(B, R, H)
+    step = 0.26 if fmt == "nvfp4" else 0.07
+    assert ((deq - y).abs() <= amax * step + 1e-2).all()
+
+
 @pytest.mark.parametrize("params", [{"mode": "grss", "H": 3072}, {"mode": "grgb", "H": 3072},
                                     {"mode": "rss", "H": 16384}, {"mode": "rss", "H": 128},
-                                    {"mode": "grss", "schedule": "general"}])
+                                    {"mode": "grss", "schedule": "general"}, {"mode": "grss", "out": "nvfp4"}])
+# (the MXFP8 quantized kernel builds with an 8-byte spill at 64 registers, nvcc 13.0: not yet clean, so not listed)
 def test_sass(params):
     pytest.importorskip("tvm", reason="apache-tvm is needed to build")
     from tirx_kernels.core import testing
@@ -322,3 +458,40 @@ def test_harness_wiring_on_cpu():
     for cfg in ({"mode": "rss", "B": 2, "R": 3, "H": 64}, {"mode": "rss", "B": 1, "R": 5, "H": 33,
                                                             "residual": False}):
         assert harness.check_config(fake, cfg)["status"] == "passed"
+
+
+@gpu
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp8"])
+def test_gpu_quantized_public_op(fmt):
+    """use_nvfp4 / use_mxfp8 through the public op: upstream's output shapes and dtypes, the scales in a given
+    sf_out, codes within one step of the oracle's, dequantized within the format's step of the fp32 oracle,
+    residual_out as in the bf16 output, inputs unchanged; without sf_out the op still returns its two outputs."""
+    from tirx_kernels.ported.flashinfer.norm import _dit_layernorm_quant as Q
+
+    B, R, H = 2, 300, 3072  # noqa: N806
+    d = mod.prepare_data("grss", B, R, H, out=fmt)
+    inputs = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in d.items()}
+    gs = d.get("global_scaling_factor")
+    sf_out = torch.full(Q.sf_out_shape(B, R, H, fmt), 0xCD, dtype=torch.uint8, device="cuda")
+    ro, no = mod.fused_dit_gate_residual_layernorm_scale_shift(
+        d["input"], d["residual"], d["gate"], d["scale"], d["shift"], gate_bias=d["gate_bias"],
+        scale_bias=d["scale_bias"], shift_bias=d["shift_bias"], use_nvfp4=fmt == "nvfp4", use_mxfp8=fmt == "mxfp8",
+        global_scaling_factor=gs, sf_out=sf_out)
+    assert no.dtype == torch.int32 and no.shape == Q.norm_out_shape(B, R, H, fmt) and ro.dtype == bf16
+    for k in ("input", "residual", "gate", "scale", "shift"):
+        assert torch.equal(d[k], inputs[k])
+    want = mod.reference(**{**inputs, "out": fmt})
+    cfg = {"out": fmt}
+    mod.COMPARATORS["norm_out"](no, want["norm_out"], cfg, inputs)
+    mod.COMPARATORS["sf_out"](sf_out, want["sf_out"], cfg, inputs)
+    torch.testing.assert_close(ro.float(), want["residual_out"], atol=0, rtol=0)
+    y = mod.reference(**{**inputs, "out": None})["norm_out"]
+    deq = Q.dequantize(no, sf_out, fmt, H, gs)
+    blk = Q.block_of(fmt)
+    amax = y.reshape(B, R, H // blk, blk).abs().amax(-1, keepdim=True).expand(-1, -1, -1, blk).reshape(B, R, H)
+    assert ((deq - y).abs() <= amax * (0.26 if fmt == "nvfp4" else 0.07) + 1e-2).all()
+    ro2, no2 = mod.fused_dit_gate_residual_layernorm_scale_shift(
+        d["input"], d["residual"], d["gate"], d["scale"], d["shift"], gate_bias=d["gate_bias"],
+        scale_bias=d["scale_bias"], shift_bias=d["shift_bias"], use_nvfp4=fmt == "nvfp4", use_mxfp8=fmt == "mxfp8",
+        global_scaling_factor=gs)
+    assert torch.equal(no2, no) and torch.equal(ro2, ro)

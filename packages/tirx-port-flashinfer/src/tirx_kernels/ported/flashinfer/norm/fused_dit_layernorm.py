@@ -27,8 +27,11 @@ mean**2`` (clamped at 0); this port takes the mean of squared deviations, in two
 
 Beyond upstream (hidden 3072 only, contiguous input / residual / outputs): any H >= 1, any batch and row strides of
 every token tensor, ``residual_out`` may be ``residual`` itself (each element is read before it is written by the
-same thread). Output bf16; upstream's NVFP4 / MXFP8 outputs are SM100-only there and not ported yet (the public ops
-reject ``use_nvfp4`` / ``use_mxfp8``).
+same thread). Output bf16, or quantized as upstream (``use_nvfp4`` with ``global_scaling_factor``, ``use_mxfp8``;
+SM100-only there): ``norm_out`` int32 codes ``[B, R, H/8]`` / ``[B, R, H/4]`` and the scales in ``sf_out`` (uint8,
+FlashInfer's 128x4 tiles per batch; as upstream the ops return ``(residual_out, norm_out)``, so a caller who wants
+the scales passes ``sf_out``): see ``_dit_layernorm_quant``, which also runs the quantized kernel (H % 16 / % 32, any
+strides, one CTA a token).
 
 Kernels, per mode: specialized per H (H % 8 == 0 in [16, 16384], every token tensor and vector on 16 bytes): a token
 over ``threads_per_row`` threads (``layernorm.row_plan``), each loading its 16-byte vectors of input, residual, gate,
@@ -46,7 +49,9 @@ import os
 
 import torch
 
-from tirx_kernels.core import checks
+from tirx_kernels.core import checks, quant_ref
+from tirx_kernels.ported.flashinfer.norm import _dit_layernorm_quant as Q
+from tirx_kernels.ported.flashinfer.norm import _fp4_rows
 from tirx_kernels.ported.flashinfer.norm import layernorm as _ln
 from tirx_kernels.ported.flashinfer.norm._dit_layernorm_kernels import (
     _VEC,
@@ -62,7 +67,8 @@ KERNEL_META = {
     "name": "flashinfer_fused_dit_layernorm",
     "category": "ported.flashinfer",
     "runtime_cuda_archs": ["sm_90a"],
-    "description": "DiT LayerNorm fused with residual / gate and adaLN scale-shift (modes grgb, rss, grss), bf16",
+    "description": "DiT LayerNorm fused with residual / gate and adaLN scale-shift (modes grgb, rss, grss), bf16 / "
+                   "NVFP4 / MXFP8 output",
     "upstream": {"project": "flashinfer", "url": "https://github.com/flashinfer-ai/flashinfer",
                  "commit": "77039051b0be921788dc2784ec41423b558878ec"},
     "reference_requirements": [
@@ -92,6 +98,12 @@ CONFIGS = [
     {"label": "grgb_b3_r5_h129_strided", "mode": "grgb", "B": 3, "R": 5, "H": 129, "row_pad": 3},
     {"label": "rss_b1_r33_h5120", "mode": "rss", "B": 1, "R": 33, "H": 5120},
     {"label": "grgb_b2_r768_general", "mode": "grgb", "B": 2, "R": 768, "H": 3072, "schedule": "general"},
+    # quantized norm_out (use_nvfp4 / use_mxfp8)
+    {"label": "grss_b2_r1920_nvfp4", "mode": "grss", "B": 2, "R": 1920, "H": 3072, "out": "nvfp4"},
+    {"label": "rss_b1_r768_mxfp8", "mode": "rss", "B": 1, "R": 768, "H": 3072, "out": "mxfp8"},
+    {"label": "grgb_b2_r77_h1536_nvfp4", "mode": "grgb", "B": 2, "R": 77, "H": 1536, "out": "nvfp4"},
+    {"label": "grss_b3_r130_h160_mxfp8_per_batch", "mode": "grss", "B": 3, "R": 130, "H": 160, "out": "mxfp8",
+     "per_batch": True},
 ]
 
 BENCH_CONFIGS = [
@@ -117,19 +129,24 @@ DIT_HIDDEN = (1536, WAN_HIDDEN, 5120)
 
 def compile_params(**cfg) -> dict:
     mode = cfg.get("mode", "grgb")
+    if cfg.get("out") in Q.QUANT_FORMATS:  # one quantized kernel per (mode, format), H at run time
+        return {"mode": mode, "out": cfg["out"]}
     if cfg.get("schedule") == "general" or not _ln.specialized(int(cfg["H"])):
         return {"mode": mode, "schedule": "general"}
     return {"mode": mode, "H": int(cfg["H"])}
 
 
 def general_params(params: dict) -> dict:
+    if "out" in params:
+        return dict(params)
     return {"mode": params["mode"], "schedule": "general"}
 
 
 def artifact_params() -> list[dict]:
-    """Per mode: the general kernel and the specialized one of each DiT hidden size."""
+    """Per mode: the general kernel, the specialized one of each DiT hidden size, the quantized ones."""
     return [p for mode in MODES
-            for p in [general_params({"mode": mode})] + [{"mode": mode, "H": H} for H in DIT_HIDDEN]]
+            for p in [general_params({"mode": mode})] + [{"mode": mode, "H": H} for H in DIT_HIDDEN]
+            + [{"mode": mode, "out": fmt} for fmt in Q.QUANT_FORMATS]]
 
 
 def call_samples(rng) -> list[dict]:
@@ -137,11 +154,15 @@ def call_samples(rng) -> list[dict]:
 
     sizes = model_dims.hidden_sizes() + list(DIT_HIDDEN) + [rng.randint(1, 64) for _ in range(3)]
     sizes += [rng.randint(1, 20000) for _ in range(6)] + [8 * rng.randint(2, 2048) for _ in range(4)]
-    return [{"mode": mode, "B": rng.choice([1, 2, 4]), "R": rng.choice([1, 768, 1920]), "H": H}
-            for mode in MODES for H in sizes]
+    plain = [{"mode": mode, "B": rng.choice([1, 2, 4]), "R": rng.choice([1, 768, 1920]), "H": H}
+             for mode in MODES for H in sizes]
+    return plain + [{**c, "H": 32 * max(1, c["H"] // 32), "out": fmt} for c in plain for fmt in Q.QUANT_FORMATS]
 
 
-def sass_expect(mode: str, H: int | None = None, schedule: str | None = None, **_) -> list[str]:
+def sass_expect(mode: str, H: int | None = None, schedule: str | None = None, out: str | None = None,
+                **_) -> list[str]:
+    if out is not None:
+        return [r"LDG\.E\.U16", r"STG\.E\.U16", r"STG\.E\.U8"]
     if schedule == "general":
         return [r"LDG\.E\.U16", r"STG\.E\.U16"]
     return [r"LDG\.E\.NA\.128", r"LDG\.E\.128", r"STG\.E\.128"]
@@ -151,9 +172,15 @@ def sass_expect(mode: str, H: int | None = None, schedule: str | None = None, **
 # The TIRx functions
 # ---------------------------------------------------------------------------------------------------------
 
-def get_kernel(mode: str, H: int | None = None, schedule: str | None = None, pdl: str | None = PDL):
+def get_kernel(mode: str, H: int | None = None, schedule: str | None = None, pdl: str | None = PDL,
+               out: str | None = None):
     if mode not in MODES:
         raise ValueError(f"fused_dit_layernorm: mode {mode!r} is not one of {MODES}")
+    if out is not None:
+        if H is not None or schedule is not None:
+            raise ValueError(f"fused_dit_layernorm: the quantized kernel takes H at run time, got H={H}, "
+                             f"schedule={schedule!r}")
+        return Q.build_quantized(mode, out, pdl)
     if schedule == "general":
         if H is not None:
             raise ValueError(f"fused_dit_layernorm: the general kernel takes H at run time, got H={H}")
@@ -178,9 +205,12 @@ def _generator() -> torch.Generator:
 
 
 def prepare_data(mode: str, B: int, R: int, H: int, eps: float = 1e-6, residual: bool = True,  # noqa: N803
-                 per_batch: bool = False, row_pad: int = 0, input_scale: float | None = None, **_) -> dict:
+                 per_batch: bool = False, row_pad: int = 0, input_scale: float | None = None, out: str | None = None,
+                 **_) -> dict:
     """WAN's layout: gate / scale / shift are views of one temb ``[B, R, 6, H]`` (row stride ``6 * H``; with
-    ``per_batch`` a ``[B, 1, 6, H]`` temb broadcast over the rows); ``row_pad`` pads input and residual rows."""
+    ``per_batch`` a ``[B, 1, 6, H]`` temb broadcast over the rows); ``row_pad`` pads input and residual rows.
+    ``out``: quantized norm_out (codes poisoned 0x7F7F7F7F, sf_out 0xCD; NVFP4's global scale from the oracle's
+    amax, 448 * 6 / amax)."""
     g = _generator()
 
     def tokens():
@@ -201,14 +231,36 @@ def prepare_data(mode: str, B: int, R: int, H: int, eps: float = 1e-6, residual:
     if input_scale is not None:
         data["input_global_scaling_factor"] = torch.full((1,), input_scale, device="cuda")
     data["residual_out"] = torch.full((B, R, H), float("nan"), device="cuda", dtype=torch.bfloat16)
-    data["norm_out"] = torch.full((B, R, H), float("nan"), device="cuda", dtype=torch.bfloat16)
+    if out is None:
+        data["norm_out"] = torch.full((B, R, H), float("nan"), device="cuda", dtype=torch.bfloat16)
+        return data
+    data["out"] = out
+    data["norm_out"] = torch.full(Q.norm_out_shape(B, R, H, out), 0x7F7F7F7F, device="cuda", dtype=torch.int32)
+    data["sf_out"] = torch.full(Q.sf_out_shape(B, R, H, out), 0xCD, device="cuda", dtype=torch.uint8)
+    if out == "nvfp4":
+        amax = _normalized_oracle(**data).abs().amax().clamp_min(1e-12)
+        data["global_scaling_factor"] = (448.0 * 6.0 / amax).reshape(1).float()
     return data
 
 
-def reference(mode, input, eps, residual=None, gate=None, gate_bias=None, scale=None, shift=None,  # noqa: A002
-              scale_bias=None, shift_bias=None, gamma=None, beta=None, input_global_scaling_factor=None,
-              **_) -> dict:
-    """fp32 oracle: residual_out is x rounded to bf16; norm_out uses the unrounded x."""
+def reference(mode, input, eps, out=None, global_scaling_factor=None, **kw) -> dict:  # noqa: A002
+    """fp32 oracle: residual_out is x rounded to bf16; norm_out uses the unrounded x (quantized with ``out``:
+    rounded to bf16, then ``_dit_layernorm_quant.encode``)."""
+    x, y = _oracle(mode, input, eps, **kw)
+    res = {"residual_out": x.to(torch.bfloat16).float(), "norm_out": y}
+    if out is not None:
+        res["norm_out"], res["sf_out"] = Q.encode(y, out, global_scaling_factor)
+    return res
+
+
+def _normalized_oracle(mode, input, eps, **kw) -> torch.Tensor:  # noqa: A002
+    return _oracle(mode, input, eps, **kw)[1]
+
+
+def _oracle(mode, input, eps, residual=None, gate=None, gate_bias=None, scale=None, shift=None,  # noqa: A002
+            scale_bias=None, shift_bias=None, gamma=None, beta=None, input_global_scaling_factor=None,
+            **_) -> tuple:
+    """fp32 ``(x, norm_out)``."""
     s = 1.0 if input_global_scaling_factor is None else input_global_scaling_factor.float()
     mul = (gate.float() + (0 if gate_bias is None else gate_bias.float())) * s if _gated(mode) else s
     x = input.float() * mul + (0 if residual is None else residual.float())
@@ -219,7 +271,7 @@ def reference(mode, input, eps, residual=None, gate=None, gate_bias=None, scale=
         sb = 0 if scale_bias is None else scale_bias.float()
         hb = 0 if shift_bias is None else shift_bias.float()
         y = torch.nn.functional.layer_norm(x, (H,), None, None, eps) * (1 + scale.float() + sb) + shift.float() + hb
-    return {"residual_out": x.to(torch.bfloat16).float(), "norm_out": y}
+    return x, y
 
 
 _OPTIONAL = ("gate_bias", "scale_bias", "shift_bias", "input_global_scaling_factor")
@@ -229,6 +281,9 @@ def launch(cfg: dict, data: dict) -> None:
     mode = data["mode"]
     kw = {k: data[k] for k in _OPTIONAL if data.get(k) is not None}
     outs = {"residual_out": data["residual_out"], "norm_out": data["norm_out"], "epsilon": data["eps"]}
+    if data.get("out") is not None:
+        outs.update(sf_out=data["sf_out"], use_nvfp4=data["out"] == "nvfp4", use_mxfp8=data["out"] == "mxfp8",
+                    global_scaling_factor=data.get("global_scaling_factor"))
     if cfg.get("schedule") == "general":  # the general kernel where the public op would pick the specialized one
         _call(mode, data["input"], data.get("residual"), data.get("gate"), data.get("scale"), data.get("shift"),
               data.get("gamma"), data.get("beta"), general=True, **kw, **outs)
@@ -244,26 +299,83 @@ def launch(cfg: dict, data: dict) -> None:
 
 
 def roofline(mode: str, B: int, R: int, H: int, residual: bool = True, per_batch: bool = False,  # noqa: N803
-             **_) -> dict:
-    """Token tensors read once (input, residual, gate / scale / shift), both outputs written once, vectors once."""
+             out: str | None = None, **_) -> dict:
+    """Token tensors read once (input, residual, gate / scale / shift), both outputs written once (quantized:
+    codes and scales), vectors once."""
     mods = (1 if _gated(mode) else 0) + (2 if _modulated(mode) else 0)
     tokens = B * R * H
-    return {"bytes": 2 * tokens * (1 + residual + 2) + 2 * (B if per_batch else B * R) * H * mods + 4 * 3 * H,
-            "flops": 12 * tokens}
+    norm_bytes = 2 * tokens if out is None else tokens // (2 if out == "nvfp4" else 1) + tokens // Q.block_of(out)
+    return {"bytes": 2 * tokens * (1 + residual) + norm_bytes + 2 * (B if per_batch else B * R) * H * mods
+            + 4 * 3 * H, "flops": 12 * tokens}
+
+
+def _quantized_close(got, want, cfg, inputs) -> dict:
+    """Codes of a quantized norm_out: within one step of the oracle's on at most 1 % (the kernel's statistics and
+    bf16 rounding are not torch's, as for the bf16 output's tolerance); NVFP4 by e2m1 nibble, MXFP8 by e4m3 byte."""
+    from tirx_kernels.core.harness import KernelCheckError
+
+    if cfg.get("out") == "nvfp4":
+        return _fp4_rows.codes_close(got.view(torch.uint8), want.view(torch.uint8), cfg, inputs)
+    if got.shape != want.shape:
+        raise KernelCheckError(f"shape {tuple(got.shape)} != wanted shape {tuple(want.shape)}")
+
+    def rank(t):
+        b = t.contiguous().view(torch.uint8).long()
+        return torch.where(b >= 128, -(b & 127), b)
+
+    off = (rank(got) - rank(want)).abs()
+    share = float((off > 0).float().mean()) if off.numel() else 0.0
+    if (off > 1).any() or share > _fp4_rows.MAX_OFF_SHARE:
+        raise KernelCheckError(f"{int((off > 1).sum())} e4m3 codes more than one step off, {share:.2%} off (allowed "
+                               f"{_fp4_rows.MAX_OFF_SHARE:.0%} one step)")
+    return {"codes_one_step_off": share}
+
+
+def _norm_out_close(got, want, cfg, inputs) -> dict:
+    if cfg.get("out") is None:
+        import sys
+
+        from tirx_kernels.core import harness
+
+        mod = sys.modules[__name__]
+        return harness.compare("flashinfer_fused_dit_layernorm[norm_out]", got, want, harness.tolerance(mod, got),
+                               "the oracle")
+    return _quantized_close(got, want, cfg, inputs)
+
+
+def _sf_out_close(got, want, cfg, inputs) -> dict:
+    """The scale bytes of real rows and blocks (the padding is not written, as upstream) within one step."""
+    B, R = inputs["input"].shape[:2]  # noqa: N806
+    nb = inputs["input"].shape[2] // Q.block_of(cfg["out"])
+
+    def valid(t):
+        flat = t.reshape(B, -1).cpu()
+        return torch.stack([quant_ref.sf_unswizzle(flat[i], R, nb, "128x4") for i in range(B)]).reshape(-1)
+
+    return _fp4_rows.scales_close(valid(got), valid(want), cfg, inputs)
+
+
+COMPARATORS = {"norm_out": _norm_out_close, "sf_out": _sf_out_close}
 
 
 def get_baselines(**cfg) -> dict:
     mode = cfg.get("mode", "grgb")
 
+    def as_returned(outs):
+        return outs if cfg.get("out") else {k: v.to(torch.bfloat16) for k, v in outs.items()}
+
     def torch_eager():
-        return lambda d: {k: v.to(torch.bfloat16) for k, v in reference(**d).items()}
+        return lambda d: as_returned(reference(**d))
 
     def torch_compile():
         fn = torch.compile(lambda d: reference(**d), dynamic=False)
-        return lambda d: {k: v.to(torch.bfloat16) for k, v in fn(d).items()}
+        return lambda d: as_returned(fn(d))
 
     def flashinfer():
         import flashinfer.diffusion_ops as dops
+
+        if cfg.get("out"):  # upstream's converters print "not supported pre-Blackwell" and write nothing on sm90
+            raise ImportError(f"flashinfer's {cfg['out']} DiT LayerNorm output needs SM100")
 
         if cfg["H"] != WAN_HIDDEN:
             raise ImportError(f"flashinfer's fused DiT LayerNorm takes H = {WAN_HIDDEN} only (H={cfg['H']})")
@@ -317,7 +429,9 @@ def _check_vector(op: str, name: str, t, H: int) -> None:  # noqa: N803
         _fail(op, name, f"shape ({H},) or (1, {H})", f"shape {tuple(t.shape)}")
 
 
-def _check(op: str, input, tokens: dict, vectors: dict, eps, use_nvfp4, use_mxfp8, sf, outs: dict) -> None:  # noqa: A002
+def _check(op: str, input, tokens: dict, vectors: dict, eps, use_nvfp4, use_mxfp8, sf, outs: dict,  # noqa: A002
+           gsf=None, sf_out=None) -> str:
+    """Every argument (naming the one at fault); returns the output format ("bf16", "nvfp4" or "mxfp8")."""
     checks.tensor(op, "input", input, dtypes=(torch.bfloat16,), ndim=(3,), cuda=False)
     shape = tuple(input.shape)
     checks.in_range(op, "input", shape[2], 1, MAX_GENERAL_H)
@@ -329,34 +443,68 @@ def _check(op: str, input, tokens: dict, vectors: dict, eps, use_nvfp4, use_mxfp
             _check_tokens(op, name, t, shape)
     for name, t in vectors.items():
         _check_vector(op, name, t, shape[2])
-    if use_nvfp4 or use_mxfp8:
-        _fail(op, "use_nvfp4" if use_nvfp4 else "use_mxfp8", "False (bf16 output; the NVFP4 / MXFP8 outputs are not "
-              "ported yet)", "True")
+    fmt = _check_format(op, shape, use_nvfp4, use_mxfp8, gsf, outs, sf_out)
     if sf is not None:
         checks.tensor(op, "input_global_scaling_factor", sf, dtypes=(torch.float32,), shape=(1,), cuda=False)
     if isinstance(eps, bool) or not isinstance(eps, (int, float)):
         _fail(op, "epsilon", "a float", type(eps).__name__)
     for name, t in outs.items():
-        if t is not None:
+        if t is not None and (fmt == "bf16" or name != "norm_out"):
             _check_tokens(op, name, t, shape)
     checks.tensor(op, "input", input, cuda=True)
-    others = {k: v for k, v in {**tokens, **vectors, **outs, "input_global_scaling_factor": sf}.items()
+    others = {k: v for k, v in {**tokens, **vectors, **outs, "input_global_scaling_factor": sf,
+                                "global_scaling_factor": gsf if fmt == "nvfp4" else None, "sf_out": sf_out}.items()
               if v is not None}
     checks.same_device(op, "input", input, **others)
+    return fmt
+
+
+def _check_format(op: str, shape, use_nvfp4, use_mxfp8, gsf, outs: dict, sf_out) -> str:
+    """Upstream's output-format arguments: at most one of use_nvfp4 / use_mxfp8, H a multiple of the scale block,
+    NVFP4's global scale, and given quantized outputs of upstream's shapes and dtypes, contiguous."""
+    if use_nvfp4 and use_mxfp8:
+        _fail(op, "use_mxfp8", "False with use_nvfp4=True (one output format)", "True")
+    fmt = "nvfp4" if use_nvfp4 else "mxfp8" if use_mxfp8 else "bf16"
+    if fmt == "bf16":
+        return fmt
+    blk = Q.block_of(fmt)
+    if shape[2] % blk:
+        _fail(op, "input", f"H a multiple of {blk} for the {fmt} output", f"H={shape[2]}")
+    if fmt == "nvfp4":
+        if gsf is None:
+            _fail(op, "global_scaling_factor", "a float32 tensor of shape (1,) (required for NVFP4 output)", "None")
+        checks.tensor(op, "global_scaling_factor", gsf, dtypes=(torch.float32,), shape=(1,), cuda=False)
+    if outs.get("norm_out") is not None:
+        checks.tensor(op, "norm_out", outs["norm_out"], dtypes=(torch.int32,),
+                      shape=Q.norm_out_shape(*shape, fmt), contiguous=True, cuda=False)
+    if sf_out is not None:
+        checks.tensor(op, "sf_out", sf_out, dtypes=(torch.uint8,), shape=Q.sf_out_shape(*shape, fmt),
+                      contiguous=True, cuda=False)
+    return fmt
 
 
 def _call(mode, input, residual, gate, scale, shift, gamma, beta, *, gate_bias=None, scale_bias=None,  # noqa: A002
           shift_bias=None, epsilon=1e-6, input_global_scaling_factor=None, residual_out=None, norm_out=None,
-          general=False):
-    residual_out = torch.empty(input.shape, dtype=input.dtype, device=input.device) if residual_out is None \
+          general=False, fmt="bf16", global_scaling_factor=None, sf_out=None):
+    dev = input.device
+    residual_out = torch.empty(input.shape, dtype=input.dtype, device=dev) if residual_out is None \
         else residual_out
-    norm_out = torch.empty(input.shape, dtype=input.dtype, device=input.device) if norm_out is None else norm_out
+    if fmt == "bf16":
+        norm_out = torch.empty(input.shape, dtype=input.dtype, device=dev) if norm_out is None else norm_out
+        sf_out = torch.empty(0, dtype=torch.uint8, device=dev)  # the one signature: unused
+    else:
+        if norm_out is None:
+            norm_out = torch.empty(Q.norm_out_shape(*input.shape, fmt), dtype=torch.int32, device=dev)
+        if sf_out is None:  # upstream's ops return (residual_out, norm_out): the scales only reach a given sf_out
+            sf_out = torch.empty(Q.sf_out_shape(*input.shape, fmt), dtype=torch.uint8, device=dev)
+    gsf = global_scaling_factor if fmt == "nvfp4" else _fp4_rows.unit_scale(dev)
     args = (input, residual, gate, scale, shift, gate_bias, scale_bias, shift_bias, gamma, beta,
-            input_global_scaling_factor, residual_out, norm_out, float(epsilon), mode, general)
+            input_global_scaling_factor, residual_out, norm_out, sf_out, gsf, float(epsilon), mode, general, fmt)
     if runtime.direct_call(*[a for a in args if isinstance(a, torch.Tensor)]):
         _run(*args)  # eager: the kernel straight away (a custom op's dispatch costs more host time than this runs)
         runtime.mark_written(residual_out)
         runtime.mark_written(norm_out)
+        runtime.mark_written(sf_out)
     else:
         torch.ops.tirx.flashinfer_fused_dit_layernorm(*args)
     return residual_out, norm_out
@@ -372,15 +520,17 @@ def fused_dit_gate_residual_layernorm_gamma_beta(
     beta`` (from the unrounded fp32 sum). bf16 ``[batch, rows, H]`` tokens (gate per token, any strides), fp32
     ``[H]`` vectors. Returns ``(residual_out, norm_out)``."""
     op = "fused_dit_gate_residual_layernorm_gamma_beta"
-    _check(op, input, {"residual": residual, "gate": gate}, {"gamma": gamma, "beta": beta, "gate_bias": gate_bias},
-           epsilon, use_nvfp4, use_mxfp8, input_global_scaling_factor,
-           {"residual_out": residual_out, "norm_out": norm_out})
+    fmt = _check(op, input, {"residual": residual, "gate": gate},
+                 {"gamma": gamma, "beta": beta, "gate_bias": gate_bias}, epsilon, use_nvfp4, use_mxfp8,
+                 input_global_scaling_factor, {"residual_out": residual_out, "norm_out": norm_out},
+                 global_scaling_factor, sf_out)
     for name, t in (("residual", residual), ("gate", gate), ("gamma", gamma), ("beta", beta)):
         if t is None:
             _fail(op, name, "a tensor", "None")
     return _call("grgb", input, residual, gate, None, None, gamma, beta, gate_bias=gate_bias, epsilon=epsilon,
                  input_global_scaling_factor=input_global_scaling_factor, residual_out=residual_out,
-                 norm_out=norm_out)
+                 norm_out=norm_out, fmt=fmt,
+                 global_scaling_factor=global_scaling_factor, sf_out=sf_out)
 
 
 def fused_dit_gate_residual_layernorm_scale_shift(
@@ -393,15 +543,17 @@ def fused_dit_gate_residual_layernorm_scale_shift(
     """``residual_out = residual + input * (gate + gate_bias)``, ``norm_out = LayerNorm(residual_out) * (1 + scale +
     scale_bias) + shift + shift_bias``. Returns ``(residual_out, norm_out)``."""
     op = "fused_dit_gate_residual_layernorm_scale_shift"
-    _check(op, input, {"residual": residual, "gate": gate, "scale": scale, "shift": shift},
+    fmt = _check(op, input, {"residual": residual, "gate": gate, "scale": scale, "shift": shift},
            {"gate_bias": gate_bias, "scale_bias": scale_bias, "shift_bias": shift_bias}, epsilon, use_nvfp4,
-           use_mxfp8, input_global_scaling_factor, {"residual_out": residual_out, "norm_out": norm_out})
+           use_mxfp8, input_global_scaling_factor, {"residual_out": residual_out, "norm_out": norm_out},
+           global_scaling_factor, sf_out)
     for name, t in (("residual", residual), ("gate", gate), ("scale", scale), ("shift", shift)):
         if t is None:
             _fail(op, name, "a tensor", "None")
     return _call("grss", input, residual, gate, scale, shift, None, None, gate_bias=gate_bias, scale_bias=scale_bias,
                  shift_bias=shift_bias, epsilon=epsilon, input_global_scaling_factor=input_global_scaling_factor,
-                 residual_out=residual_out, norm_out=norm_out)
+                 residual_out=residual_out, norm_out=norm_out, fmt=fmt,
+                 global_scaling_factor=global_scaling_factor, sf_out=sf_out)
 
 
 def fused_dit_residual_layernorm_scale_shift(
@@ -414,15 +566,17 @@ def fused_dit_residual_layernorm_scale_shift(
     """``residual_out = residual + input`` (``input`` without a residual), ``norm_out = LayerNorm(residual_out) *
     (1 + scale + scale_bias) + shift + shift_bias``. Returns ``(residual_out, norm_out)``."""
     op = "fused_dit_residual_layernorm_scale_shift"
-    _check(op, input, {"residual": residual, "scale": scale, "shift": shift},
+    fmt = _check(op, input, {"residual": residual, "scale": scale, "shift": shift},
            {"scale_bias": scale_bias, "shift_bias": shift_bias}, epsilon, use_nvfp4, use_mxfp8,
-           input_global_scaling_factor, {"residual_out": residual_out, "norm_out": norm_out})
+           input_global_scaling_factor, {"residual_out": residual_out, "norm_out": norm_out},
+           global_scaling_factor, sf_out)
     for name, t in (("scale", scale), ("shift", shift)):
         if t is None:
             _fail(op, name, "a tensor", "None")
     return _call("rss", input, residual, None, scale, shift, None, None, scale_bias=scale_bias, shift_bias=shift_bias,
                  epsilon=epsilon, input_global_scaling_factor=input_global_scaling_factor, residual_out=residual_out,
-                 norm_out=norm_out)
+                 norm_out=norm_out, fmt=fmt,
+                 global_scaling_factor=global_scaling_factor, sf_out=sf_out)
 
 
 def _aligned_tokens(t: torch.Tensor) -> bool:
@@ -455,7 +609,8 @@ def _constant(value: float, H: int, device) -> torch.Tensor:  # noqa: N803
 
 
 def _run(input, residual, gate, scale, shift, gate_bias, scale_bias, shift_bias, gamma, beta,  # noqa: A002
-         input_global_scaling_factor, residual_out, norm_out, epsilon: float, mode: str, general: bool) -> None:
+         input_global_scaling_factor, residual_out, norm_out, sf_out, global_scaling_factor, epsilon: float, mode: str,
+         general: bool, fmt: str = "bf16") -> None:
     if input.numel() == 0:
         return
     H = input.shape[2]
@@ -472,7 +627,13 @@ def _run(input, residual, gate, scale, shift, gate_bias, scale_bias, shift_bias,
     else:
         vectors = [vec(gate_bias, 0.0), vec(scale_bias, 0.0), vec(shift_bias, 0.0)]
     isf = _constant(1.0, 1, dev) if input_global_scaling_factor is None else input_global_scaling_factor
-    ro, no = _unit_last(residual_out), _unit_last(norm_out)
+    ro = _unit_last(residual_out)
+    if fmt != "bf16":  # the quantized kernel: H, strides and alignment at run time
+        fn = _FUNCTIONS.get((mode, fmt, input.get_device()), lambda: {"mode": mode, "out": fmt}, dev)
+        fn(x, *tokens, *vectors, isf, ro, norm_out.view(-1).view(torch.uint32), sf_out.view(-1),
+           global_scaling_factor, epsilon, int(residual is not None))
+        return
+    no = _unit_last(norm_out)
     general = general or uses_general(H, [x, *tokens, ro, no], vectors)
     fn = _FUNCTIONS.get((mode, H, general, input.get_device()),
                         lambda: general_params({"mode": mode}) if general else compile_params(mode=mode, H=H), dev)
@@ -484,17 +645,20 @@ from tirx_kernels.core import runtime  # noqa: E402
 _FUNCTIONS = runtime.FunctionCache(__name__)
 
 
-@torch.library.custom_op("tirx::flashinfer_fused_dit_layernorm", mutates_args=("residual_out", "norm_out"))
+@torch.library.custom_op("tirx::flashinfer_fused_dit_layernorm", mutates_args=("residual_out", "norm_out",
+                                                                                "sf_out"))
 def _fused_dit_layernorm_op(input: torch.Tensor, residual: torch.Tensor | None, gate: torch.Tensor | None,  # noqa: A002
                             scale: torch.Tensor | None, shift: torch.Tensor | None, gate_bias: torch.Tensor | None,
                             scale_bias: torch.Tensor | None, shift_bias: torch.Tensor | None,
                             gamma: torch.Tensor | None, beta: torch.Tensor | None,
                             input_global_scaling_factor: torch.Tensor | None, residual_out: torch.Tensor,
-                            norm_out: torch.Tensor, epsilon: float, norm_mode: str, general: bool) -> None:
+                            norm_out: torch.Tensor, sf_out: torch.Tensor, global_scaling_factor: torch.Tensor,
+                            epsilon: float, norm_mode: str, general: bool, norm_format: str) -> None:
     # ``norm_mode``, not ``mode``: torch.compile's auto_functionalized_v2 takes a ``mode`` argument of its own and a
     # custom-op argument of that name made every compiled call raise (H100 run, 2026-12-05).
     _run(input, residual, gate, scale, shift, gate_bias, scale_bias, shift_bias, gamma, beta,
-         input_global_scaling_factor, residual_out, norm_out, epsilon, norm_mode, general)
+         input_global_scaling_factor, residual_out, norm_out, sf_out, global_scaling_factor, epsilon, norm_mode,
+         general, norm_format)
 
 
 @_fused_dit_layernorm_op.register_fake
