@@ -65,14 +65,17 @@ PTX wrappers of the generated source become stand-ins by instruction text; model
   init, is a fault.
 - 1-D cp.async.bulk loads (complete_tx) and stores; ldmatrix / stmatrix m8n8 x1/x2/x4 (.trans) .b16 (warp
   collectives through the shuffle exchange); ld/st.shared.v4, ld.shared::cluster.v4 (a mapa address reads the peer).
+- global atomics: red.global.add (f32 scalar / .v2 / .v4, s32, u32), the bulk reduction cp.reduce.async.bulk
+  .add.f32 (whole at issue), 32-bit flags (ld.acquire / ld.relaxed, st.relaxed / st.release), all sequentially
+  consistent; a flag chain completes where each CTA waits only for CTAs of a lower index (they ran before it).
 - bar.sync / bar.arrive named barriers with thread counts, __syncthreads (exited threads drop out),
   barrier.cluster arrive/wait, %cluster_ctarank; fences, setmaxnreg, griddepcontrol, prefetches as no-ops.
 
 Not modelled (a wrapper whose PTX has no stand-in faults naming it; add one to ``hopper_cpu.h`` or a pattern to
 ``_module.py``'s ``_standin``): wgmma with f16 accumulators or integer inputs, im2col / interleaved tensor maps,
-element strides, TMA reductions, mbarrier try_wait with a time limit, elect.sync in a partial warp (it elects lane
-0: every lane of a warp counts as active), grid-wide flags between CTAs (the
-clusters run one after another: stream-K's partial-tile handshake cannot complete), memory-model ordering (every
+element strides, TMA tensor reductions, mbarrier try_wait with a time limit, elect.sync in a partial warp (it elects
+lane 0: every lane of a warp counts as active), a CTA waiting for a flag of a CTA with a higher index (the clusters
+run one after another: stream-K's partial-tile handshake cannot complete), memory-model ordering (every
 stand-in is sequentially consistent, so a missing fence is not caught), timing (a kernel is correct here in one
 interleaving of its threads, not in all).
 

@@ -36,6 +36,12 @@ _TYPES = {"bf16": "EMU_BF16", "f16": "EMU_F16", "tf32": "EMU_TF32", "e4m3": "EMU
 _NOOPS = ("setmaxnreg.", "fence.", "griddepcontrol.", "prefetch.", "cp.async.bulk.prefetch.",
           "cp.async.bulk.commit_group", "cp.async.bulk.wait_group", "wgmma.fence")
 EXIT_HANG, EXIT_FAULT = 86, 88
+# global atomics: red.add (scalar / .v2 / .v4; any .sem / .scope, L2 hint operand ignored), 32-bit flag ld / st
+_RED = re.compile(r"red(?:\.relaxed|\.release)?(?:\.cta|\.cluster|\.gpu|\.sys)?(?:\.global)?\.add"
+                  r"(?:\.L2::cache_hint)?(?:\.(v2|v4))?\.(f32|s32|u32) ")
+_ATOMIC_TYPES = {"f32": "float", "s32": "int32_t", "u32": "uint32_t"}
+_LD_FLAG = re.compile(r"ld\.(?:acquire|relaxed|volatile)(?:\.cta|\.cluster|\.gpu|\.sys)?\.global\.[bsu]32 ")
+_ST_FLAG = re.compile(r"st\.(?:release|relaxed|volatile)(?:\.cta|\.cluster|\.gpu|\.sys)?\.global\.[bsu]32 ")
 
 
 def _params(text: str) -> list[tuple[str, str]]:
@@ -96,6 +102,17 @@ def _standin(name: str, params_text: str, asm: str) -> str:
         return f"{head} {{ emu_bulk_load({names[0]}, (const void*)({names[1]}), {names[2]}, {names[3]}); }}"
     if asm.startswith("cp.async.bulk.global.shared::cta.bulk_group"):
         return f"{head} {{ emu_bulk_store((void*)({names[0]}), {names[1]}, {names[2]}); }}"
+    if asm.startswith("cp.reduce.async.bulk.global.shared::cta.bulk_group") and asm.split(" ")[0].endswith(".add.f32"):
+        return f"{head} {{ emu_bulk_reduce_add_f32((void*)({names[0]}), {names[1]}, {names[2]}); }}"
+    m = _RED.match(asm)
+    if m:
+        n, ctype = int((m.group(1) or "v1")[1]), _ATOMIC_TYPES[m.group(2)]
+        return (f"{head} {{ {ctype} v_[{n}] = {{{', '.join(names[1:1 + n])}}}; "
+                f"emu_red_add(({ctype}*)({names[0]}), v_, {n}, \"{asm.split(' ')[0]}\"); }}")
+    if _LD_FLAG.match(asm):
+        return f"{head} {{ {names[0]} = emu_ld_flag((const void*)({names[1]})); }}"
+    if _ST_FLAG.match(asm):
+        return f"{head} {{ emu_st_flag((void*)({names[0]}), (uint32_t)({names[1]})); }}"
     if asm.startswith(_NOOPS) and "wgmma.fence" not in asm[1:] and not any("&" in t for t, _ in params):
         return f"{head} {{}}"
     text = asm.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%")[:200]

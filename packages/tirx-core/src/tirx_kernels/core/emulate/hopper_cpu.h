@@ -495,6 +495,35 @@ static void emu_bulk_store(void* dst, uint32_t src, uint32_t n) {
   emu_progress.fetch_add(1);
 }
 
+// Global atomics between threads and CTAs: red.global.add (scalar, .v2, .v4), ld.acquire / ld.relaxed and
+// st.relaxed / st.release of a 32-bit flag, and the bulk reduction cp.reduce.async.bulk .add.f32 (whole at issue).
+// std::atomic_ref: sequentially consistent, like every stand-in; a spin on a flag yields the host thread.
+template <typename T>
+static void emu_red_add(T* p, const T* v, int n, const char* what) {
+  if ((uintptr_t)p % (sizeof(T) * n)) emu_fault("%s: address %p is not %zu-byte aligned", what, (void*)p, sizeof(T) * n);
+  for (int i = 0; i < n; ++i) std::atomic_ref<T>(p[i]).fetch_add(v[i]);
+  emu_progress.fetch_add(1);
+}
+static uint32_t emu_ld_flag(const void* p) {
+  if ((uintptr_t)p % 4) emu_fault("ld.acquire/relaxed.global.b32: address %p is not 4-byte aligned", p);
+  std::this_thread::yield();
+  return std::atomic_ref<uint32_t>(*(uint32_t*)p).load();
+}
+static void emu_st_flag(void* p, uint32_t v) {
+  if ((uintptr_t)p % 4) emu_fault("st.relaxed/release.global.b32: address %p is not 4-byte aligned", p);
+  std::atomic_ref<uint32_t>(*(uint32_t*)p).store(v);
+  emu_progress.fetch_add(1);
+}
+static void emu_bulk_reduce_add_f32(void* dst, uint32_t src, uint32_t n) {
+  if (src % 16 || (uintptr_t)dst % 16 || n % 16)
+    emu_fault("cp.reduce.async.bulk .add.f32: global %p, shared 0x%x, %u bytes: not all 16-byte multiples", dst, src, n);
+  float v[4];
+  for (uint32_t i = 0; i < n; i += 16) {
+    memcpy(v, emu_smem_at(src + i, 16, "cp.reduce.async.bulk"), 16);
+    emu_red_add((float*)((char*)dst + i), v, 4, "cp.reduce.async.bulk");
+  }
+}
+
 // ---------------------------------------------------------------------------------------------------------
 // wgmma: m64nNkK, f32 accumulators, A from a descriptor (SS) or registers (RS), B from a descriptor
 // ---------------------------------------------------------------------------------------------------------
