@@ -3,9 +3,11 @@
 # csrc/jit_kernels/impls/sm90_fp8_gemm_1d2d.hpp) at deepseek-ai/DeepGEMM 54e22612409371d6364144b69086735beb54e98b:
 # its recipe (per 128-K block, wgmma into a temporary accumulator, then promotion with sfa[row] * sfb[block]),
 # written anew in TIRx on the project's Hopper layer (core.lang) and the native GEMM's warp-specialized structure.
-"""The kernel of ``deepgemm_sm90_fp8_gemm_1d2d``: ``D[M, N] (bf16) (+)= (A[M, K] e4m3 * sfa) (B[N, K] e4m3 * sfb)^T``
-with ``sfa`` 1x128 per-token scales (MN-major, TMA-aligned: ``sfa[k_block * align(M, 4) + m]``) and ``sfb`` 128x128
-block scales (``[ceil(N/128), ceil(K/128)]`` row-major).
+"""The kernel of ``deepgemm_sm90_fp8_gemm_1d2d`` and of the m-grouped GEMMs: ``D[M, N] (bf16) (+)= (A[M, K] e4m3 *
+sfa) (B[N, K] e4m3 * sfb)^T`` with ``sfa`` 1x128 per-token scales (MN-major, TMA-aligned: ``sfa[k_block * align(M,
+4) + m]``) and ``sfb`` 128x128 block scales (``[ceil(N/128), ceil(K/128)]`` row-major); the grouped forms take B and
+sfb per group (``[G, N, K]``, ``[G, ceil(N/128), ceil(K/128)]``) and a tile schedule (``_fp8_gemm_sched``: which
+tiles a CTA walks, each tile's group, which rows are stored) around the same mainloop.
 
 Design (DeepGEMM's SM90 1d2d, on the native GEMM's skeleton, ``tirx_kernels.gemm._persistent``):
 - Persistent grid of ``min(tiles, num_sms)`` CTAs walking 128 x ``block_n`` tiles in ``core.lang.scheduler``'s
@@ -24,6 +26,12 @@ Design (DeepGEMM's SM90 1d2d, on the native GEMM's skeleton, ``tirx_kernels.gemm
   ``accumulate`` adds the bf16 value D held first, DeepGEMM's C-into-D convention).
 - Ragged shapes: TMA zero-fills A / B / sfa boxes past M, N, K (a zero-filled sfa row only scales a row that is not
   stored; K's tail adds zeros).
+- Ring positions: producer and consumers each step a (stage, phase) cursor once per loaded K block, so a schedule
+  may skip a tile's loads (a contiguous tile of padding rows) on both sides alike.
+- Schedules (``_fp8_gemm_sched``): ``dense``; ``m_contiguous`` (B / sfb at the group of the tile's first row, rows
+  of group -1 stored as 0); ``m_masked`` (A, sfa and D at the tile's group, rows past ``masked_m[g]`` not stored,
+  a grid that does not depend on ``masked_m``). A slab (64 rows) a schedule marks dead skips its wgmma but still
+  waits for and releases every stage.
 """
 
 from __future__ import annotations
@@ -41,20 +49,34 @@ def smem_bytes(block_n: int, num_stages: int) -> int:
     return num_stages * ((BLOCK_M + block_n) * BLOCK_K + BLOCK_M * 4) + 2 * num_stages * 8
 
 
-def build_kernel(block_n: int, num_stages: int, group_m: int, num_sms: int, accumulate: bool = False):
-    """Kernel arguments ``(a, sfa, b, sfb, d, ldd)``: a (M, K) and b (N, K) e4m3 (K % 16 == 0), sfa flat fp32 (the
-    MN-major TMA-aligned buffer), sfb (ceil(N/128), ceil(K/128)) fp32, d bf16 as 32-bit words with row stride
-    ``ldd`` elements (even; N even)."""
+def build_kernel(block_n: int, num_stages: int, group_m: int, num_sms: int, accumulate: bool = False,
+                 schedule: str = "dense"):
+    """Kernel arguments by schedule (``_fp8_gemm_sched``):
+
+    - ``dense``: ``(a, sfa, b, sfb, d, ldd)``: a (M, K) and b (N, K) e4m3 (K % 16 == 0), sfa flat fp32 (the MN-major
+      TMA-aligned buffer), sfb (ceil(N/128), ceil(K/128)) fp32, d bf16 as 32-bit words with row stride ``ldd``
+      elements (even; N even).
+    - ``m_contiguous``: ``(a, sfa, b, sfb, d, grouped_layout, ldd)``: b (G, N, K), sfb (G, ceil(N/128), ceil(K/128)),
+      grouped_layout (M,) int32.
+    - ``m_masked``: ``(a, sfa, b, sfb, d, masked_m, ldd, ldg)``: a (G, max_m, K), sfa flat (G groups of
+      ``ceil(K/128)`` columns of ``align(max_m, 4)``), b and sfb as above, masked_m (G,) int32, d's group stride
+      ``ldg`` elements (even)."""
     from tvm.script import tirx as T
 
-    from tirx_kernels.core.lang import mbarrier, roles, scheduler, tma, vector, wgmma
+    from tirx_kernels.core.lang import mbarrier, roles, tma, vector, wgmma
+
+    from . import _fp8_gemm_sched as S
 
     if block_n not in (64, 128):
         raise ValueError(f"fp8 gemm 1d2d: block_n={block_n} must divide the 128-wide sfb block (64 or 128)")
     if smem_bytes(block_n, num_stages) > SMEM_LIMIT or num_stages < 2:
         raise ValueError(f"fp8 gemm 1d2d: {num_stages} stages of 128 x {block_n} need "
                          f"{smem_bytes(block_n, num_stages)} B of shared memory (at most {SMEM_LIMIT}, 2 stages)")
+    sched = S.make(schedule, block_n, group_m, num_sms)
+    if accumulate and schedule != "dense":
+        raise ValueError(f"fp8 gemm 1d2d: accumulate (C) is the dense schedule's only (got {schedule!r})")
     assert roles.register_split_fits(NUM_CONSUMERS)
+    masked = schedule == "m_masked"
 
     a_tile, b_tile = BLOCK_M * BLOCK_K, block_n * BLOCK_K  # bytes (= elements) per stage
     stage_bytes = a_tile + b_tile + BLOCK_M * 4
@@ -62,48 +84,66 @@ def build_kernel(block_n: int, num_stages: int, group_m: int, num_sms: int, accu
     nacc = wgmma.acc_regs(block_n)
     ring = mbarrier.Ring.for_warpgroups(num_stages, NUM_CONSUMERS)
 
-    # Grid arithmetic as Python functions of the kernel's dims: inlined where used (a script assignment before the
-    # launch extents would be a device-side variable the host's launch cannot see).
-    def tiles_mn(M, N):  # noqa: N803
-        return scheduler.num_tiles(M, N, BLOCK_M, block_n)
+    def sfb_at(SFB, g, n0, k):  # noqa: N803
+        return SFB[g, n0 // GRAN, k] if sched.grouped else SFB[n0 // GRAN, k]
 
-    def ctas(M, N):  # noqa: N803
-        return scheduler.grid_size(tiles_mn(M, N)[0] * tiles_mn(M, N)[1], num_sms)
+    def b_row(info, N):  # noqa: N803
+        """B's tensor-map row of the tile's first column (grouped: inside the tile's group's N rows)."""
+        return info[S.GROUP] * N + info[S.N0] if sched.grouped else info[S.N0]
 
-    def tile_origin(tile, M, N):  # noqa: N803
-        m_tile, n_tile = scheduler.tile_coords(tile, tiles_mn(M, N)[0], tiles_mn(M, N)[1], group_m)
-        return m_tile * BLOCK_M, n_tile * block_n
+    def kept(row, x):
+        """``x``, or 0 where the schedule stores the row as 0."""
+        keep = sched.row_kept(row)
+        return x if keep is True else T.Select(keep, x, T.float32(0))
+
+    def d_word(row, col, info, ldd, ldg):
+        off = T.Cast("int64", row) * ldd + col
+        if masked:
+            off = off + T.Cast("int64", info[S.GROUP]) * ldg
+        return off // 2
 
     @T.prim_func
     def fp8_gemm_1d2d(a_ptr: T.handle, sfa_ptr: T.handle, b_ptr: T.handle, sfb_ptr: T.handle, d_ptr: T.handle,
-                      ldd: T.int32):
+                      layout_ptr: T.handle, ldd: T.int32, ldg: T.int32):
         M = T.int32()
         N = T.int32()
         K = T.int32()
+        G = T.int32()
         sfa_len = T.int32()
         sfb_rows = T.int32()
         sfb_cols = T.int32()
         d_len = T.int64()
-        A = T.match_buffer(a_ptr, (M, K), AB_DTYPE, align=16)
-        B = T.match_buffer(b_ptr, (N, K), AB_DTYPE, align=16)
+        if masked:
+            A = T.match_buffer(a_ptr, (G, M, K), AB_DTYPE, align=16)
+        else:
+            A = T.match_buffer(a_ptr, (M, K), AB_DTYPE, align=16)
+        if sched.grouped:
+            B = T.match_buffer(b_ptr, (G, N, K), AB_DTYPE, align=16)
+            SFB = T.match_buffer(sfb_ptr, (G, sfb_rows, sfb_cols), "float32", align=4)
+        else:
+            B = T.match_buffer(b_ptr, (N, K), AB_DTYPE, align=16)
+            SFB = T.match_buffer(sfb_ptr, (sfb_rows, sfb_cols), "float32", align=4)
+        if sched.grouped:
+            sched.match_layout(layout_ptr, M, G)
         SFA = T.match_buffer(sfa_ptr, (sfa_len,), "float32", align=16)
-        SFB = T.match_buffer(sfb_ptr, (sfb_rows, sfb_cols), "float32", align=4)
         Dw = T.match_buffer(d_ptr, (d_len,), "uint32", align=4)
-        # Host: tensor maps of this call's dims. sfa is read as a (k_blocks, M) matrix of row stride align(M, 4).
+        # Host: tensor maps of this call's dims. sfa is read as a ((groups x) k_blocks, M) matrix of row stride
+        # align(M, 4); A and B as ((groups x) rows, K).
         a_map = T.Bind(T.tvm_stack_alloca("tensormap", 1))
         b_map = T.Bind(T.tvm_stack_alloca("tensormap", 1))
         sfa_map = T.Bind(T.tvm_stack_alloca("tensormap", 1))
-        tma.encode_2d(a_map, A.data, M, K, K, BLOCK_M, BLOCK_K, AB_DTYPE, l2_promotion=tma.L2_PROMOTION_256B)
-        tma.encode_2d(b_map, B.data, N, K, K, block_n, BLOCK_K, AB_DTYPE, l2_promotion=tma.L2_PROMOTION_256B)
-        tma.encode_2d(sfa_map, SFA.data, (K + GRAN - 1) // GRAN, M, (M + 3) // 4 * 4, 1, BLOCK_M, "float32",
-                      swizzle=tma.SWIZZLE_NONE)
+        tma.encode_2d(a_map, A.data, G * M if masked else M, K, K, BLOCK_M, BLOCK_K, AB_DTYPE,
+                      l2_promotion=tma.L2_PROMOTION_256B)
+        tma.encode_2d(b_map, B.data, G * N if sched.grouped else N, K, K, block_n, BLOCK_K, AB_DTYPE,
+                      l2_promotion=tma.L2_PROMOTION_256B)
+        tma.encode_2d(sfa_map, SFA.data, (G if masked else 1) * ((K + GRAN - 1) // GRAN), M, (M + 3) // 4 * 4, 1,
+                      BLOCK_M, "float32", swizzle=tma.SWIZZLE_NONE)
         T.device_entry()
         T.attr({"tirx.launch_bounds_min_blocks_per_sm": 1})
-        cta = T.cta_id([ctas(M, N)])
+        cta = T.cta_id([sched.grid(M, N, G)])
         wg = T.warpgroup_id([3])
         tid = T.thread_id([384])
         k_tiles = (K + BLOCK_K - 1) // BLOCK_K
-        my_tiles = scheduler.tiles_of_cta(cta, ctas(M, N), tiles_mn(M, N)[0] * tiles_mn(M, N)[1])
 
         # Shared memory: one pool, 1024-aligned operand tiles first, barriers last.
         pool = T.SMEMPool()
@@ -122,11 +162,16 @@ def build_kernel(block_n: int, num_stages: int, group_m: int, num_sms: int, accu
         packed = T.alloc_local((1,), "uint32")
         remote = T.alloc_local((1,), "uint32")
         cursor = T.alloc_local((2,), "int32")
+        state = T.alloc_local((3,), "int32")  # the schedule's walk (m_masked: tile count, group cursor)
+        info = T.alloc_local((4,), "int32")  # the tile: first row in its group, first column, group, rows stored
 
         if tid == 0:
             ring.init(full, empty)
             mbarrier.fence_init()
         T.cuda.cta_sync()
+        sched.begin(state, M, N, G)
+        ring.cursor_init(cursor)
+        my_tiles = sched.count(cta, sched.grid(M, N, G), state, M, N, G)
 
         if wg == 0:
             # TMA warpgroup: decrease registers for the consumers.
@@ -136,63 +181,83 @@ def build_kernel(block_n: int, num_stages: int, group_m: int, num_sms: int, accu
                 tma.prefetch_descriptor(b_map)
                 tma.prefetch_descriptor(sfa_map)
                 for t in range(my_tiles):
-                    m0 = tile_origin(cta + t * ctas(M, N), M, N)[0]
-                    n0 = tile_origin(cta + t * ctas(M, N), M, N)[1]
-                    for k in range(k_tiles):
-                        it = t * k_tiles + k  # the ring's use count continues across tiles
-                        s = ring.stage(it)
-                        ring.producer_acquire(empty, it)
-                        ring.producer_expect(full, it, stage_bytes)
-                        tma.load_2d(As.ptr_to([s * a_tile]), a_map, k * BLOCK_K, m0, full.ptr_to([s]))
-                        tma.load_2d(Bs.ptr_to([s * b_tile]), b_map, k * BLOCK_K, n0, full.ptr_to([s]))
-                        tma.load_2d(SFAs.ptr_to([s * BLOCK_M]), sfa_map, m0, k, full.ptr_to([s]))
+                    sched.bind(info, state, cta + t * sched.grid(M, N, G), M, N, G)
+                    if sched.loads(info):
+                        for k in range(k_tiles):
+                            s = cursor[0]
+                            # The slot's previous use must have been released (a fresh ring passes at once).
+                            mbarrier.wait(empty.ptr_to([s]), cursor[1] ^ 1)
+                            mbarrier.arrive_expect_tx(full.ptr_to([s]), stage_bytes)
+                            tma.load_2d(As.ptr_to([s * a_tile]), a_map, k * BLOCK_K, sched.a_row(info, M),
+                                        full.ptr_to([s]))
+                            tma.load_2d(Bs.ptr_to([s * b_tile]), b_map, k * BLOCK_K, b_row(info, N),
+                                        full.ptr_to([s]))
+                            tma.load_2d(SFAs.ptr_to([s * BLOCK_M]), sfa_map, info[S.M0],
+                                        sched.sfa_row(info, k_tiles) + k, full.ptr_to([s]))
+                            ring.cursor_advance(cursor)
         else:
             # Math warpgroups: consumer cw owns rows [64 cw, 64 cw + 64) of every tile.
             cw, ct, warp, lane = roles.consumer_role(wg, tid)
             wgmma.encode_desc_kmajor_sw128(desc_a.ptr_to([0]), As.ptr_to([cw * wgmma.M * BLOCK_K]))
             wgmma.encode_desc_kmajor_sw128(desc_b.ptr_to([0]), Bs.ptr_to([0]))
-            ring.cursor_init(cursor)
             for t in range(my_tiles):
-                m0 = tile_origin(cta + t * ctas(M, N), M, N)[0]
-                n0 = tile_origin(cta + t * ctas(M, N), M, N)[1]
+                sched.bind(info, state, cta + t * sched.grid(M, N, G), M, N, G)
+                m0 = info[S.M0]
+                n0 = info[S.N0]
                 for i in T.unroll(nacc):
                     acc[i] = T.float32(0)
-                for k in range(k_tiles):
-                    s = cursor[0]
-                    ring.consumer_wait_at(full, cursor)
-                    wgmma.fence()
-                    for kk in T.unroll(k_steps):
-                        # NOTES: the K block's first wgmma overwrites the temporary (scale-d 0): no zeroing loop.
-                        wgmma.mma(block_n, tmp, wgmma.desc_advance(desc_a[0], s * a_tile + kk * 32),
-                                  wgmma.desc_advance(desc_b[0], s * b_tile + kk * 32), AB_DTYPE, scale_d=kk > 0)
-                    wgmma.commit()
-                    wgmma.wait(0)
-                    for r in T.unroll(2):
-                        scale[r] = SFAs[s * BLOCK_M + cw * wgmma.M + wgmma.acc_row(warp, lane, r)] * SFB[n0 // GRAN, k]
-                    # The stage's smem (operands and sfa) has been read: give it back before the promotion. NOTES:
-                    # lane 0 arrives for its warp, so every lane must be past its sfa reads (and its full-barrier
-                    # wait: a lane still spinning there would miss the phase the refill completes) first.
-                    T.evaluate(T.call_extern("void", "__syncwarp"))
-                    ring.release_slot(empty, s, warp, lane, remote[0])
-                    ring.cursor_advance(cursor)
-                    for j in T.unroll(block_n // 8):
-                        for r in T.unroll(2):
-                            for e in T.unroll(2):
-                                acc[wgmma.acc_index(j, r, e)] = (acc[wgmma.acc_index(j, r, e)]
-                                                                 + tmp[wgmma.acc_index(j, r, e)] * scale[r])
-                # Epilogue: bf16 pairs from the fragment to D, clipped at M and N (N even: a pair is in or out).
+                if sched.loads(info):
+                    for k in range(k_tiles):
+                        s = cursor[0]
+                        ring.consumer_wait_at(full, cursor)
+                        if sched.slab_live(info, m0 + cw * wgmma.M):
+                            wgmma.fence()
+                            for kk in T.unroll(k_steps):
+                                # NOTES: the K block's first wgmma overwrites the temporary (scale-d 0): no zeroing.
+                                wgmma.mma(block_n, tmp, wgmma.desc_advance(desc_a[0], s * a_tile + kk * 32),
+                                          wgmma.desc_advance(desc_b[0], s * b_tile + kk * 32), AB_DTYPE,
+                                          scale_d=kk > 0)
+                            wgmma.commit()
+                            wgmma.wait(0)
+                            for r in T.unroll(2):
+                                scale[r] = (SFAs[s * BLOCK_M + cw * wgmma.M + wgmma.acc_row(warp, lane, r)]
+                                            * sfb_at(SFB, info[S.GROUP], n0, k))
+                        # The stage's smem (operands and sfa) has been read: give it back before the promotion.
+                        # NOTES: lane 0 arrives for its warp, so every lane must be past its sfa reads (and its
+                        # full-barrier wait: a lane still spinning there would miss the phase the refill completes).
+                        T.evaluate(T.call_extern("void", "__syncwarp"))
+                        ring.release_slot(empty, s, warp, lane, remote[0])
+                        ring.cursor_advance(cursor)
+                        if sched.slab_live(info, m0 + cw * wgmma.M):
+                            for j in T.unroll(block_n // 8):
+                                for r in T.unroll(2):
+                                    for e in T.unroll(2):
+                                        acc[wgmma.acc_index(j, r, e)] = (acc[wgmma.acc_index(j, r, e)]
+                                                                         + tmp[wgmma.acc_index(j, r, e)] * scale[r])
+                # Epilogue: bf16 pairs from the fragment to D, clipped at the stored rows and N (N even: a pair is in
+                # or out); rows the schedule does not keep are stored as 0.
                 for j in T.unroll(block_n // 8):
                     for r in T.unroll(2):
                         row = m0 + cw * wgmma.M + wgmma.acc_row(warp, lane, r)
                         col = n0 + wgmma.acc_col(lane, j)
-                        if row < M and col < N:
+                        if row < sched.stored_rows(info, M) and col < N:
                             if accumulate:
-                                lo, hi = vector.unpack2(Dw[(T.Cast("int64", row) * ldd + col) // 2], "bfloat16")
+                                lo, hi = vector.unpack2(Dw[d_word(row, col, info, ldd, ldg)], "bfloat16")
                                 T.evaluate(T.ptx.cvt.rn.bf16x2.f32(packed[0], acc[wgmma.acc_index(j, r, 1)] + hi,
                                                                    acc[wgmma.acc_index(j, r, 0)] + lo))
                             else:
-                                T.evaluate(T.ptx.cvt.rn.bf16x2.f32(packed[0], acc[wgmma.acc_index(j, r, 1)],
-                                                                   acc[wgmma.acc_index(j, r, 0)]))
-                            Dw[(T.Cast("int64", row) * ldd + col) // 2] = packed[0]
+                                T.evaluate(T.ptx.cvt.rn.bf16x2.f32(packed[0], kept(row, acc[wgmma.acc_index(j, r, 1)]),
+                                                                   kept(row, acc[wgmma.acc_index(j, r, 0)])))
+                            Dw[d_word(row, col, info, ldd, ldg)] = packed[0]
 
-    return fp8_gemm_1d2d
+    unused = {"dense": ("layout_ptr", "ldg"), "m_contiguous": ("ldg",), "m_masked": ()}[schedule]
+    return _drop_params(fp8_gemm_1d2d, unused)
+
+
+def _drop_params(func, names):
+    """``func`` without the parameters called ``names`` (ones its schedule never reads): one kernel source serves
+    every argument list."""
+    from tvm import tirx
+
+    keep = [p for p in func.params if p.name not in names]
+    return func if len(keep) == len(func.params) else tirx.PrimFunc(keep, func.body, func.ret_type, func.attrs)

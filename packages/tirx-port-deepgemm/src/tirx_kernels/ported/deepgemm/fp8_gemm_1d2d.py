@@ -22,7 +22,7 @@ import torch
 from tirx_kernels.core import checks, harness, runtime
 
 from . import _fp8_cast as C
-from . import _fp8_gemm_kernel as G
+from . import _fp8_gemm_op as O
 
 KERNEL_META = {
     "name": "deepgemm_sm90_fp8_gemm_1d2d",
@@ -60,38 +60,10 @@ BENCH_CONFIGS = [
     {"label": "m4096_n7168_k16384", "M": 4096, "N": 7168, "K": 16384},
 ]
 DEFAULTS = {"accumulate": False}
-NUM_SMS = 132  # H100 SXM and H200: a compile parameter (a wrong value costs speed, never correctness)
-GROUP_M = 8
-TILES = {"128x128_s6": (128, 6), "128x64_s8": (64, 8)}  # tile: (block_n, num_stages)
-CALC_DIFF_MAX = 1e-3  # DeepGEMM's bound for FP8 GEMMs (tests/test_fp8.py)
+NUM_SMS, GROUP_M, TILES, CALC_DIFF_MAX = O.NUM_SMS, O.GROUP_M, O.TILES, O.CALC_DIFF_MAX
+calc_diff, choose_tile, sass_expect = O.calc_diff, O.choose_tile, O.sass_expect
+COMPARATORS = {"d": O.calc_diff_comparator}
 _OP = "fp8_gemm_nt"
-
-
-def calc_diff(x: torch.Tensor, y: torch.Tensor) -> float:
-    """DeepGEMM's ``calc_diff``: ``1 - 2<x, y> / (|x|^2 + |y|^2)`` in float64 (0 for equal tensors)."""
-    x, y = x.double(), y.double()
-    denom = (x * x + y * y).sum()
-    return 0.0 if denom == 0 else float(1 - 2 * (x * y).sum() / denom)
-
-
-def _calc_diff_comparator(got, want, cfg: dict, inputs: dict) -> dict:
-    if got.shape != want.shape:
-        raise harness.KernelCheckError(f"shape {tuple(got.shape)} != wanted shape {tuple(want.shape)}")
-    if not torch.isfinite(got.float()).all():
-        raise harness.KernelCheckError(f"{int((~torch.isfinite(got.float())).sum())} outputs not finite (unwritten?)")
-    diff = calc_diff(got, want)
-    if diff > CALC_DIFF_MAX:
-        raise harness.KernelCheckError(f"calc_diff {diff:.3e} > {CALC_DIFF_MAX}")
-    return {"calc_diff": diff}
-
-
-COMPARATORS = {"d": _calc_diff_comparator}
-
-
-def choose_tile(M: int, N: int) -> str:  # noqa: N803
-    """128 x 64 while 128 x 128 tiles would leave SMs idle in the only wave (DeepGEMM's heuristic also widens N
-    with the wave count; the fuller table is GPU work still to do)."""
-    return "128x64_s8" if C.ceil_div(M, 128) * C.ceil_div(N, 128) < NUM_SMS else "128x128_s6"
 
 
 def compile_params(M: int = 4096, N: int = 4096, accumulate: bool = False, tile: str | None = None, **_) -> dict:  # noqa: N803
@@ -108,24 +80,12 @@ def call_samples(rng) -> list[dict]:
 
 
 def get_kernel(tile: str, accumulate: bool = False):
-    if tile not in TILES:
-        raise ValueError(f"{KERNEL_META['name']}: tile {tile!r} is not one of {sorted(TILES)}")
-    block_n, stages = TILES[tile]
-    return G.build_kernel(block_n, stages, GROUP_M, NUM_SMS, accumulate).with_attr(
-        "global_symbol", "deepgemm_sm90_fp8_gemm_1d2d")
-
-
-def sass_expect(**_) -> list[str]:
-    return [r"QGMMA\.64x\d+x32\.F32\.E4M3\.E4M3", r"UTMALDG\.2D", r"SYNCS"]
+    return O.build(KERNEL_META["name"], tile, "dense", accumulate)
 
 
 def dequantize(a, sfa, b, sfb):
     """The fp32 operands the oracle multiplies: codes times their (broadcast) scales."""
-    M, K = a.shape  # noqa: N806
-    N = b.shape[0]  # noqa: N806
-    a32 = a.float() * sfa.float().repeat_interleave(C.GRAN, 1)[:, :K]
-    b32 = b.float() * sfb.float().repeat_interleave(C.GRAN, 0)[:N].repeat_interleave(C.GRAN, 1)[:, :K]
-    return a32, b32
+    return O.dequantize_a(a, sfa), O.dequantize_b(b, sfb)
 
 
 def prepare_data(M: int, N: int, K: int, accumulate: bool = False, **_) -> dict:  # noqa: N803
@@ -138,11 +98,8 @@ def prepare_data(M: int, N: int, K: int, accumulate: bool = False, **_) -> dict:
     g = torch.Generator(device="cuda").manual_seed(seed)
     x = (torch.randn(M, K, generator=g, device="cuda") * torch.logspace(-2, 1, M, device="cuda")[:, None])
     w = torch.randn(N, K, generator=g, device="cuda")
-    a, sfa = C.per_token_ref(x.to(torch.bfloat16))
-    b, sfb = C.per_block_ref(w.to(torch.bfloat16))
-    sfa_mn = C.new_mn_major_sf(M, K, "cuda")
-    sfa_mn.copy_(sfa)
-    data = {"a": a, "sfa": sfa_mn, "b": b, "sfb": sfb, "d": torch.empty(M, N, dtype=torch.bfloat16, device="cuda")}
+    a, sfa, b, sfb = O.quantized_operands(x.to(torch.bfloat16), w.to(torch.bfloat16))
+    data = {"a": a, "sfa": sfa, "b": b, "sfb": sfb, "d": torch.empty(M, N, dtype=torch.bfloat16, device="cuda")}
     if accumulate:
         data["c"] = torch.randn(M, N, generator=g, device="cuda").to(torch.bfloat16)
     return data
@@ -190,25 +147,14 @@ def get_baselines(**cfg) -> dict:
 
 # ------------------------------------------------------------------------------------------------- public op
 def _fail(name: str, expected: str, got) -> None:
-    raise checks.TirxInputError(f"{_OP}: argument '{name}': expected {expected}, got {got}")
-
-
-def _pair(name: str, pair):
-    if not isinstance(pair, tuple | list) or len(pair) != 2:
-        _fail(name, "a (tensor, scales) pair", type(pair).__name__)
-    return pair
+    O.fail(_OP, name, expected, got)
 
 
 def check_inputs(a, b, d, c=None, recipe=None, cuda: bool = True):
     """Validate the call; returns ``(a, sfa, b, sfb, M, N, K)``."""
-    (a, sfa), (b, sfb) = _pair("a", a), _pair("b", b)
-    f8 = (torch.float8_e4m3fn,)
-    checks.tensor(_OP, "a[0]", a, dtypes=f8, ndim=2, inner_contiguous=False, cuda=False)
-    checks.tensor(_OP, "b[0]", b, dtypes=f8, ndim=2, inner_contiguous=False, cuda=False)
-    for name, t in (("a[0]", a), ("b[0]", b)):
-        if t.stride(-1) != 1 and t.shape[-1] > 1:
-            _fail(name, "a K-major operand (NT only: SM90 FP8 wgmma reads K-major A and B; use fp8_gemm_nt with "
-                  "the transposed operand made contiguous)", f"strides {tuple(t.stride())}")
+    (a, sfa), (b, sfb) = O.pair(_OP, "a", a), O.pair(_OP, "b", b)
+    O.check_operand(_OP, "a[0]", a, 2)
+    O.check_operand(_OP, "b[0]", b, 2)
     M, K = a.shape  # noqa: N806
     N = b.shape[0]  # noqa: N806
     if b.shape[1] != K:
@@ -220,26 +166,19 @@ def check_inputs(a, b, d, c=None, recipe=None, cuda: bool = True):
     checks.tensor(_OP, "d", d, dtypes=(torch.bfloat16,), shape=(M, N), cuda=False)
     if c is not None:
         checks.tensor(_OP, "c", c, dtypes=(torch.bfloat16,), shape=(M, N), cuda=False)
-    if recipe not in (None, (1, 128, 128)):
-        _fail("recipe", "None or (1, 128, 128) (SM90's 1x128 / 128x128 scales)", recipe)
+    O.check_recipe(_OP, recipe)
     checks.multiple_of(_OP, "a[0].shape[1]", K, 16, "TMA needs 16-byte rows of A and B")
     checks.multiple_of(_OP, "d.shape[1]", N, 8, "D is written in 4-byte pairs; DeepGEMM needs 16-byte rows")
     if d.stride(0) % 2:
         _fail("d", "an even row stride (4-byte pairs)", f"strides {tuple(d.stride())}")
     if cuda:
-        for name, t in (("a[0]", a), ("a[1]", sfa), ("b[0]", b), ("b[1]", sfb), ("d", d), ("c", c)):
-            if t is not None:
-                checks.tensor(_OP, name, t, inner_contiguous=False, cuda=True)
+        O.check_cuda(_OP, **{"a[0]": a, "a[1]": sfa, "b[0]": b, "b[1]": sfb, "d": d, "c": c})
     return a, sfa, b, sfb, M, N, K
 
 
 def _sfa_in_layout(sfa: torch.Tensor, M: int, K: int) -> torch.Tensor:  # noqa: N803
     """``sfa`` as the kernel reads it: the MN-major TMA-aligned tensor itself, else a copy made so."""
-    if sfa.stride(0) == 1 and (sfa.stride(1) == C.tma_aligned_size(M) or sfa.shape[1] == 1):
-        return sfa
-    out = C.new_mn_major_sf(M, K, sfa.device)
-    out.copy_(sfa)
-    return out
+    return O.sf_in_layout(sfa, K)
 
 
 _FUNCTIONS = runtime.FunctionCache(__name__)
@@ -256,19 +195,8 @@ def _run(a, sfa, b, sfb, d, accumulate: bool, tile: str | None = None) -> None:
 def kernel_args(a, sfa, b, sfb, d) -> tuple:
     """The kernel's arguments ``(a, sfa, b, sfb, d, ldd)``: sfa as its flat MN-major buffer (exactly the span the
     tensor covers), d as 32-bit words of bf16 pairs with its row stride."""
-    M, K = a.shape  # noqa: N806
-    N = b.shape[0]  # noqa: N806
-    sfa = _sfa_in_layout(sfa, M, K)
-    span = sfa.stride(1) * (sfa.shape[1] - 1) + M
-    return (_tma_aligned(a), _tma_aligned(sfa.as_strided((span,), (1,))), _tma_aligned(b), sfb.contiguous(),
-            d.as_strided((d.stride(0) * (M - 1) + N,), (1,)).view(torch.uint32), d.stride(0))
-
-
-def _tma_aligned(t: torch.Tensor) -> torch.Tensor:
-    """``t`` contiguous at a 16-byte-aligned address (a TMA map's base must be): a view at an odd offset is
-    copied."""
-    t = t.contiguous()
-    return t if t.data_ptr() % 16 == 0 else t.clone()
+    K = a.shape[1]  # noqa: N806
+    return (O.tma_aligned(a), O.flat_sf(sfa, K), O.tma_aligned(b), sfb.contiguous(), O.d_words(d), d.stride(0))
 
 
 def fp8_gemm_nt(a, b, d: torch.Tensor, c: torch.Tensor | None = None, recipe=None, compiled_dims: str = "nk",

@@ -1,0 +1,180 @@
+# SPDX-License-Identifier: Apache-2.0
+# Host side shared by the ports of DeepGEMM's SM90 FP8 GEMMs (csrc/apis/gemm.hpp: fp8_fp4_gemm_nt,
+# m_grouped_fp8_fp4_gemm_nt_contiguous / _masked; csrc/apis/layout.hpp: transform_sf_into_required_layout;
+# deep_gemm/testing/numeric.py: calc_diff) at deepseek-ai/DeepGEMM 54e22612409371d6364144b69086735beb54e98b.
+"""What the FP8 GEMM ops share: the tiles and their heuristic, the kernel builder by schedule, DeepGEMM's
+``calc_diff`` check, argument checks, and the operand layouts the kernel reads (TMA-aligned bases, MN-major sfa,
+flat views of D)."""
+
+from __future__ import annotations
+
+import torch
+
+from tirx_kernels.core import checks, harness
+
+from . import _fp8_cast as C
+from . import _fp8_gemm_kernel as G
+
+NUM_SMS = 132  # H100 SXM and H200: a compile parameter (a wrong value costs speed, never correctness)
+GROUP_M = 8
+TILES = {"128x128_s6": (128, 6), "128x64_s8": (64, 8)}  # tile: (block_n, num_stages)
+CALC_DIFF_MAX = 1e-3  # DeepGEMM's bound for FP8 GEMMs (tests/test_fp8_fp4.py)
+E4M3 = torch.float8_e4m3fn
+
+
+def choose_tile(M: int, N: int) -> str:  # noqa: N803
+    """128 x 64 while 128 x 128 tiles would leave SMs idle in the only wave (DeepGEMM's heuristic also widens N
+    with the wave count; the fuller table is GPU work still to do). ``M``: the rows of every group together."""
+    return "128x64_s8" if C.ceil_div(M, 128) * C.ceil_div(N, 128) < NUM_SMS else "128x128_s6"
+
+
+def build(kernel_name: str, tile: str, schedule: str, accumulate: bool = False):
+    if tile not in TILES:
+        raise ValueError(f"{kernel_name}: tile {tile!r} is not one of {sorted(TILES)}")
+    block_n, stages = TILES[tile]
+    return G.build_kernel(block_n, stages, GROUP_M, NUM_SMS, accumulate, schedule).with_attr(
+        "global_symbol", kernel_name)
+
+
+def sass_expect(**_) -> list[str]:
+    return [r"QGMMA\.64x\d+x32\.F32\.E4M3\.E4M3", r"UTMALDG\.2D", r"SYNCS"]
+
+
+# ------------------------------------------------------------------------------------------------- checks
+def calc_diff(x: torch.Tensor, y: torch.Tensor) -> float:
+    """DeepGEMM's ``calc_diff``: ``1 - 2<x, y> / (|x|^2 + |y|^2)`` in float64 (0 for equal tensors)."""
+    x, y = x.double(), y.double()
+    denom = (x * x + y * y).sum()
+    return 0.0 if denom == 0 else float(1 - 2 * (x * y).sum() / denom)
+
+
+def check_calc_diff(got, want) -> dict:
+    """Finite outputs within DeepGEMM's calc_diff bound of ``want``; raises ``KernelCheckError``."""
+    if got.shape != want.shape:
+        raise harness.KernelCheckError(f"shape {tuple(got.shape)} != wanted shape {tuple(want.shape)}")
+    if not torch.isfinite(got.float()).all():
+        raise harness.KernelCheckError(f"{int((~torch.isfinite(got.float())).sum())} outputs not finite (unwritten?)")
+    diff = calc_diff(got, want)
+    if diff > CALC_DIFF_MAX:
+        raise harness.KernelCheckError(f"calc_diff {diff:.3e} > {CALC_DIFF_MAX}")
+    return {"calc_diff": diff}
+
+
+def calc_diff_comparator(got, want, cfg: dict, inputs: dict) -> dict:
+    return check_calc_diff(got, want)
+
+
+def fail(op: str, name: str, expected: str, got) -> None:
+    raise checks.TirxInputError(f"{op}: argument '{name}': expected {expected}, got {got}")
+
+
+def pair(op: str, name: str, value):
+    if not isinstance(value, tuple | list) or len(value) != 2:
+        fail(op, name, "a (tensor, scales) pair", type(value).__name__)
+    return value
+
+
+def check_operand(op: str, name: str, t, ndim: int) -> None:
+    """An e4m3 operand, K-major (NT only: SM90 FP8 wgmma reads K-major A and B)."""
+    checks.tensor(op, name, t, dtypes=(E4M3,), ndim=ndim, inner_contiguous=False, cuda=False)
+    if t.stride(-1) != 1 and t.shape[-1] > 1:
+        fail(op, name, "a K-major operand (NT only: SM90 FP8 wgmma reads K-major A and B; make the transposed "
+             "operand contiguous)", f"strides {tuple(t.stride())}")
+
+
+def check_recipe(op: str, recipe) -> None:
+    if recipe not in (None, (1, 128, 128)):
+        fail(op, "recipe", "None or (1, 128, 128) (SM90's 1x128 / 128x128 scales)", recipe)
+
+
+def check_cuda(op: str, **tensors) -> None:
+    ref_name, ref = next(iter(tensors.items()))
+    for name, t in tensors.items():
+        if t is not None:
+            checks.tensor(op, name, t, inner_contiguous=False, cuda=True)
+    checks.same_device(op, ref_name, ref, **{k: v for k, v in tensors.items() if v is not None})
+
+
+# ------------------------------------------------------------------------------------------------- layouts
+def tma_aligned(t: torch.Tensor) -> torch.Tensor:
+    """``t`` contiguous at a 16-byte-aligned address (a TMA map's base must be): a view at an odd offset is
+    copied."""
+    t = t.contiguous()
+    return t if t.data_ptr() % 16 == 0 else t.clone()
+
+
+def new_mn_major_sf(outer: tuple, k: int, device) -> torch.Tensor:
+    """fp32 ``[(G,) mn, ceil(k/128)]`` (``outer`` = ``(mn,)`` or ``(G, mn)``) with DeepGEMM's MN-major TMA-aligned
+    strides: each group's K-block columns of ``align(mn, 4)`` scales, one after the other."""
+    if len(outer) == 1:
+        return C.new_mn_major_sf(outer[0], k, device)
+    g, mn = outer
+    kb, col = C.ceil_div(k, C.GRAN), C.tma_aligned_size(mn)
+    return torch.empty_strided((g, mn, kb), (kb * col, 1, col), dtype=torch.float32, device=device)
+
+
+def sf_in_layout(sf: torch.Tensor, k: int) -> torch.Tensor:
+    """``sf`` (``[(G,) mn, ceil(k/128)]``) as the kernel reads it: the MN-major TMA-aligned tensor itself, else a
+    copy made so (DeepGEMM's ``get_mn_major_tma_aligned_tensor``)."""
+    mn, kb = sf.shape[-2], sf.shape[-1]
+    col = C.tma_aligned_size(mn)
+    ok = sf.stride(-2) == 1 and (sf.stride(-1) == col or kb == 1)
+    if sf.dim() == 3:
+        ok = ok and (sf.stride(0) == kb * col or sf.shape[0] == 1)
+    if ok and sf.data_ptr() % 16 == 0:
+        return sf
+    out = new_mn_major_sf(tuple(sf.shape[:-1]), k, sf.device)
+    out.copy_(sf)
+    return out
+
+
+def flat_sf(sf: torch.Tensor, k: int) -> torch.Tensor:
+    """The flat fp32 buffer of ``sf`` in the kernel's layout: exactly the span its elements cover."""
+    sf = sf_in_layout(sf, k)
+    span = 1 + sum((s - 1) * st for s, st in zip(sf.shape, sf.stride()))
+    return sf.as_strided((span,), (1,))
+
+
+def d_words(d: torch.Tensor) -> torch.Tensor:
+    """``d`` (bf16, unit stride along N, even row and group strides) as the 32-bit words of its span."""
+    span = 1 + sum((s - 1) * st for s, st in zip(d.shape, d.stride()))
+    return d.as_strided((span,), (1,)).view(torch.uint32)
+
+
+def dequantize_a(a: torch.Tensor, sfa: torch.Tensor) -> torch.Tensor:
+    """fp32 A: codes times their 1x128 scales (``[(G,) M, K]``)."""
+    K = a.shape[-1]  # noqa: N806
+    return a.float() * sfa.float().repeat_interleave(C.GRAN, -1)[..., :K]
+
+
+def dequantize_b(b: torch.Tensor, sfb: torch.Tensor) -> torch.Tensor:
+    """fp32 B: codes times their 128x128 scales (``[(G,) N, K]``)."""
+    N, K = b.shape[-2], b.shape[-1]  # noqa: N806
+    return b.float() * sfb.float().repeat_interleave(C.GRAN, -2)[..., :N, :].repeat_interleave(C.GRAN, -1)[..., :K]
+
+
+def quantized_operands(x: torch.Tensor, w: torch.Tensor):
+    """DeepGEMM's casts (the torch oracles) of bf16 activations ``x`` (``[(G,) M, K]``, per token) and weights ``w``
+    (``[(G,) N, K]``, per block, per group): ``(a, sfa in the MN-major layout, b, sfb)``."""
+    if x.dim() == 2:
+        a, sfa = C.per_token_ref(x)
+    else:
+        pieces = [C.per_token_ref(x[i]) for i in range(x.shape[0])]
+        a, sfa = torch.stack([p[0] for p in pieces]), torch.stack([p[1] for p in pieces])
+    if w.dim() == 2:
+        b, sfb = C.per_block_ref(w)
+    else:
+        pieces = [C.per_block_ref(w[i]) for i in range(w.shape[0])]
+        b, sfb = torch.stack([p[0] for p in pieces]), torch.stack([p[1] for p in pieces])
+    sfa_mn = new_mn_major_sf(tuple(sfa.shape[:-1]), x.shape[-1], x.device)
+    sfa_mn.copy_(sfa)
+    return a, sfa_mn, b, sfb
+
+
+def scaled_mm_blockwise(a, sfa, b, sfb):
+    """cuBLASLt's blockwise FP8 GEMM (1x128 x 128x128) through ``torch._scaled_mm``: bf16 ``a @ b.T``. Raises
+    ``ImportError`` (a missing reference) where this torch build or card has no blockwise scaling."""
+    try:
+        return torch._scaled_mm(a, b.t(), scale_a=sfa, scale_b=sfb.t(), out_dtype=torch.bfloat16)
+    except (RuntimeError, TypeError, NotImplementedError) as e:
+        raise ImportError(f"torch._scaled_mm blockwise (1x128 x 128x128) is not available here: {e}") from None
