@@ -171,10 +171,22 @@ def quantized_operands(x: torch.Tensor, w: torch.Tensor):
     return a, sfa_mn, b, sfb
 
 
-def scaled_mm_blockwise(a, sfa, b, sfb):
-    """cuBLASLt's blockwise FP8 GEMM (1x128 x 128x128) through ``torch._scaled_mm``: bf16 ``a @ b.T``. Raises
-    ``ImportError`` (a missing reference) where this torch build or card has no blockwise scaling."""
+def scaled_mm_blockwise(a, sfa, b, sfb, out=None):
+    """cuBLASLt's blockwise FP8 GEMM (1x128 x 128x128) through ``torch._scaled_mm``: bf16 ``a @ b.T`` (into ``out``
+    where given). ``sfa`` [M, ceil(K/128)] M-major (stride (1, M)), ``sfb`` [ceil(N/128), ceil(K/128)]."""
+    kwargs = {"scale_a": sfa, "scale_b": sfb.t(), "out_dtype": torch.bfloat16}
+    if out is None:
+        return torch._scaled_mm(a, b.t(), **kwargs)
+    return torch._scaled_mm(a, b.t(), **kwargs, out=out)
+
+
+def scaled_mm_probe() -> None:
+    """Raise ``ImportError`` (a missing reference) where this torch build or card has no blockwise ``_scaled_mm``."""
+    a = torch.ones(128, 256, device="cuda").to(E4M3)
+    sfa = torch.ones(2, 128, device="cuda").t()
     try:
-        return torch._scaled_mm(a, b.t(), scale_a=sfa, scale_b=sfb.t(), out_dtype=torch.bfloat16)
+        scaled_mm_blockwise(a, sfa, a, torch.ones(1, 2, device="cuda"), out=torch.empty(128, 128, device="cuda",
+                                                                                         dtype=torch.bfloat16))
+        torch.cuda.synchronize()
     except (RuntimeError, TypeError, NotImplementedError) as e:
         raise ImportError(f"torch._scaled_mm blockwise (1x128 x 128x128) is not available here: {e}") from None
