@@ -76,7 +76,7 @@ def artifact_params() -> list[dict]:
 
 def call_samples(rng) -> list[dict]:
     return [{"M": rng.choice([1, 17, 128, 4096, rng.randint(1, 20000)]), "N": 8 * rng.randint(1, 4096),
-             "K": 16 * rng.randint(1, 1024), "accumulate": acc} for acc in (False, True) for _ in range(8)]
+             "K": 16 * rng.randint(1, 1024), "accumulate": acc} for acc in (False, True) for _ in range(12)]
 
 
 def get_kernel(tile: str, accumulate: bool = False):

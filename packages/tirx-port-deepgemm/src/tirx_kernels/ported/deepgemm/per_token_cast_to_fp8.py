@@ -61,7 +61,7 @@ def artifact_params() -> list[dict]:
 
 def call_samples(rng) -> list[dict]:
     return [{"dtype": t, "use_ue8m0": u, "M": rng.choice([1, 17, 4096, rng.randint(1, 20000)]),
-             "K": 8 * rng.randint(1, 2048)} for t in C.DTYPES for u in (False, True)]
+             "K": 8 * rng.randint(1, 2048)} for t in C.DTYPES for u in (False, True) for _ in range(6)]
 
 
 def get_kernel(dtype: str, use_ue8m0: bool = False):
