@@ -84,7 +84,7 @@ def test_rejected_alignment_and_recipe():
     with pytest.raises(TirxInputError, match="argument 'd.shape\\[1\\]'.*multiple of 8"):
         mod.fp8_gemm_nt((a, sfa), (b[:130], sfb[:2]), torch.empty(4, 130, dtype=torch.bfloat16))
     with pytest.raises(TirxInputError, match="argument 'recipe'"):
-        mod.fp8_gemm_nt((a, sfa), (b, sfb), torch.empty(4, 136, dtype=torch.bfloat16), recipe=(1, 1, 128))
+        mod.fp8_gemm_nt((a, sfa), (b, sfb), torch.empty(4, 136, dtype=torch.bfloat16), recipe=(1, 1, 64))
 
 
 def test_sfa_layout_transform():

@@ -44,13 +44,17 @@ GRAN = 128
 AB_DTYPE = "float8_e4m3fn"
 
 
-def smem_bytes(block_n: int, num_stages: int) -> int:
-    """The ring (A, B and the sfa column of each stage) and its 2 x num_stages barriers."""
-    return num_stages * ((BLOCK_M + block_n) * BLOCK_K + BLOCK_M * 4) + 2 * num_stages * 8
+RECIPES = ("1d2d", "1d1d")
+
+
+def smem_bytes(block_n: int, num_stages: int, recipe: str = "1d2d") -> int:
+    """The ring (A, B, the sfa column and, 1d1d, the sfb row of each stage) and its 2 x num_stages barriers."""
+    sf_bytes = BLOCK_M * 4 + (block_n * 4 if recipe == "1d1d" else 0)
+    return num_stages * ((BLOCK_M + block_n) * BLOCK_K + sf_bytes) + 2 * num_stages * 8
 
 
 def build_kernel(block_n: int, num_stages: int, group_m: int, num_sms: int, accumulate: bool = False,
-                 schedule: str = "dense"):
+                 schedule: str = "dense", recipe: str = "1d2d"):
     """Kernel arguments by schedule (``_fp8_gemm_sched``):
 
     - ``dense``: ``(a, sfa, b, sfb, d, ldd)``: a (M, K) and b (N, K) e4m3 (K % 16 == 0), sfa flat fp32 (the MN-major
@@ -60,7 +64,11 @@ def build_kernel(block_n: int, num_stages: int, group_m: int, num_sms: int, accu
       grouped_layout (M,) int32.
     - ``m_masked``: ``(a, sfa, b, sfb, d, masked_m, ldd, ldg)``: a (G, max_m, K), sfa flat (G groups of
       ``ceil(K/128)`` columns of ``align(max_m, 4)``), b and sfb as above, masked_m (G,) int32, d's group stride
-      ``ldg`` elements (even)."""
+      ``ldg`` elements (even).
+
+    ``recipe="1d1d"`` (the dense schedule): B's scales are 1x128 per row as A's (sfb flat, MN-major TMA-aligned like
+    sfa: ``sfb[k_block * align(N, 4) + n]``, TMA-loaded per stage beside sfa), each column promoted with its own
+    ``sfb[n]``, and D fp32 (``accumulate``: ``D += ...``, the wgrad form)."""
     from tvm.script import tirx as T
 
     from tirx_kernels.core.lang import mbarrier, roles, tma, vector, wgmma
@@ -69,17 +77,23 @@ def build_kernel(block_n: int, num_stages: int, group_m: int, num_sms: int, accu
 
     if block_n not in (64, 128):
         raise ValueError(f"fp8 gemm 1d2d: block_n={block_n} must divide the 128-wide sfb block (64 or 128)")
-    if smem_bytes(block_n, num_stages) > SMEM_LIMIT or num_stages < 2:
-        raise ValueError(f"fp8 gemm 1d2d: {num_stages} stages of 128 x {block_n} need "
-                         f"{smem_bytes(block_n, num_stages)} B of shared memory (at most {SMEM_LIMIT}, 2 stages)")
+    if recipe not in RECIPES:
+        raise ValueError(f"fp8 gemm: recipe {recipe!r} is not one of {RECIPES}")
+    if smem_bytes(block_n, num_stages, recipe) > SMEM_LIMIT or num_stages < 2:
+        raise ValueError(f"fp8 gemm {recipe}: {num_stages} stages of 128 x {block_n} need "
+                         f"{smem_bytes(block_n, num_stages, recipe)} B of shared memory (at most {SMEM_LIMIT}, "
+                         "2 stages)")
     sched = S.make(schedule, block_n, group_m, num_sms)
     if accumulate and schedule != "dense":
         raise ValueError(f"fp8 gemm 1d2d: accumulate (C) is the dense schedule's only (got {schedule!r})")
+    one_d = recipe == "1d1d"
+    if one_d and schedule != "dense":
+        raise ValueError(f"fp8 gemm 1d1d: the dense schedule only (got {schedule!r})")
     assert roles.register_split_fits(NUM_CONSUMERS)
     masked = schedule == "m_masked"
 
     a_tile, b_tile = BLOCK_M * BLOCK_K, block_n * BLOCK_K  # bytes (= elements) per stage
-    stage_bytes = a_tile + b_tile + BLOCK_M * 4
+    stage_bytes = a_tile + b_tile + BLOCK_M * 4 + (block_n * 4 if one_d else 0)
     k_steps = BLOCK_K // wgmma.k_per_instr(AB_DTYPE)  # 4 wgmma k32 per K block
     nacc = wgmma.acc_regs(block_n)
     ring = mbarrier.Ring.for_warpgroups(num_stages, NUM_CONSUMERS)
@@ -95,6 +109,11 @@ def build_kernel(block_n: int, num_stages: int, group_m: int, num_sms: int, accu
         """``x``, or 0 where the schedule stores the row as 0."""
         keep = sched.row_kept(row)
         return x if keep is True else T.Select(keep, x, T.float32(0))
+
+    def promote(scale, col_scale, r, j, e):
+        """The factor of the K block's partial at fragment (j, r, e): sfa[row] * sfb (1d2d: one product per row,
+        formed once; 1d1d: sfa[row] * sfb[col])."""
+        return scale[r] * col_scale[2 * j + e] if one_d else scale[r]
 
     def d_word(row, col, info, ldd, ldg):
         off = T.Cast("int64", row) * ldd + col
@@ -120,13 +139,19 @@ def build_kernel(block_n: int, num_stages: int, group_m: int, num_sms: int, accu
         if sched.grouped:
             B = T.match_buffer(b_ptr, (G, N, K), AB_DTYPE, align=16)
             SFB = T.match_buffer(sfb_ptr, (G, sfb_rows, sfb_cols), "float32", align=4)
+        elif one_d:
+            B = T.match_buffer(b_ptr, (N, K), AB_DTYPE, align=16)
+            SFB = T.match_buffer(sfb_ptr, (sfb_rows,), "float32", align=16)  # flat: sfb_rows is its length here
         else:
             B = T.match_buffer(b_ptr, (N, K), AB_DTYPE, align=16)
             SFB = T.match_buffer(sfb_ptr, (sfb_rows, sfb_cols), "float32", align=4)
         if sched.grouped:
             sched.match_layout(layout_ptr, M, G)
         SFA = T.match_buffer(sfa_ptr, (sfa_len,), "float32", align=16)
-        Dw = T.match_buffer(d_ptr, (d_len,), "uint32", align=4)
+        if one_d:
+            Df = T.match_buffer(d_ptr, (d_len,), "float32", align=4)
+        else:
+            Dw = T.match_buffer(d_ptr, (d_len,), "uint32", align=4)
         # Host: tensor maps of this call's dims. sfa is read as a ((groups x) k_blocks, M) matrix of row stride
         # align(M, 4); A and B as ((groups x) rows, K).
         a_map = T.Bind(T.tvm_stack_alloca("tensormap", 1))
@@ -138,6 +163,10 @@ def build_kernel(block_n: int, num_stages: int, group_m: int, num_sms: int, accu
                       l2_promotion=tma.L2_PROMOTION_256B)
         tma.encode_2d(sfa_map, SFA.data, (G if masked else 1) * ((K + GRAN - 1) // GRAN), M, (M + 3) // 4 * 4, 1,
                       BLOCK_M, "float32", swizzle=tma.SWIZZLE_NONE)
+        if one_d:
+            sfb_map = T.Bind(T.tvm_stack_alloca("tensormap", 1))
+            tma.encode_2d(sfb_map, SFB.data, (K + GRAN - 1) // GRAN, N, (N + 3) // 4 * 4, 1, block_n, "float32",
+                          swizzle=tma.SWIZZLE_NONE)
         T.device_entry()
         T.attr({"tirx.launch_bounds_min_blocks_per_sm": 1})
         cta = T.cta_id([sched.grid(M, N, G)])
@@ -151,12 +180,15 @@ def build_kernel(block_n: int, num_stages: int, group_m: int, num_sms: int, accu
         As = pool.alloc((num_stages * a_tile,), "uint8", align=1024)
         Bs = pool.alloc((num_stages * b_tile,), "uint8", align=1024)
         SFAs = pool.alloc((num_stages * BLOCK_M,), "float32", align=128)
+        if one_d:
+            SFBs = pool.alloc((num_stages * block_n,), "float32", align=128)
         full = pool.alloc((num_stages,), "uint64", align=8)
         empty = pool.alloc((num_stages,), "uint64", align=8)
         pool.commit()
         acc = T.alloc_local((nacc,), "float32")
         tmp = T.alloc_local((nacc,), "float32")
-        scale = T.alloc_local((2,), "float32")  # sfa[row] * sfb of this thread's two fragment rows
+        scale = T.alloc_local((2,), "float32")  # sfa[row] (* sfb: 1d2d) of this thread's two fragment rows
+        col_scale = T.alloc_local((block_n // 4 if one_d else 1,), "float32")  # 1d1d: sfb of this thread's columns
         desc_a = T.alloc_local((1,), "uint64")
         desc_b = T.alloc_local((1,), "uint64")
         packed = T.alloc_local((1,), "uint32")
@@ -180,6 +212,8 @@ def build_kernel(block_n: int, num_stages: int, group_m: int, num_sms: int, accu
                 tma.prefetch_descriptor(a_map)
                 tma.prefetch_descriptor(b_map)
                 tma.prefetch_descriptor(sfa_map)
+                if one_d:
+                    tma.prefetch_descriptor(sfb_map)
                 for t in range(my_tiles):
                     sched.bind(info, state, cta + t * sched.grid(M, N, G), M, N, G)
                     if sched.loads(info):
@@ -194,6 +228,8 @@ def build_kernel(block_n: int, num_stages: int, group_m: int, num_sms: int, accu
                                         full.ptr_to([s]))
                             tma.load_2d(SFAs.ptr_to([s * BLOCK_M]), sfa_map, info[S.M0],
                                         sched.sfa_row(info, k_tiles) + k, full.ptr_to([s]))
+                            if one_d:
+                                tma.load_2d(SFBs.ptr_to([s * block_n]), sfb_map, info[S.N0], k, full.ptr_to([s]))
                             ring.cursor_advance(cursor)
         else:
             # Math warpgroups: consumer cw owns rows [64 cw, 64 cw + 64) of every tile.
@@ -210,6 +246,13 @@ def build_kernel(block_n: int, num_stages: int, group_m: int, num_sms: int, accu
                     for k in range(k_tiles):
                         s = cursor[0]
                         ring.consumer_wait_at(full, cursor)
+                        if one_d:
+                            # 1d1d: both scale vectors into registers before the wgmma (their loads overlap it).
+                            for r in T.unroll(2):
+                                scale[r] = SFAs[s * BLOCK_M + cw * wgmma.M + wgmma.acc_row(warp, lane, r)]
+                            for j in T.unroll(block_n // 8):
+                                for e in T.unroll(2):
+                                    col_scale[2 * j + e] = SFBs[s * block_n + wgmma.acc_col(lane, j, e)]
                         if sched.slab_live(info, m0 + cw * wgmma.M):
                             wgmma.fence()
                             for kk in T.unroll(k_steps):
@@ -219,9 +262,10 @@ def build_kernel(block_n: int, num_stages: int, group_m: int, num_sms: int, accu
                                           scale_d=kk > 0)
                             wgmma.commit()
                             wgmma.wait(0)
-                            for r in T.unroll(2):
-                                scale[r] = (SFAs[s * BLOCK_M + cw * wgmma.M + wgmma.acc_row(warp, lane, r)]
-                                            * sfb_at(SFB, info[S.GROUP], n0, k))
+                            if not one_d:
+                                for r in T.unroll(2):
+                                    scale[r] = (SFAs[s * BLOCK_M + cw * wgmma.M + wgmma.acc_row(warp, lane, r)]
+                                                * sfb_at(SFB, info[S.GROUP], n0, k))
                         # The stage's smem (operands and sfa) has been read: give it back before the promotion.
                         # NOTES: lane 0 arrives for its warp, so every lane must be past its sfa reads (and its
                         # full-barrier wait: a lane still spinning there would miss the phase the refill completes).
@@ -233,22 +277,32 @@ def build_kernel(block_n: int, num_stages: int, group_m: int, num_sms: int, accu
                                 for r in T.unroll(2):
                                     for e in T.unroll(2):
                                         acc[wgmma.acc_index(j, r, e)] = (acc[wgmma.acc_index(j, r, e)]
-                                                                         + tmp[wgmma.acc_index(j, r, e)] * scale[r])
-                # Epilogue: bf16 pairs from the fragment to D, clipped at the stored rows and N (N even: a pair is in
-                # or out); rows the schedule does not keep are stored as 0.
+                                                                         + tmp[wgmma.acc_index(j, r, e)]
+                                                                         * promote(scale, col_scale, r, j, e))
+                # Epilogue: bf16 pairs (1d1d: fp32 pairs) from the fragment to D, clipped at the stored rows and N (N
+                # even: a pair is in or out); rows the schedule does not keep are stored as 0.
                 for j in T.unroll(block_n // 8):
                     for r in T.unroll(2):
                         row = m0 + cw * wgmma.M + wgmma.acc_row(warp, lane, r)
                         col = n0 + wgmma.acc_col(lane, j)
                         if row < sched.stored_rows(info, M) and col < N:
-                            if accumulate:
-                                lo, hi = vector.unpack2(Dw[d_word(row, col, info, ldd, ldg)], "bfloat16")
-                                T.evaluate(T.ptx.cvt.rn.bf16x2.f32(packed[0], acc[wgmma.acc_index(j, r, 1)] + hi,
-                                                                   acc[wgmma.acc_index(j, r, 0)] + lo))
+                            if one_d:
+                                for e in T.unroll(2):
+                                    if accumulate:
+                                        Df[T.Cast("int64", row) * ldd + col + e] = (
+                                            Df[T.Cast("int64", row) * ldd + col + e] + acc[wgmma.acc_index(j, r, e)])
+                                    else:
+                                        Df[T.Cast("int64", row) * ldd + col + e] = acc[wgmma.acc_index(j, r, e)]
                             else:
-                                T.evaluate(T.ptx.cvt.rn.bf16x2.f32(packed[0], kept(row, acc[wgmma.acc_index(j, r, 1)]),
-                                                                   kept(row, acc[wgmma.acc_index(j, r, 0)])))
-                            Dw[d_word(row, col, info, ldd, ldg)] = packed[0]
+                                if accumulate:
+                                    lo, hi = vector.unpack2(Dw[d_word(row, col, info, ldd, ldg)], "bfloat16")
+                                    T.evaluate(T.ptx.cvt.rn.bf16x2.f32(packed[0], acc[wgmma.acc_index(j, r, 1)] + hi,
+                                                                       acc[wgmma.acc_index(j, r, 0)] + lo))
+                                else:
+                                    T.evaluate(T.ptx.cvt.rn.bf16x2.f32(packed[0],
+                                                                       kept(row, acc[wgmma.acc_index(j, r, 1)]),
+                                                                       kept(row, acc[wgmma.acc_index(j, r, 0)])))
+                                Dw[d_word(row, col, info, ldd, ldg)] = packed[0]
 
     unused = {"dense": ("layout_ptr", "ldg"), "m_contiguous": ("ldg",), "m_masked": ()}[schedule]
     return _drop_params(fp8_gemm_1d2d, unused)

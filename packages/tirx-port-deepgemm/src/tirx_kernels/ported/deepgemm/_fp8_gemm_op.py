@@ -28,11 +28,11 @@ def choose_tile(M: int, N: int) -> str:  # noqa: N803
     return "128x64_s8" if C.ceil_div(M, 128) * C.ceil_div(N, 128) < NUM_SMS else "128x128_s6"
 
 
-def build(kernel_name: str, tile: str, schedule: str, accumulate: bool = False):
+def build(kernel_name: str, tile: str, schedule: str, accumulate: bool = False, recipe: str = "1d2d"):
     if tile not in TILES:
         raise ValueError(f"{kernel_name}: tile {tile!r} is not one of {sorted(TILES)}")
     block_n, stages = TILES[tile]
-    return G.build_kernel(block_n, stages, GROUP_M, NUM_SMS, accumulate, schedule).with_attr(
+    return G.build_kernel(block_n, stages, GROUP_M, NUM_SMS, accumulate, schedule, recipe).with_attr(
         "global_symbol", kernel_name)
 
 
@@ -82,9 +82,9 @@ def check_operand(op: str, name: str, t, ndim: int) -> None:
              "operand contiguous)", f"strides {tuple(t.stride())}")
 
 
-def check_recipe(op: str, recipe) -> None:
+def check_recipe(op: str, recipe, also: str = "") -> None:
     if recipe not in (None, (1, 128, 128)):
-        fail(op, "recipe", "None or (1, 128, 128) (SM90's 1x128 / 128x128 scales)", recipe)
+        fail(op, "recipe", f"None or (1, 128, 128) (SM90's 1x128 / 128x128 scales{also})", recipe)
 
 
 def check_cuda(op: str, **tensors) -> None:
@@ -171,22 +171,26 @@ def quantized_operands(x: torch.Tensor, w: torch.Tensor):
     return a, sfa_mn, b, sfb
 
 
-def scaled_mm_blockwise(a, sfa, b, sfb, out=None):
-    """cuBLASLt's blockwise FP8 GEMM (1x128 x 128x128) through ``torch._scaled_mm``: bf16 ``a @ b.T`` (into ``out``
-    where given). ``sfa`` [M, ceil(K/128)] M-major (stride (1, M)), ``sfb`` [ceil(N/128), ceil(K/128)]."""
-    kwargs = {"scale_a": sfa, "scale_b": sfb.t(), "out_dtype": torch.bfloat16}
+def scaled_mm_blockwise(a, sfa, b, sfb, out=None, out_dtype=torch.bfloat16):
+    """cuBLASLt's blockwise FP8 GEMM through ``torch._scaled_mm``: ``a @ b.T`` (into ``out`` where given). ``sfa``
+    [M, ceil(K/128)] M-major (stride (1, M)); ``sfb`` [ceil(N/128), ceil(K/128)] (1x128 x 128x128) or [N,
+    ceil(K/128)] N-major (1x128 on both)."""
+    kwargs = {"scale_a": sfa, "scale_b": sfb.t(), "out_dtype": out_dtype}
     if out is None:
         return torch._scaled_mm(a, b.t(), **kwargs)
     return torch._scaled_mm(a, b.t(), **kwargs, out=out)
 
 
-def scaled_mm_probe() -> None:
-    """Raise ``ImportError`` (a missing reference) where this torch build or card has no blockwise ``_scaled_mm``."""
+def scaled_mm_probe(one_by_one: bool = False) -> None:
+    """Raise ``ImportError`` (a missing reference) where this torch build or card has no blockwise ``_scaled_mm``
+    (1x128 x 128x128; ``one_by_one``: 1x128 on both operands, fp32 out)."""
     a = torch.ones(128, 256, device="cuda").to(E4M3)
     sfa = torch.ones(2, 128, device="cuda").t()
+    sfb = sfa if one_by_one else torch.ones(1, 2, device="cuda")
+    dtype = torch.float32 if one_by_one else torch.bfloat16
     try:
-        scaled_mm_blockwise(a, sfa, a, torch.ones(1, 2, device="cuda"), out=torch.empty(128, 128, device="cuda",
-                                                                                         dtype=torch.bfloat16))
+        scaled_mm_blockwise(a, sfa, a, sfb, out=torch.empty(128, 128, device="cuda", dtype=dtype), out_dtype=dtype)
         torch.cuda.synchronize()
     except (RuntimeError, TypeError, NotImplementedError) as e:
-        raise ImportError(f"torch._scaled_mm blockwise (1x128 x 128x128) is not available here: {e}") from None
+        what = "1x128 x 1x128, fp32 out" if one_by_one else "1x128 x 128x128"
+        raise ImportError(f"torch._scaled_mm blockwise ({what}) is not available here: {e}") from None

@@ -166,7 +166,7 @@ def check_inputs(a, b, d, c=None, recipe=None, cuda: bool = True):
     checks.tensor(_OP, "d", d, dtypes=(torch.bfloat16,), shape=(M, N), cuda=False)
     if c is not None:
         checks.tensor(_OP, "c", c, dtypes=(torch.bfloat16,), shape=(M, N), cuda=False)
-    O.check_recipe(_OP, recipe)
+    O.check_recipe(_OP, recipe, also="; (1, 1, 128) is the 1d1d GEMM")
     checks.multiple_of(_OP, "a[0].shape[1]", K, 16, "TMA needs 16-byte rows of A and B")
     checks.multiple_of(_OP, "d.shape[1]", N, 8, "D is written in 4-byte pairs; DeepGEMM needs 16-byte rows")
     if d.stride(0) % 2:
@@ -204,7 +204,14 @@ def fp8_gemm_nt(a, b, d: torch.Tensor, c: torch.Tensor | None = None, recipe=Non
     """DeepGEMM's ``fp8_gemm_nt(a, b, d, c=None, recipe=None, compiled_dims='nk', disable_ue8m0_cast=False)``:
     ``d = (a[0] * a[1]) @ (b[0] * b[1]).T (+ c)`` in place, ``a = (A [M, K] e4m3, sfa [M, ceil(K/128)] fp32)``,
     ``b = (B [N, K] e4m3, sfb [ceil(N/128), ceil(K/128)] fp32)``, ``d`` / ``c`` bf16 [M, N]. ``compiled_dims`` and
-    ``disable_ue8m0_cast`` (JIT specialization and SM100 scale packing in DeepGEMM) are accepted and ignored."""
+    ``disable_ue8m0_cast`` (JIT specialization and SM100 scale packing in DeepGEMM) are accepted and ignored.
+    ``recipe=(1, 1, 128)`` (1x128 scales on B too, fp32 ``d``) goes to ``fp8_gemm_1d1d.fp8_gemm_nt``, as DeepGEMM's
+    entry point dispatches."""
+    if recipe == (1, 1, 128):
+        from . import fp8_gemm_1d1d
+
+        return fp8_gemm_1d1d.fp8_gemm_nt(a, b, d, c=c, recipe=recipe, compiled_dims=compiled_dims,
+                                         disable_ue8m0_cast=disable_ue8m0_cast)
     a_, sfa, b_, sfb, M, N, K = check_inputs(a, b, d, c, recipe)  # noqa: N806
     if M == 0 or N == 0:
         return
