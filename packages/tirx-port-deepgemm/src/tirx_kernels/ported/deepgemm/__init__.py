@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
-"""TIRx ports of DeepGEMM (deepseek-ai/DeepGEMM) for sm_90a: ``fp8_gemm_nt`` (SM90 1d2d and, recipe (1, 1, 128), 1d1d), the m-grouped MoE GEMMs
-(``m_grouped_fp8_gemm_nt_contiguous``, ``m_grouped_fp8_gemm_nt_masked``) on its mainloop, and the FP8 input casts
+"""TIRx ports of DeepGEMM (deepseek-ai/DeepGEMM) for sm_90a: ``fp8_gemm_nt`` (SM90 1d2d and, recipe (1, 1, 128),
+1d1d), the m-grouped MoE GEMMs (``m_grouped_fp8_gemm_nt_contiguous``, ``m_grouped_fp8_gemm_nt_masked``) and the
+k-grouped wgrad GEMM (``k_grouped_fp8_gemm_nt_contiguous``) on its mainloop, and the FP8 input casts
 (``per_token_cast_to_fp8``, ``per_block_cast_to_fp8``); the package README maps each kernel to its upstream entry
 point."""
 
