@@ -1,0 +1,322 @@
+# SPDX-License-Identifier: Apache-2.0
+# Semantics and argument conventions follow FlashInfer's chunk_gated_delta_rule (flashinfer/gdn_prefill.py and the
+# sm90 CuTe-DSL kernel flashinfer/gdn_kernels/delta_rule_dsl/delta_rule_sm90.py, flashinfer-python 0.7.4) and fla's
+# chunk_gated_delta_rule (fla-core 0.6.0, fla/ops/gated_delta_rule); read, not copied. Written anew in TIRx on
+# tirx-core's Hopper layer.
+"""The TIRx generator of the chunked Gated DeltaNet prefill (``gdn_prefill_sm90``).
+
+One CTA per (state head h, sequence n) walks the sequence's chunks of 64 tokens; 512 threads:
+
+- warpgroup 0, the producer (40 registers): warp 0 streams each chunk's Q, K, V (3-D tensor maps over the packed
+  [T, H, 128] tensors: two 64-column boxes each, rows past the sequence are other sequences' tokens or TMA's zero
+  fill, masked below) through a two-stage ring, and writes the chunk's in-chunk cumulative log2 decay G and beta
+  (zero past the sequence end, so padded tokens neither decay nor update) beside it.
+- warpgroup 1, the aux (``_wy.aux_chunk``): the state-independent part of the chunk, one chunk ahead: P (the
+  decayed, causal, scaled Q K^T), T beta = (I + A)^-1 diag(beta) and K_d (keys decayed to the chunk end), into a
+  two-stage ring of its own.
+- warpgroups 2 and 3, the consumers: state rows (values) 64 c .. 64 c + 63 each, fp32 in registers (an m64n128
+  accumulator S[v, k]). Per chunk, with gamma_t = 2^G_t:
+
+      Sb    = bf16(S)                                    (smem, the B operand of the next two products)
+      Y     = V - diag(gamma) K Sb^T                      (K Sb^T on wgmma; Y to smem)
+      Delta = (T beta) Y                                 (Delta to smem)
+      S     = gamma_last S + Delta^T K_d                 (A = Delta MN-major, B = K_d MN-major)
+      O     = scale diag(gamma) Q Sb^T + P Delta         (stored to global, rows of the sequence only)
+
+The state is read from ``initial_state`` (row ``state_indices[n]`` of a pool, or ``n``; none or a negative index:
+zero) and the final one written to ``output_state`` (row ``output_state_indices[n]``, else the read row; negative:
+not written).
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from tirx_kernels.ported.flashinfer.gdn_prefill import _layout as lay
+
+# Run-time flags (one int32 argument).
+HAS_G, GATE_LOG, HAS_BETA, CU64, HAS_INIT, HAS_FINAL, HAS_SIDX, SIDX64, HAS_OIDX, OIDX64 = (1 << i for i in range(10))
+LOG2E = 1.4426950408889634
+LINEAR_GATE_FLOOR = 1e-30  # log2 of a linear gate of 0 (core.delta_rule_ref.LINEAR_GATE_FLOOR)
+IO_DTYPES = ("bfloat16", "float16")
+INV_DTYPE = "float16"
+
+
+def build_kernel(io: str):
+    from tvm.script import tirx as T
+
+    from tirx_kernels.core.lang import mbarrier, roles, tma, vector, wgmma
+    from tirx_kernels.ported.flashinfer.gdn_prefill import _wy
+
+    if io not in IO_DTYPES:
+        raise ValueError(f"gdn_prefill: io dtype {io!r} is not one of {IO_DTYPES}")
+    smem = lay.TILE_BYTES + 4 * lay.VEC_WORDS + 8 * 4 * lay.NUM_STAGES
+    assert smem <= lay.SMEM_LIMIT, smem
+    # full: lane 0's arrive.expect_tx plus the 32 lanes that wrote G / beta; empty: the aux and each consumer.
+    qkv_ring = mbarrier.Ring(lay.NUM_STAGES, consumer_arrivals=1 + lay.NUM_CONSUMERS, producer_arrivals=33)
+    aux_ring = mbarrier.Ring(lay.NUM_STAGES, consumer_arrivals=lay.NUM_CONSUMERS)
+    cvt = {"bfloat16": T.ptx.cvt.rn.bf16x2.f32, "float16": T.ptx.cvt.rn.f16x2.f32}[io]
+
+    def i64(x):
+        return T.Cast("int64", x)
+
+    def index_at(ix, i, is64):
+        """Entry ``i`` of an int32 / int64 index array (its low word: every valid value is below 2**31)."""
+        return ix[T.if_then_else(is64, i + i, i)]
+
+    def flag(flags, f):
+        return (flags & f) > 0
+
+    def kdesc(b, byte):
+        return wgmma.desc_advance(b.kdesc[0], byte)
+
+    def mdesc(b, byte):
+        return wgmma.desc_advance(b.mdesc[0], byte)
+
+    def consumer_chunk(b, s, L, tok0, h, Hs, scale, cw, warp, lane, Ow):  # noqa: N803
+        tiles, vec, s_acc, t_acc, packed = b.tiles, b.vec, b.s_acc, b.t_acc, b.packed
+        sb, yd = lay.sb_box(cw, 0), lay.yd_box(cw)
+        bar = lay.CONSUMER_BAR + cw
+
+        def sync():
+            tma.fence_proxy_async()
+            T.evaluate(T.cuda.warpgroup_sync(bar))
+
+        for r in range(2):
+            T.buffer_store(b.gam, T.exp2(vec[lay.vec_g(s, wgmma.acc_row(warp, lane, r))]), [r])
+        T.buffer_store(b.gam, T.exp2(vec[lay.vec_g(s, lay.CHUNK - 1)]), [2])  # G is flat past L
+        # Sb = S rounded to 16 bits, two K-major boxes (keys 0-63, 64-127).
+        _wy.store_frag(tiles, sb, s_acc, 128, warp, lane, io, packed)
+        sync()
+        # K Sb^T
+        wgmma.fence()
+        for kk in range(8):
+            wgmma.mma(64, t_acc, kdesc(b, lay.kmajor_step(lay.k_box(s, 0), kk)), kdesc(b, lay.kmajor_step(sb, kk)),
+                      io, scale_d=kk > 0)
+        wgmma.commit()
+        wgmma.wait(0)
+        # Y = V - gamma K Sb^T (V's box of this consumer's values, read at the fragment's positions)
+        for j, r in lay.frag_pairs(64):
+            row = wgmma.acc_row(warp, lane, r)
+            col = wgmma.acc_col(lane, j)
+            v0, v1 = vector.unpack2(tiles[lay.word(lay.v_box(s, cw), row, col, io)], io)
+            _wy.pack_store(tiles, lay.word(yd, row, col, io), v0 - b.gam[r] * t_acc[wgmma.acc_index(j, r, 0)],
+                           v1 - b.gam[r] * t_acc[wgmma.acc_index(j, r, 1)], io, packed)
+        mbarrier.wait(b.aux_full.ptr_to([s]), b.ph)
+        sync()
+        # Delta = (T beta) Y
+        wgmma.fence()
+        for kk in range(4):
+            wgmma.mma(64, t_acc, kdesc(b, lay.tb_box(s) + kk * 32), mdesc(b, yd + kk * lay.MN_KSTEP), io,
+                      scale_d=kk > 0, b_major=wgmma.MN_MAJOR)
+        wgmma.commit()
+        wgmma.wait(0)
+        _wy.store_frag(tiles, yd, t_acc, 64, warp, lane, io, packed)
+        sync()
+        # S = gamma_last S + Delta^T K_d, then Q Sb^T (the output's inter-chunk part) behind it.
+        for i in range(wgmma.acc_regs(128)):
+            T.buffer_store(s_acc, s_acc[i] * b.gam[2], [i])
+        wgmma.fence()
+        for kk in range(4):
+            wgmma.mma(128, s_acc, mdesc(b, yd + kk * lay.MN_KSTEP), mdesc(b, lay.kd_box(s, 0) + kk * lay.MN_KSTEP),
+                      io, a_major=wgmma.MN_MAJOR, b_major=wgmma.MN_MAJOR)
+        wgmma.commit()
+        for kk in range(8):
+            wgmma.mma(64, t_acc, kdesc(b, lay.kmajor_step(lay.q_box(s, 0), kk)), kdesc(b, lay.kmajor_step(sb, kk)),
+                      io, scale_d=kk > 0)
+        wgmma.commit()
+        wgmma.wait(0)
+        qkv_ring.consumer_release_warpgroup(b.qkv_empty, s, warp, lane)
+        # O = scale gamma Q Sb^T + P Delta
+        for j, r in lay.frag_pairs(64):
+            for e in range(2):
+                idx = wgmma.acc_index(j, r, e)
+                T.buffer_store(t_acc, t_acc[idx] * (scale * b.gam[r]), [idx])
+        wgmma.fence()
+        for kk in range(4):
+            wgmma.mma(64, t_acc, kdesc(b, lay.p_box(s) + kk * 32), mdesc(b, yd + kk * lay.MN_KSTEP), io,
+                      b_major=wgmma.MN_MAJOR)
+        wgmma.commit()
+        wgmma.wait(0)
+        aux_ring.consumer_release_warpgroup(b.aux_empty, s, warp, lane)
+        for j, r in lay.frag_pairs(64):
+            row = wgmma.acc_row(warp, lane, r)
+            with T.If(row < L):
+                with T.Then():
+                    T.evaluate(cvt(packed[0], t_acc[wgmma.acc_index(j, r, 1)], t_acc[wgmma.acc_index(j, r, 0)]))
+                    col = cw * lay.V_PER_CONSUMER + wgmma.acc_col(lane, j)
+                    T.buffer_store(Ow, packed[0], [((i64(tok0 + row) * Hs + h) * lay.DIM + col) // 2])
+
+    def state_offset(slot, h, Hs, cw, warp, lane, j, r):  # noqa: N803
+        v = cw * lay.V_PER_CONSUMER + wgmma.acc_row(warp, lane, r)
+        return ((i64(slot) * Hs + h) * lay.DIM + v) * lay.DIM + wgmma.acc_col(lane, j)
+
+    @T.prim_func
+    def gdn_prefill(q_ptr: T.handle, k_ptr: T.handle, v_ptr: T.handle, g_ptr: T.handle, beta_ptr: T.handle,
+                    cu_ptr: T.handle, o_ptr: T.handle, h0_ptr: T.handle, ht_ptr: T.handle, sidx_ptr: T.handle,
+                    oidx_ptr: T.handle, n_seqs: T.int32, flags: T.int32, scale: T.float32):
+        total = T.int32()
+        Hq = T.int32()
+        Hk = T.int32()
+        Hv = T.int32()
+        n_g = T.int32()
+        n_beta = T.int32()
+        n_cu = T.int32()
+        n_o = T.int64()
+        n_h0 = T.int64()
+        n_ht = T.int64()
+        n_sidx = T.int32()
+        n_oidx = T.int32()
+        Q = T.match_buffer(q_ptr, (total, Hq, lay.DIM), io, align=16)
+        K = T.match_buffer(k_ptr, (total, Hk, lay.DIM), io, align=16)
+        V = T.match_buffer(v_ptr, (total, Hv, lay.DIM), io, align=16)
+        G = T.match_buffer(g_ptr, (n_g,), "float32", align=4)
+        B = T.match_buffer(beta_ptr, (n_beta,), "float32", align=4)
+        CU = T.match_buffer(cu_ptr, (n_cu,), "int32", align=4)
+        OUT = T.match_buffer(o_ptr, (n_o,), io, align=16)
+        H0 = T.match_buffer(h0_ptr, (n_h0,), "float32", align=16)
+        HT = T.match_buffer(ht_ptr, (n_ht,), "float32", align=16)
+        SIDX = T.match_buffer(sidx_ptr, (n_sidx,), "int32", align=4)
+        OIDX = T.match_buffer(oidx_ptr, (n_oidx,), "int32", align=4)
+        # Host: 3-D maps (D, heads, tokens), boxes of 64 columns x 1 head x 64 tokens.
+        q_map = T.Bind(T.tvm_stack_alloca("tensormap", 1))
+        k_map = T.Bind(T.tvm_stack_alloca("tensormap", 1))
+        v_map = T.Bind(T.tvm_stack_alloca("tensormap", 1))
+        tma.encode(q_map, Q.data, [lay.DIM, Hq, total], [lay.DIM, Hq * lay.DIM], [64, 1, lay.CHUNK], io)
+        tma.encode(k_map, K.data, [lay.DIM, Hk, total], [lay.DIM, Hk * lay.DIM], [64, 1, lay.CHUNK], io)
+        tma.encode(v_map, V.data, [lay.DIM, Hv, total], [lay.DIM, Hv * lay.DIM], [64, 1, lay.CHUNK], io)
+        T.device_entry()
+        T.attr({"tirx.launch_bounds_min_blocks_per_sm": 1})
+        h, n = T.cta_id([T.max(Hq, Hv), n_seqs])
+        Hs = T.max(Hq, Hv)
+        wg = T.warpgroup_id([2 + lay.NUM_CONSUMERS])
+        tid = T.thread_id([lay.THREADS])
+
+        pool = T.SMEMPool()
+        tiles = pool.alloc((lay.TILE_BYTES // 4,), "uint32", align=1024)
+        vec = pool.alloc((lay.VEC_WORDS,), "float32", align=16)
+        qkv_full = pool.alloc((lay.NUM_STAGES,), "uint64", align=8)
+        qkv_empty = pool.alloc((lay.NUM_STAGES,), "uint64", align=8)
+        aux_full = pool.alloc((lay.NUM_STAGES,), "uint64", align=8)
+        aux_empty = pool.alloc((lay.NUM_STAGES,), "uint64", align=8)
+        pool.commit()
+        tf = T.decl_buffer((lay.TILE_BYTES // 4,), "float32", data=tiles.data, scope="shared.dyn")
+        packed = T.alloc_local((1,), "uint32")
+        kd0 = T.alloc_local((1,), "uint64")
+        md0 = T.alloc_local((1,), "uint64")
+
+        cu64 = flag(flags, CU64)
+        bos = T.min(T.max(index_at(CU, n, cu64), 0), total)
+        eos = T.min(T.max(index_at(CU, n + 1, cu64), bos), total)
+        n_chunks = (eos - bos + lay.CHUNK - 1) // lay.CHUNK
+        hq = h // (Hs // Hq)
+        hk = h // (Hs // Hk)
+        hv = h // (Hs // Hv)
+
+        if tid == 0:
+            qkv_ring.init(qkv_full, qkv_empty)
+            aux_ring.init(aux_full, aux_empty)
+            mbarrier.fence_init()
+        T.cuda.cta_sync()
+
+        if wg == 0:
+            roles.setmaxnreg_dec(lay.PRODUCER_REGS)
+            lane = tid % 32
+            la = T.alloc_local((2,), "float32")
+            bt = T.alloc_local((2,), "float32")
+            if tid < 32:
+                for it in range(n_chunks):
+                    s = qkv_ring.stage(it)
+                    tok0 = bos + it * lay.CHUNK
+                    qkv_ring.producer_acquire(qkv_empty, it)
+                    if lane == 0:
+                        qkv_ring.producer_expect(qkv_full, it, 6 * lay.BOX)
+                        for c in T.unroll(2):
+                            tma.load(tiles.ptr_to([lay.q_box(s, c) // 4]), q_map, [c * 64, hq, tok0],
+                                     qkv_full.ptr_to([s]))
+                            tma.load(tiles.ptr_to([lay.k_box(s, c) // 4]), k_map, [c * 64, hk, tok0],
+                                     qkv_full.ptr_to([s]))
+                            tma.load(tiles.ptr_to([lay.v_box(s, c) // 4]), v_map, [c * 64, hv, tok0],
+                                     qkv_full.ptr_to([s]))
+                    for i in T.unroll(2):
+                        tok = tok0 + 32 * i + lane
+                        la[i] = T.float32(0)
+                        bt[i] = T.float32(0)
+                        if tok < eos:
+                            bt[i] = T.float32(1)
+                            if flag(flags, HAS_G):
+                                gv = G[i64(tok) * Hs + h]
+                                la[i] = T.Select(flag(flags, GATE_LOG), gv * T.float32(LOG2E),
+                                                 T.log2(T.max(gv, T.float32(LINEAR_GATE_FLOOR))))
+                            if flag(flags, HAS_BETA):
+                                bt[i] = B[i64(tok) * Hs + h]
+                    # Inclusive scan of the 64 log2 decays (lane holds tokens lane and 32 + lane).
+                    for i in T.unroll(2):
+                        for d in T.unroll(5):
+                            up = T.cuda.__shfl_up_sync(T.uint32(0xFFFFFFFF), la[i], 1 << d, 32)
+                            if lane >= (1 << d):
+                                la[i] = la[i] + up
+                    la[1] = la[1] + T.cuda.__shfl_sync(T.uint32(0xFFFFFFFF), la[0], 31, 32)
+                    for i in T.unroll(2):
+                        vec[lay.vec_g(s, 32 * i + lane)] = la[i]
+                        vec[lay.vec_beta(s, 32 * i + lane)] = bt[i]
+                    mbarrier.arrive(qkv_full.ptr_to([s]))
+        elif wg == 1:
+            roles.setmaxnreg_inc(lay.AUX_REGS)
+            ct = tid - 128
+            warp = ct // 32
+            lane = ct % 32
+            acc1 = T.alloc_local((32,), "float32")
+            acc2 = T.alloc_local((32,), "float32")
+            afrag = T.alloc_local((16,), "uint32")
+            xs = T.alloc_local((16,), "float32")
+            vw = T.alloc_local((4,), "uint32")
+            wgmma.encode_desc(kd0.ptr_to([0]), tiles.ptr_to([0]), lay.KMAJ[0], lay.KMAJ[1], wgmma.SWIZZLE_128B)
+            wgmma.encode_desc(md0.ptr_to([0]), tiles.ptr_to([0]), lay.MNMAJ[0], lay.MNMAJ[1], wgmma.SWIZZLE_128B)
+            for it in range(n_chunks):
+                s = aux_ring.stage(it)
+                L = T.min(eos - bos - it * lay.CHUNK, lay.CHUNK)
+                qkv_ring.consumer_wait(qkv_full, it)
+                aux_ring.producer_acquire(aux_empty, it)
+                _wy.aux_chunk(SimpleNamespace(tiles=tiles, tf=tf, vec=vec, acc1=acc1, acc2=acc2, afrag=afrag, xs=xs,
+                                              packed=packed, vw=vw, kdesc=kd0, mdesc=md0),
+                              s, L, scale, warp, lane, ct, io, INV_DTYPE)
+                if ct == 0:
+                    mbarrier.arrive(aux_full.ptr_to([s]))
+                    mbarrier.arrive(qkv_empty.ptr_to([s]))
+        else:
+            roles.setmaxnreg_inc(lay.CONSUMER_REGS)
+            cw = wg - 2
+            ct = tid - 128 * wg
+            warp = ct // 32
+            lane = ct % 32
+            s_acc = T.alloc_local((64,), "float32")
+            t_acc = T.alloc_local((32,), "float32")
+            gam = T.alloc_local((3,), "float32")
+            wgmma.encode_desc(kd0.ptr_to([0]), tiles.ptr_to([0]), lay.KMAJ[0], lay.KMAJ[1], wgmma.SWIZZLE_128B)
+            wgmma.encode_desc(md0.ptr_to([0]), tiles.ptr_to([0]), lay.MNMAJ[0], lay.MNMAJ[1], wgmma.SWIZZLE_128B)
+            Ow = T.decl_buffer((n_o // 2,), "uint32", data=OUT.data)
+            rslot = T.if_then_else(flag(flags, HAS_SIDX), index_at(SIDX, n, flag(flags, SIDX64)), n)
+            wslot = T.if_then_else(flag(flags, HAS_OIDX), index_at(OIDX, n, flag(flags, OIDX64)), rslot)
+            load_init = T.And(flag(flags, HAS_INIT), rslot >= 0)
+            for j in T.unroll(16):
+                for r in T.unroll(2):
+                    for e in T.unroll(2):
+                        s_acc[j * 4 + r * 2 + e] = T.float32(0)
+                        if load_init:
+                            s_acc[j * 4 + r * 2 + e] = H0[state_offset(rslot, h, Hs, cw, warp, lane, j, r) + e]
+            for it in range(n_chunks):
+                s = qkv_ring.stage(it)
+                L = T.min(eos - bos - it * lay.CHUNK, lay.CHUNK)
+                qkv_ring.consumer_wait(qkv_full, it)
+                consumer_chunk(SimpleNamespace(tiles=tiles, vec=vec, s_acc=s_acc, t_acc=t_acc, packed=packed, gam=gam,
+                                               kdesc=kd0, mdesc=md0, aux_full=aux_full, aux_empty=aux_empty,
+                                               qkv_empty=qkv_empty, ph=aux_ring.phase(it)),
+                               s, L, bos + it * lay.CHUNK, h, Hs, scale, cw, warp, lane, Ow)
+            if T.And(flag(flags, HAS_FINAL), wslot >= 0):
+                for j in T.unroll(16):
+                    for r in T.unroll(2):
+                        for e in T.unroll(2):
+                            HT[state_offset(wslot, h, Hs, cw, warp, lane, j, r) + e] = s_acc[j * 4 + r * 2 + e]
+
+    return gdn_prefill
