@@ -19,7 +19,10 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "packages", "tirx-core", "src"))  # bench.time_calls without an install
+try:  # bench.time_calls without an install; an installed tirx-core is left alone (a second root of the same
+    import tirx_kernels.core  # noqa: F401 -- sources on sys.path once made fingerprints differ: core/artifacts.py)
+except ImportError:
+    sys.path.insert(0, os.path.join(ROOT, "packages", "tirx-core", "src"))
 
 # ---------------------------------------------------------------------------------------------------------
 # Variants: (name, kernel, compile params). Each "row"/"tile" default is listed first (what the op runs).

@@ -123,3 +123,28 @@ def test_fingerprint_does_not_depend_on_where_the_sources_are_installed(tmp_path
             moved.append(f)
     monkeypatch.setattr(artifacts, "source_closure", lambda path: sorted(moved))
     assert artifacts.fingerprint(entry.path) == want
+
+
+def test_fingerprint_ignores_a_second_root_of_core_prepended_later(tmp_path, monkeypatch):
+    """A checkout's tirx-core/src prepended to sys.path after the wheels were imported (a test loading a tools/
+    script did this on the H200, 2026-12-06) must not change a kernel's fingerprint: its copies of core's host-side
+    modules stay out of the closure, and no module counts twice."""
+    import importlib
+    import shutil
+
+    import tirx_kernels
+
+    entry = registry.scan()["act_and_mul"]  # its closure reaches core/op.py, which imports host-side modules
+    want = artifacts.fingerprint(entry.path)
+    core_dir = os.path.dirname(os.path.abspath(artifacts.__file__))
+    second = tmp_path / "checkout" / "src"
+    shutil.copytree(core_dir, second / "tirx_kernels" / "core", ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.syspath_prepend(str(second))
+    importlib.invalidate_caches()
+    assert str(second / "tirx_kernels") in list(tirx_kernels.__path__)
+    artifacts._imports_of.cache_clear()
+    closure = artifacts.source_closure(entry.path)
+    assert any(str(second) in f for f in closure)  # the second root is really the one resolved now
+    names = [artifacts._namespace_path(f) for f in closure]
+    assert len(names) == len(set(names)) and not any(n in artifacts._HOST_ONLY_PATHS for n in names)
+    assert artifacts.fingerprint(entry.path) == want

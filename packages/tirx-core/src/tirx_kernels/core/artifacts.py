@@ -80,21 +80,27 @@ def _imports_of(path: str, mtime_ns: int) -> tuple[str, ...]:
 # tests and bench run through them), but none of them takes part in generating its code.
 _HOST_ONLY = {"__init__.py", "arch.py", "artifacts.py", "bench.py", "checks.py", "harness.py", "model_dims.py",
               "reference_lock.py", "references.py", "runtime.py", "testing.py"}
-_CORE_DIR = os.path.dirname(os.path.abspath(__file__))
+_HOST_ONLY_PATHS = {f"core/{name}" for name in _HOST_ONLY}
 
 
 def source_closure(path: str) -> list[str]:
     """``path`` and every ``tirx_kernels`` source file it imports, transitively, less tirx-core's host-side
     modules (``_HOST_ONLY``): what decides a kernel's generated code."""
-    seen: set[str] = set()
+    # Keyed by the path inside the tirx_kernels namespace, not the absolute path: where one module sits under two
+    # roots (wheels in site-packages, and a checkout's src/ prepended to sys.path later in the process, as a test
+    # loading tools/sweep_variants.py did), each is counted once, and tirx-core's host-side modules are left out
+    # under either root (2026-12-06, H200: pytest workers read flashinfer_rmsnorm's bundle as stale, 82791fdd vs
+    # 0a1ea9aa, because the checkout's core/runtime.py etc. entered the closure).
+    seen: dict[str, str] = {}
     stack = [os.path.abspath(path)]
     while stack:
         p = stack.pop()
-        if p in seen or (os.path.dirname(p) == _CORE_DIR and os.path.basename(p) in _HOST_ONLY):
+        key = _namespace_path(p)
+        if key in seen or key in _HOST_ONLY_PATHS:
             continue
-        seen.add(p)
+        seen[key] = p
         stack += [os.path.abspath(f) for f in _imports_of(p, os.stat(p).st_mtime_ns)]
-    return sorted(seen)
+    return sorted(seen.values())
 
 
 def _namespace_path(path: str) -> str:
