@@ -123,7 +123,8 @@ def roofline(M: int, N: int, K: int, accumulate: bool = False, **_) -> dict:  # 
 
 def get_baselines(**cfg) -> dict:
     """torch: the fp32 oracle (dequantized operands, fp32 matmul); deepgemm: ``deep_gemm.fp8_gemm_nt`` (SM90 1d2d,
-    no ``c``)."""
+    no ``c``); cublas: cuBLASLt blockwise (1x128 x 128x128) ``torch._scaled_mm``, the issue's speed reference (``+ c``
+    in one elementwise pass more where accumulating)."""
     def torch_ref():
         return lambda d: reference(**d)
 
@@ -142,7 +143,23 @@ def get_baselines(**cfg) -> dict:
 
         return run
 
-    return {"torch": torch_ref, "deepgemm": deepgemm_ref}
+    def cublas_ref():
+        O.scaled_mm_probe()
+        plans = {}
+
+        def run(d):
+            key = d["sfa"].data_ptr()
+            if key not in plans:  # the M-major scale copy cuBLASLt takes, once per data
+                plans[key] = d["sfa"].t().contiguous().t()
+            out = d["d"]
+            O.scaled_mm_blockwise(d["a"], plans[key], d["b"], d["sfb"], out=out)
+            if d.get("c") is not None:
+                out += d["c"]
+            return {"d": out}
+
+        return run
+
+    return {"torch": torch_ref, "deepgemm": deepgemm_ref, "cublas": cublas_ref}
 
 
 # ------------------------------------------------------------------------------------------------- public op
