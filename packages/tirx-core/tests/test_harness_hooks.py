@@ -357,10 +357,16 @@ def _replay_modules(device):
         return {"x": torch.randint(0, 100, (64, 16), generator=g, device=d, dtype=torch.int32),
                 "out": torch.empty(64, 16, dtype=torch.int32, device=d)}
 
+    def prepare_bcast(g, d):  # FlashInfer's per-head inputs: a broadcast (stride-0) view of one value a head
+        return {"x": _randn(g, d, 64, 8, 16), "dt": torch.randn(8, generator=g, device=d)[:, None].expand(8, 16),
+                "out": _nan(d, 64, 8, 16)}
+
     return [_inplace_module(device, lambda cfg, data: data["x"].mul_(data["w"])),
             _two_launch_module(device, WORKSPACES=("ws",)),
             fake(device, prepare_int, lambda x, **_: {"out": x + 1},
-                 lambda cfg, data: torch.add(data["x"], 1, out=data["out"]))]
+                 lambda cfg, data: torch.add(data["x"], 1, out=data["out"])),
+            fake(device, prepare_bcast, lambda x, dt, **_: {"out": x.float() * dt},
+                 lambda cfg, data: torch.mul(data["x"], data["dt"], out=data["out"]))]
 
 
 def test_refill_for_replay_restores_inputs_and_poisons_fresh_outputs():
@@ -375,6 +381,14 @@ def test_refill_for_replay_restores_inputs_and_poisons_fresh_outputs():
                 assert (harness._bits(v) == harness._bits(harness.poison_(v.clone()))).all()
         mod.launch({}, data)  # the replay
         harness.check_outputs(mod, outputs, expected, "oracle", {}, fresh)
+
+
+def test_refill_of_a_broadcast_input_refuses_values_that_vary_along_its_broadcast_dims():
+    dst = torch.zeros(8)[:, None].expand(8, 16)
+    harness._refill("dt", dst, torch.arange(8.0)[:, None].expand(8, 16).contiguous())
+    assert torch.equal(dst, torch.arange(8.0)[:, None].expand(8, 16))
+    with pytest.raises(ValueError, match="input 'dt' is a broadcast view"):
+        harness._refill("dt", dst, torch.randn(8, 16))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

@@ -267,6 +267,21 @@ def inplace_outputs(mod, out_names, data: dict) -> dict:
     return inplace
 
 
+def _refill(name: str, dst, src) -> None:
+    """``dst.copy_(src)`` where ``dst`` may be a broadcast view (stride 0 along some dims, as FlashInfer's per-head
+    ``dt`` / ``A`` / ``D`` inputs are): its storage is refilled through one index of each broadcast dim, and ``src``
+    must not vary along those dims (it is another ``prepare_data``'s tensor of the same form)."""
+    bcast = [d for d in range(dst.dim()) if dst.stride(d) == 0 and dst.shape[d] > 1]
+    if not bcast:
+        dst.copy_(src)
+        return
+    core = tuple(slice(0, 1) if d in bcast else slice(None) for d in range(dst.dim()))
+    if src.shape != dst.shape or not src.eq(src[core]).logical_or(src.isnan()).all():
+        raise ValueError(f"input '{name}' is a broadcast view (stride 0 along dims {bcast}) and the refill values "
+                         "vary along them (or differ in shape): prepare_data must return the same form each call")
+    dst[core].copy_(src[core])
+
+
 def refill_for_replay(mod, data: dict, fresh: dict, expected: dict) -> dict:
     """Make the tensors of ``data`` (captured in a CUDA graph) hold the inputs of ``fresh`` (another
     ``prepare_data``), in-place targets and workspaces included, and poison its fresh outputs; returns the
@@ -276,7 +291,7 @@ def refill_for_replay(mod, data: dict, fresh: dict, expected: dict) -> dict:
     inplace = inplace_outputs(mod, list(expected), fresh)
     for k, v in fresh.items():
         if isinstance(v, torch.Tensor) and (k not in expected or k in inplace.values()):
-            data[k].copy_(v)
+            _refill(k, data[k], v)
     for k in expected:
         if k not in inplace:
             poison_(data[k])
