@@ -6,7 +6,9 @@ column), and the helpers' tracing. The online softmax itself runs in flash_atten
 
 import pytest
 
-from tirx_kernels.core.lang import wgmma
+pytest.importorskip("tvm", reason="core.lang builds TIRx: apache-tvm is needed")
+
+from tirx_kernels.core.lang import wgmma  # noqa: E402
 
 
 @pytest.mark.parametrize("n", [16, 64, 96, 128, 256])

@@ -111,7 +111,7 @@ def test_dry_run_prints_the_pip_commands():
 def test_dry_run_of_one_package():
     r = _tool("--dry-run", "--package", "tirx-port-flashinfer", "--python", "PY")
     assert r.stdout.splitlines() == ["PY -m pip install flashinfer-python==0.7.4 nvidia-cutlass-dsl==4.8.1 "
-                                     "liger-kernel==0.8.5"]
+                                     "liger-kernel==0.8.5 fla-core==0.6.0"]
     r = _tool("--dry-run", "--package", "no-such-package")
     assert r.returncode == 2 and "no lock for no-such-package" in r.stderr
 

@@ -9,10 +9,17 @@ import re
 
 import pytest
 import torch
-from test_topk_single_cta import _RAW, _check, _cpu_builtins, make_rows, oracle
 
+from tirx_kernels.core import testing
 from tirx_kernels.ported.flashinfer.topk import filtered_topk as mod
 from tirx_kernels.ported.flashinfer.topk import radix_topk_single_cta as single
+
+_single_cta_tests = testing.load_sibling("test_topk_single_cta", __file__)
+_RAW = _single_cta_tests._RAW
+_check = _single_cta_tests._check
+_cpu_builtins = _single_cta_tests._cpu_builtins
+make_rows = _single_cta_tests.make_rows
+oracle = _single_cta_tests.oracle
 
 _FULL = os.environ.get("TIRX_EMULATE_FULL") == "1"
 full_only = pytest.mark.skipif(not _FULL, reason="set TIRX_EMULATE_FULL=1 (minutes of CPU on 2 cores)")

@@ -104,6 +104,24 @@ def load_tool(name: str, near: str):
     pytest.skip(f"tools/{name}.py is not in this checkout")
 
 
+def load_sibling(name: str, near: str):
+    """The test module ``<name>.py`` beside ``near`` (a test's ``__file__``), loaded by path and cached: pytest runs
+    with ``--import-mode=importlib`` (test basenames repeat across packages), so ``from test_x import ...`` does not
+    resolve. The module gets a name of its own, so pytest's import of the same file stays separate."""
+    import importlib.util
+    import pathlib
+    import sys
+
+    path = pathlib.Path(near).resolve().parent / f"{name}.py"
+    key = f"_tirx_sibling_{abs(hash(str(path))):x}_{name}"
+    if key not in sys.modules:
+        spec = importlib.util.spec_from_file_location(key, path)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[key] = mod
+        spec.loader.exec_module(mod)
+    return sys.modules[key]
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Layer micro-kernel bundles: built on the CPU machine by a test module's ``build_bundle``, run on the GPU host
 # (which has no compiler) by its numerics test from ``$TIRX_LANG_MICRO_DIR`` (default ``<repo>/build/lang-micro``)

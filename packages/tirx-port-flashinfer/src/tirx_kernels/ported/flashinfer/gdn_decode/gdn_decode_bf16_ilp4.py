@@ -90,7 +90,7 @@ def artifact_params() -> list[dict]:
 def call_samples(rng) -> list[dict]:
     return [{**DEFAULTS, "dtype": d, "batch": rng.choice([1, 4, 8, 64]), "n_heads": h, "n_vheads": hv,
              "T": rng.choice([1, 2, 4, 8])}
-            for d in _impl.INPUT_DTYPES for h, hv in ((2, 4), (4, 8), (8, 16), (16, 32)) for _ in range(2)]
+            for d in _impl.INPUT_DTYPES for h, hv in ((2, 4), (4, 8), (8, 16), (16, 32)) for _ in range(3)]
 
 
 def prepare_data(**cfg) -> dict:

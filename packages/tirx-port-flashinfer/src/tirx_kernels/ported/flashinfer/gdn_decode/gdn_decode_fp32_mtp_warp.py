@@ -90,7 +90,7 @@ def artifact_params() -> list[dict]:
 def call_samples(rng) -> list[dict]:
     return [{**DEFAULTS, "dtype": d, "batch": rng.choice([1, 4, 64, 256]), "n_heads": h, "n_vheads": hv,
              "T": rng.randint(2, _impl.MAX_TOKENS)}
-            for d in _impl.INPUT_DTYPES for h, hv in ((16, 64), (8, 32), (16, 32), (4, 8)) for _ in range(2)]
+            for d in _impl.INPUT_DTYPES for h, hv in ((16, 64), (8, 32), (16, 32), (4, 8)) for _ in range(3)]
 
 
 def prepare_data(**cfg) -> dict:

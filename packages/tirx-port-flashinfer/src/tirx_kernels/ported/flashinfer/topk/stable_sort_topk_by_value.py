@@ -59,12 +59,12 @@ def compile_params(dtype: str, index_dtype: str = "int64", **_) -> dict:
 
 
 def artifact_params() -> list[dict]:
-    return [compile_params(d, i) for d in _DTYPES for i in ("int32", "int64")]
+    return [compile_params(d, i) for d in _DTYPES for i in ("int32", "int64") for _ in range(4)]
 
 
 def call_samples(rng) -> list[dict]:
     return [{"dtype": d, "index_dtype": i, "M": rng.randint(1, 300), "k": rng.randint(1, MAX_K)}
-            for d in _DTYPES for i in ("int32", "int64")]
+            for d in _DTYPES for i in ("int32", "int64") for _ in range(4)]
 
 
 def sass_expect(**_) -> list[str]:
