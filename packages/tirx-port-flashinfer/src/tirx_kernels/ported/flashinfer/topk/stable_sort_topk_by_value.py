@@ -59,7 +59,7 @@ def compile_params(dtype: str, index_dtype: str = "int64", **_) -> dict:
 
 
 def artifact_params() -> list[dict]:
-    return [compile_params(d, i) for d in _DTYPES for i in ("int32", "int64") for _ in range(4)]
+    return [compile_params(d, i) for d in _DTYPES for i in ("int32", "int64")]
 
 
 def call_samples(rng) -> list[dict]:
