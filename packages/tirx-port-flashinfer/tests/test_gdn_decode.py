@@ -125,6 +125,8 @@ def test_rejected_inputs_name_the_argument():
         ((d["q"][..., :64],) + base[1:], kw, "q"),
         (base[:2] + (d["v"].float(),) + base[3:], kw, "v"),
         (base, {**kw, "initial_state": d["initial_state"].float()}, "initial_state"),
+        (base, {**kw, "initial_state": torch.zeros(d["initial_state"].numel() + 8, dtype=torch.bfloat16)[
+            1:1 + d["initial_state"].numel()].view(d["initial_state"].shape)}, "initial_state"),  # misaligned base
         (base, {**kw, "initial_state_indices": d["initial_state_indices"].float()}, "initial_state_indices"),
         (base, {}, "state"),
         (base, {**kw, "disable_state_update": True}, "intermediate_states_buffer"),
@@ -135,6 +137,21 @@ def test_rejected_inputs_name_the_argument():
             mod.gated_delta_rule_decode_pretranspose(*args, **k)
     with pytest.raises(TirxInputError, match="argument 'q'.*CUDA"):
         mod.gated_delta_rule_decode_pretranspose(*base, **kw)
+
+
+def test_validation_traces_under_torch_compile():
+    """torch.compile (fullgraph) traces the public op's validation (H200 run 1: dynamo failed on ``pool.data_ptr() %
+    16``): alignment is checked in the custom op's eager body, where ``normalize`` runs again on the real tensors;
+    the custom op's name comes from a constant-result lookup (its module imported, not traced)."""
+    d = mtp_mod.prepare_data(**{**mtp_mod.DEFAULTS, "batch": 2, "n_heads": 2, "n_vheads": 4, "intermediate": True},
+                             device="cpu")
+
+    def f(d):
+        n = gd.normalized(d)
+        return n["pool"] + 1, gd.op_name("wide_vec", int(n["q"].shape[1]))
+
+    got, op = torch.compile(f, fullgraph=True, backend="eager")(d)
+    assert torch.equal(got, d["initial_state"] + 1) and op == mtp_mod.KERNEL_META["name"]
 
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (sm_90a)")

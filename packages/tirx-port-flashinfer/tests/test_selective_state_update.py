@@ -342,6 +342,8 @@ def _fi_args(batch=2, T=None, nheads=4, dim=64, dstate=128, ngroups=2, device="c
     (dict(D=torch.zeros(4, 64)), "D"),
     (dict(state=torch.zeros(5, 4, 64, 72, dtype=torch.bfloat16)), "state"),
     (dict(state=torch.zeros(5, 4, 48, 128, dtype=torch.bfloat16)), "state"),
+    (dict(state=torch.zeros(5 * 4 * 64 * 128 + 8, dtype=torch.bfloat16)[1:1 + 5 * 4 * 64 * 128].view(5, 4, 64, 128)),
+     "state"),  # misaligned base: checked eagerly (and in the custom op's body under torch.compile)
     (dict(x=torch.zeros(2, 4, 64)), "x"),
     (dict(B=torch.zeros(2, 3, 128, dtype=torch.bfloat16), C=torch.zeros(2, 3, 128, dtype=torch.bfloat16)), "B"),
     (dict(state_batch_indices=torch.zeros(2)), "state_batch_indices"),
@@ -361,6 +363,27 @@ def test_cpu_tensors_are_rejected():
 
 
 # ------------------------------------------------------------------------------------------------ GPU
+
+def test_validation_and_schedule_choice_trace_under_torch_compile():
+    """torch.compile (fullgraph) traces the public op's validation and schedule choice (H200 run 1: dynamo failed on
+    ``state.data_ptr() % 16``; the bundle lookup behind the vertical fallback runs importlib / json): alignment is
+    checked in the custom op's eager body, the lookup runs as a constant of the call's dtypes and dstate."""
+    from tirx_kernels.ported.flashinfer.mamba import _ssu_op
+
+    def choose(*args):
+        n = ssu.normalize(*args)
+        schedule = ssu.pick_schedule("auto", n)
+        _ssu_op._registered(schedule)
+        return n["state"] + 1, schedule
+
+    for T in (None, 3):
+        a = _fi_args(batch=3, T=T)
+        args = (a["state"], a["x"], a["dt"], a["A"], a["B"], a["C"], a["D"], None, None, False, None, -1, None,
+                False, None, None, T or 0)
+        args = args[:12] + (torch.empty_like(a["x"]),) + args[13:]
+        got = torch.compile(choose, fullgraph=True, backend="eager")(*args)
+        assert got[1] == choose(*args)[1] == ("mtp" if T else "stp") + "_vertical"
+
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (sm_90a)")
 ROWS = [(s, c["label"]) for s in SCHEDULES for c in _module(s).CONFIGS]

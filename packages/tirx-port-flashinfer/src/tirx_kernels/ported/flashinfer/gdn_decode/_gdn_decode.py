@@ -376,6 +376,12 @@ def _fail(name: str, expected: str, got) -> None:
     raise checks.TirxInputError(f"{OP}: argument '{name}': expected {expected}, got {got}")
 
 
+def _misaligned(t: torch.Tensor) -> bool:
+    """``t.data_ptr() % 16 != 0``; False while torch.compile traces (dynamo cannot trace ``data_ptr() % 16``): the
+    custom op's eager body runs ``normalize`` again on the real tensors and checks it there."""
+    return not torch.compiler.is_compiling() and t.data_ptr() % 16 != 0
+
+
 def normalize(q, k, v, state, A_log, a, dt_bias, b, scale, output, use_qk_l2norm, initial_state,  # noqa: N803, C901
               initial_state_indices, output_state_indices, intermediate_states_buffer=None,
               disable_state_update=False, state_dtype=torch.bfloat16) -> dict:
@@ -424,7 +430,7 @@ def normalize(q, k, v, state, A_log, a, dt_bias, b, scale, output, use_qk_l2norm
     if pool.dim() != 4 or tuple(pool.shape[1:]) != (n_vheads, V_DIM, K_DIM) or pool.dtype != state_dtype:
         _fail(pname, f"{sname} (slots, HV, V, K) = (*, {n_vheads}, 128, 128)", f"{pool.dtype} {tuple(pool.shape)}")
     es = pool.element_size()
-    if pool.stride(3) != 1 or pool.stride(2) != K_DIM or pool.stride(1) != V_DIM * K_DIM or pool.data_ptr() % 16 \
+    if pool.stride(3) != 1 or pool.stride(2) != K_DIM or pool.stride(1) != V_DIM * K_DIM or _misaligned(pool) \
             or (pool.stride(0) * es) % 16 or not 0 < pool.stride(0) <= _INT32_MAX:
         _fail(pname, "contiguous 16-byte aligned (HV, V, K) slots", f"strides {pool.stride()}")
     if pool_mode:
@@ -448,7 +454,7 @@ def normalize(q, k, v, state, A_log, a, dt_bias, b, scale, output, use_qk_l2norm
         if inter.dim() != 5 or inter.shape[0] < batch or inter.shape[1] < ntokens or \
                 tuple(inter.shape[2:]) != (n_vheads, V_DIM, K_DIM) or inter.dtype != state_dtype or \
                 inter.stride(1) != step or inter.stride(2) != V_DIM * K_DIM or inter.stride(3) != K_DIM or \
-                inter.stride(4) != 1 or inter.data_ptr() % 16 or (inter.stride(0) * es) % 16 or \
+                inter.stride(4) != 1 or _misaligned(inter) or (inter.stride(0) * es) % 16 or \
                 not 0 < inter.stride(0) <= _INT32_MAX:
             _fail("intermediate_states_buffer", f"{sname} (B, >= T, HV, V, K) with contiguous steps",
                   f"{inter.dtype} {tuple(inter.shape)} strides {inter.stride()}")
@@ -472,6 +478,13 @@ def module_for(route: str, ntokens: int = 1):
     name = {"ilp4": "gdn_decode_bf16_ilp4", "fp32_warp": "gdn_decode_fp32_mtp_warp"}.get(route) or (
         "gdn_decode_bf16_wide_vec_t1" if ntokens == 1 else "gdn_decode_bf16_wide_vec_mtp")
     return importlib.import_module(f"{__package__}.{name}")
+
+
+@torch.compiler.assume_constant_result
+def op_name(route: str, ntokens: int) -> str:
+    """The custom op serving the route's calls of ``ntokens`` tokens; imports its module (which registers it).
+    torch.compile runs it rather than traces it (importlib)."""
+    return module_for(route, ntokens).KERNEL_META["name"]
 
 
 def warp_ilp(batch: int, n_vheads: int) -> int:
@@ -530,7 +543,7 @@ def decode(route, q, k, v, state, A_log, a, dt_bias, b, scale=None, output=None,
         if intermediate_states_buffer is not None:
             runtime.mark_written(intermediate_states_buffer)
     else:
-        getattr(torch.ops.tirx, module_for(route, q.shape[1]).KERNEL_META["name"])(*args)
+        getattr(torch.ops.tirx, op_name(route, int(q.shape[1])))(*args)
     return output, n["pool"]
 
 

@@ -211,6 +211,12 @@ def _fail(name: str, expected: str, got) -> None:
     raise checks.TirxInputError(f"{OP}: argument '{name}': expected {expected}, got {got}")
 
 
+def _misaligned(t: torch.Tensor) -> bool:
+    """``t.data_ptr() % 16 != 0``; False while torch.compile traces (dynamo cannot trace ``data_ptr() % 16``): the
+    custom op's eager body runs ``normalize`` again on the real tensors and checks it there."""
+    return not torch.compiler.is_compiling() and t.data_ptr() % 16 != 0
+
+
 def _head_column(name: str, t: torch.Tensor, lead: int, nheads: int, dim: int) -> torch.Tensor:
     """FlashInfer's broadcast per-head tensors (``(..., nheads, dim)`` with stride 0 on dim, unit stride on heads):
     the head column, ``(..., nheads)``."""
@@ -263,9 +269,10 @@ def normalize(state, x, dt, A, B, C, D, z=None, dt_bias=None, dt_softplus=False,
     if state.stride(3) != 1 or state.stride(2) != dstate or state.stride(1) != dim * dstate:
         _fail("state", "contiguous (nheads, dim, dstate) blocks", f"strides {state.stride()}")
     es = state.element_size()
-    if state.data_ptr() % 16 or (state.stride(0) * es) % 16 or not 0 < state.stride(0) <= _INT32_MAX:
+    if _misaligned(state) or (state.stride(0) * es) % 16 or not 0 < state.stride(0) <= _INT32_MAX:
         _fail("state", "16-byte aligned slots (base and slot stride) with an int32 slot stride",
-              f"data_ptr % 16 = {state.data_ptr() % 16}, strides {state.stride()}")
+              f"strides {state.stride()}" + ("" if torch.compiler.is_compiling() else
+                                              f", data_ptr % 16 = {state.data_ptr() % 16}"))
     lead = 2
     if x.dim() != 4 or tuple(x.shape[2:]) != (nheads, dim):
         _fail("x", f"(batch, [T,] nheads={nheads}, dim={dim})", f"shape {tuple(x.shape)}")
@@ -327,7 +334,7 @@ def normalize(state, x, dt, A, B, C, D, z=None, dt_bias=None, dt_softplus=False,
         if dst is not None:
             _fail("intermediate_states_buffer", "None with dst_state_batch_indices (mutually exclusive)", "a tensor")
         inter = intermediate_states_buffer
-        if inter.dtype != state.dtype or not inter.is_contiguous() or inter.data_ptr() % 16:
+        if inter.dtype != state.dtype or not inter.is_contiguous() or _misaligned(inter):
             _fail("intermediate_states_buffer", f"a contiguous, 16-byte aligned {state.dtype} tensor",
                   f"{inter.dtype}, strides {inter.stride()}")
         if cache_steps < T_ or inter.numel() % (nheads * dim * dstate):
@@ -383,13 +390,28 @@ _SERVED: dict = {}
 
 def serves(schedule: str, params: dict) -> bool:
     """Whether the schedule's module has ``params`` among its bundled artifacts (artifact_params and its rows)."""
+    return _served(schedule, tuple(sorted(params.items())))
+
+
+@torch.compiler.assume_constant_result
+def _served(schedule: str, key: tuple) -> bool:
+    """``serves`` on the params' sorted items. torch.compile runs it rather than traces it (importlib, json), and
+    its result is a constant of the call's dtypes and dstate, which the trace guards on."""
     from tirx_kernels.core import artifacts, harness
 
     if schedule not in _SERVED:
         mod = module_of(schedule)
         rows = [mod.compile_params(**harness.full_config(mod, c)) for c in mod.CONFIGS + mod.BENCH_CONFIGS]
         _SERVED[schedule] = {artifacts.canonical_params(p) for p in mod.artifact_params() + rows}
-    return artifacts.canonical_params(params) in _SERVED[schedule]
+    return artifacts.canonical_params(dict(key)) in _SERVED[schedule]
+
+
+@torch.compiler.assume_constant_result
+def _registered(schedule: str) -> bool:
+    """Import the schedule's module, which registers its ``tirx::selective_state_update_<schedule>`` custom op (a
+    compiled call reaches the op before any eager call imported it)."""
+    module_of(schedule)
+    return True
 
 
 def pick_schedule(algorithm: str, n: dict) -> str:
@@ -483,6 +505,7 @@ def selective_state_update(state: torch.Tensor, x: torch.Tensor, dt: torch.Tenso
         if state_scale is not None:
             runtime.mark_written(state_scale)
     else:
+        _registered(schedule)
         getattr(torch.ops.tirx, f"selective_state_update_{schedule}")(*args)
     return out
 
