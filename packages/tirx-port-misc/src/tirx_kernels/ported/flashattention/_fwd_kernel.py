@@ -3,7 +3,8 @@
 # hopper/mainloop_fwd_sm90_tma_gmma_ws.hpp, hopper/flash_fwd_kernel_sm90.h of
 # https://github.com/Dao-AILab/flash-attention at the package's pinned commit
 # 0251105a2fb19d2957484b7f023cd8c115286ced), re-expressed in TIRx on tirx-core's Hopper layer; no code is copied.
-"""The TIRx generator of ``flash_attention4``'s forward kernel (bf16/fp16, head dims up to 256).
+"""The TIRx generators of ``flash_attention4``'s prefill kernels (bf16/fp16, head dims up to 256): batch-padded
+(``build_fwd_kernel``) and varlen (``build_varlen_kernel``), both on ``_fwd_mainloop.Mainloop``.
 
 Layout (flash-attn's batch-padded convention): q [B, Sq, Hq, D], k [B, Sk, Hkv, D], v [B, Sk, Hkv, Dv], out
 [B, Sq, Hq, Dv] (contiguous), lse [B, Hq, Sq] fp32 natural-log. q/k/v have unit stride in the head dim and any
@@ -37,148 +38,102 @@ counts match because consumer 0 skips its first wait and consumer 1 its last pas
 turn per tile), the softmax of tile n runs while PV n - 1 is on the tensor cores, and O is rescaled once it landed
 (same registers as ``plain``: P of tile n - 1, S of tile n and O are live together in both).
 
-Not yet (see the package README): a persistent scheduler, and sliding window, softcap, sink, varlen, paged KV.
+Varlen (flash-attn's packed THD convention): q [total_q, Hq, D], k [total_k, Hkv, D], v [total_k, Hkv, Dv], out
+[total_q, Hq, Dv], lse [Hq, total_q]; sequence b holds query rows cu_seqlens_q[b] .. cu_seqlens_q[b + 1] - 1 and keys
+cu_seqlens_k[b] .. + (seqused_k[b] if given, else cu_seqlens_k[b + 1] - cu_seqlens_k[b]). The grid is (query tiles of
+max_seqlen_q, Hq, B); a tile past its sequence's end exits at once. The maps are 3-D (D, heads, total rows): a box
+reaching past a sequence's end reads the next sequence's rows (FA3 does the same), which the key mask hides (keys)
+or the guarded store drops (queries); past the last row TMA zero-fills.
+
+Not yet (see the package README): a persistent scheduler, and sliding window, softcap, sink.
 """
 
 from __future__ import annotations
 
+from tirx_kernels.ported.flashattention._fwd_mainloop import (  # noqa: F401 -- re-exported for the tests
+    CHUNK,
+    SCHEDULES,
+    SMEM_LIMIT,
+    Mainloop,
+    check_shape,
+    padded,
+    smem_bytes,
+)
+
 NUM_CONSUMERS = 2
 BLOCK_M = NUM_CONSUMERS * 64  # one m64 wgmma row block per consumer
-WG_BAR = 1  # named barriers 1, 2: consumer w's 128 threads
-TURN_BAR = 3  # named barriers 3, 4: consumer w's turn to issue a GEMM (ping-pong)
-CHUNK = 64  # 16-bit elements of one 128-byte SW128 row: the TMA box's inner extent
-SMEM_LIMIT = 232448  # 227 KB, what ran on the H200 (HOPPER_TIRX.md)
 
 
-def padded(d: int) -> int:
-    """Head dim rounded up to whole 128-byte swizzle rows (TMA zero-fills the columns past d)."""
-    return (d + CHUNK - 1) // CHUNK * CHUNK
+def _consumer(ml, sm, rg, wg, tid, softmax_scale, m0, num_q, num_k, n_blocks, causal, clear_v: bool = False):
+    """Math warpgroup ``wg``: its 64 rows of the query tile at ``m0`` against key tiles 0 .. n_blocks - 1; returns
+    (row of row half r, the mainloop's registers, lane) for the epilogue."""
+    from tvm.script import tirx as T
+
+    from tirx_kernels.core.lang import roles, softmax
+
+    cw, _, warp, lane = roles.consumer_role(wg, tid)
+    scale_log2 = softmax_scale * T.float32(softmax.LOG2E)
+    first_row = m0 + cw * 64
+    mask_from = ml.causal_limits(rg, first_row, num_q, num_k, causal, warp, lane)
+    ml.consume(sm, rg, 0, n_blocks, mask_from, cw, warp, lane, scale_log2, num_k if clear_v else None)
+    return first_row, warp, lane, scale_log2
 
 
-def smem_bytes(head_dim: int, head_dim_v: int, block_n: int, num_stages: int) -> int:
-    """The pool: Q tile, the K and V rings, the barriers (1 + 4 x num_stages)."""
-    return 2 * (BLOCK_M * padded(head_dim) + num_stages * block_n * (padded(head_dim) + padded(head_dim_v))) \
-        + 8 * (1 + 4 * num_stages)
+def _key_tiles(m0, num_q, num_k, block_n: int, causal: bool):
+    """Key tiles the query tile at ``m0`` sees: all of them, or (causal, bottom-right) up to its last row's
+    diagonal."""
+    from tvm.script import tirx as T
+
+    key_end = T.min(num_k, m0 + BLOCK_M + (num_k - num_q)) if causal else num_k
+    return T.max(key_end + block_n - 1, 0) // block_n
 
 
-def check_shape(head_dim: int, head_dim_v: int, block_n: int, num_stages: int) -> None:
-    """Trace-time limits of the generator (the op checks the user-facing ones first)."""
-    from tirx_kernels.core.lang import roles, wgmma
+def _produce(ml, sm, q_map, k_map, v_map, q_coord, kv_coord, h, hk, n_blocks):
+    """The TMA thread: Q at row ``q_coord`` of head ``h``, then K/V tiles 0 .. n_blocks - 1 of head ``hk``;
+    ``kv_coord(n)`` the map coordinates past (column, head) of key tile ``n``'s first row."""
+    from tirx_kernels.core.lang import tma
 
-    for name, d in (("head_dim", head_dim), ("head_dim_v", head_dim_v)):
-        if d % 8 or not 8 <= d <= 256:
-            raise ValueError(f"flash_attention4: {name}={d} must be a multiple of 8 in [8, 256]")
-    if block_n % 16 or not 16 <= block_n <= 256:
-        raise ValueError(f"flash_attention4: block_n={block_n} must be a multiple of 16 in [16, 256]")
-    # S (block_n / 2), O (Dv_pad / 2) and P (block_n / 4) accumulator registers of the consumer's 232.
-    regs = wgmma.acc_regs(block_n) + wgmma.acc_regs(padded(head_dim_v)) + block_n // 4
-    if regs > 200:
-        raise ValueError(f"flash_attention4: block_n={block_n} with head_dim_v={head_dim_v} needs {regs} "
-                         f"fragment registers of the consumer's {roles.CONSUMER_REGS}")
-    nbytes = smem_bytes(head_dim, head_dim_v, block_n, num_stages)
-    if num_stages < 1 or nbytes > SMEM_LIMIT:
-        raise ValueError(f"flash_attention4: {num_stages} stages of block_n={block_n} need {nbytes} B of smem "
-                         f"(limit {SMEM_LIMIT})")
+    ml.load_q_tma(sm, q_map, lambda c: [c * CHUNK, h, *q_coord])
+
+    def load(tmap, chunks, dst):
+        def issue(n, s, bar):
+            for c in range(chunks):
+                tma.load(dst(sm, s, c), tmap, [c * CHUNK, hk, *kv_coord(n)], bar)
+        return issue
+
+    ml.produce_kv(sm, 0, n_blocks, load(k_map, ml.q_chunks, ml.k_dst), load(v_map, ml.v_chunks, ml.v_dst))
 
 
-SCHEDULES = ("plain", "pingpong", "overlap")
+def _store(ml, rg, Ow, LSE, r, lane, inv, lse_row, o_row, lse_index):  # noqa: N803
+    """Row half ``r``'s output row (``o_row``: its element offset in ``Ow``'s 16-bit view) and LSE (lane 0 of the
+    quad, at ``lse_index``)."""
+    from tvm.script import tirx as T
+
+    ml.store_o_pairs(rg, r, lane, inv,
+                     lambda col, lo, hi: T.buffer_store(Ow, ml.pack_pair(rg, lo, hi), [(o_row + col) // 2]))
+    with T.If(lane % 4 == 0):
+        with T.Then():
+            T.buffer_store(LSE, lse_row, lse_index)
+
+
+def _batch_rows(b, block_n: int):
+    """Key tile ``n`` of batch entry ``b`` in a (.., seq, batch) map."""
+    return lambda n: [n * block_n, b]
+
+
+def _packed_rows(k_off, block_n: int):
+    """Key tile ``n`` of the sequence starting at row ``k_off`` of a packed (.., total rows) map."""
+    return lambda n: [k_off + n * block_n]
 
 
 def build_fwd_kernel(dtype: str, head_dim: int, head_dim_v: int, causal: bool, block_n: int, num_stages: int,
                      schedule: str = "overlap"):
+    """The batch-padded kernel: one CTA per (query tile, query head, batch entry)."""
     from tvm.script import tirx as T
 
-    from tirx_kernels.core.lang import mbarrier, roles, softmax, tma, wgmma
+    from tirx_kernels.core.lang import roles, tma, wgmma
 
-    check_shape(head_dim, head_dim_v, block_n, num_stages)
-    if schedule not in SCHEDULES:
-        raise ValueError(f"flash_attention4: schedule {schedule!r} is not one of {SCHEDULES}")
-    pingpong = schedule in ("pingpong", "overlap")
-    overlap = schedule == "overlap"
-    dp, dvp = padded(head_dim), padded(head_dim_v)
-    q_chunks, v_chunks = dp // CHUNK, dvp // CHUNK
-    elem = tma.elem_bytes(dtype)
-    q_tile = BLOCK_M * dp  # elements
-    k_tile = block_n * dp
-    v_tile = block_n * dvp
-    s_regs = wgmma.acc_regs(block_n)
-    o_regs = wgmma.acc_regs(dvp)
-    p_regs = block_n // 4  # 16-bit pairs: 4 b32 registers per k16 step
-    qk_steps = dp // 16
-    pv_steps = block_n // 16
-    # V is the MN-major B operand of O += P V: 64-column chunks of block_n rows, LBO steps between chunks.
-    v_lbo, v_sbo = wgmma.desc_offsets(wgmma.MN_MAJOR, wgmma.SWIZZLE_128B, mn_chunk_bytes=block_n * 128)
-    v_kstep = wgmma.k_step_bytes(wgmma.MN_MAJOR, wgmma.SWIZZLE_128B, dtype)
-    # One arrival per consumer warpgroup gives a slot back, after a warpgroup barrier (NOTES in release()).
-    k_ring = mbarrier.Ring.for_warpgroups(num_stages, NUM_CONSUMERS, "warpgroup")
-    v_ring = mbarrier.Ring.for_warpgroups(num_stages, NUM_CONSUMERS, "warpgroup")
-    q_box = tma.check_box(dtype, [CHUNK, 1, BLOCK_M, 1])  # bytes of one box
-    kv_box = tma.check_box(dtype, [CHUNK, 1, block_n, 1])
-    cvt_pack = {"bfloat16": T.ptx.cvt.rn.bf16x2.f32, "float16": T.ptx.cvt.rn.f16x2.f32}[dtype]
-
-    def key_end(m0, Sq, Sk):  # noqa: N803
-        """One past the last key the query tile starting at ``m0`` sees."""
-        return T.min(Sk, m0 + BLOCK_M + (Sk - Sq)) if causal else Sk
-
-    def needs_mask(n0, diag, Sk):  # noqa: N803
-        """Whether the key tile at ``n0`` reaches past Sk or (causal) right of the first row's diagonal."""
-        past = n0 + block_n > Sk
-        return T.Or(past, n0 + block_n - 1 > diag) if causal else past
-
-    def hidden(col, lim, Sk):  # noqa: N803
-        return T.Or(col >= Sk, col > lim) if causal else col >= Sk
-
-    def turn_wait(cw, first):
-        """Ping-pong: wait until the other consumer has issued its previous GEMM (consumer 0's first QK^T has
-        no predecessor)."""
-        if pingpong:
-            with T.If(T.Or(cw > 0, T.Not(first))):
-                with T.Then():
-                    roles.wait_turn(TURN_BAR, cw)
-
-    def turn_pass(cw, last):
-        """Ping-pong: hand the tensor cores to the other consumer (consumer 1's last PV has nobody after it)."""
-        if pingpong:
-            with T.If(T.Or(cw == 0, T.Not(last))):
-                with T.Then():
-                    roles.pass_turn(TURN_BAR, cw)
-
-    def tile_hidden(n0, diag, Sk, warp, lane):  # noqa: N803
-        """The mask of key tile ``n0`` as ``softmax.mask`` takes it: (row half, column block, element) -> hidden."""
-        return lambda r, j, e: hidden(n0 + wgmma.acc_col(lane, j, e), diag + wgmma.acc_row(warp, lane, r), Sk)
-
-    def issue_qk(s_acc, desc_q, desc_k, s, cw):
-        """S = Q K^T of the tile in stage ``s`` (SS; the first k16 step overwrites the accumulator), uncommitted."""
-        wgmma.fence()
-        for kk in range(qk_steps):
-            q_off = ((kk // 4) * BLOCK_M * CHUNK + cw * 64 * CHUNK) * elem + (kk % 4) * 32
-            k_off = (s * k_tile + (kk // 4) * block_n * CHUNK) * elem + (kk % 4) * 32
-            wgmma.mma(block_n, s_acc, wgmma.desc_advance(desc_q[0], q_off), wgmma.desc_advance(desc_k[0], k_off),
-                      dtype, scale_d=kk > 0)
-
-    def issue_pv(o_acc, p_frag, desc_v, s):
-        """O += P V of the tile in stage ``s`` (RS: P from registers; V MN-major), uncommitted."""
-        for kk in range(pv_steps):
-            wgmma.mma(dvp, o_acc, [p_frag[kk * 4 + i] for i in range(4)],
-                      wgmma.desc_advance(desc_v[0], s * v_tile * elem + kk * v_kstep), dtype, b_major=wgmma.MN_MAJOR)
-
-    def release(ring, empty, s, cw, warp, lane):
-        """Give slot ``s`` back (one arrival for the warpgroup) once all its 128 threads passed their wgmma.wait."""
-        # NOTES: on the GPU the warpgroup's wgmma already couples its warps, so one thread's wait would do (CUTLASS
-        # relies on it); the CPU emulator runs threads apart and, without the barrier (named barrier 1 + cw), refilled
-        # a slot a lagging lane had not read yet (wrong S at head dim 256, or a hang on a missed phase). Costs a
-        # bar.sync per K and V tile.
-        T.cuda.warpgroup_sync(WG_BAR + cw)
-        ring.consumer_release_warpgroup(empty, s, warp, lane)
-
-    def softmax_tile(s_acc, n0, diag, Sk, warp, lane, row_max, row_sum, red, corr, scale_log2):  # noqa: N803
-        """Mask (edge tiles only) and online softmax of one S tile; each row half's O rescale left in ``corr``."""
-        with T.If(needs_mask(n0, diag, Sk)):
-            with T.Then():
-                softmax.mask(s_acc, block_n, tile_hidden(n0, diag, Sk, warp, lane))
-        for r in range(2):
-            softmax.update(s_acc, block_n, r, row_max, row_sum, red, scale_log2)
-            T.buffer_store(corr, red[1], [r])
+    ml = Mainloop(dtype, head_dim, head_dim_v, block_n, num_stages, schedule, NUM_CONSUMERS)
 
     @T.prim_func
     def flash_attention4_fwd(q_ptr: T.handle, k_ptr: T.handle, v_ptr: T.handle, o_ptr: T.handle,
@@ -208,163 +163,124 @@ def build_fwd_kernel(dtype: str, head_dim: int, head_dim_v: int, causal: bool, b
         v_map = T.Bind(T.tvm_stack_alloca("tensormap", 1))
         tma.encode(q_map, Q.data, [head_dim, Hq, Sq, B], [q_sh, q_ss, q_sb], [CHUNK, 1, BLOCK_M, 1], dtype)
         tma.encode(k_map, K.data, [head_dim, Hkv, Sk, B], [k_sh, k_ss, k_sb], [CHUNK, 1, block_n, 1], dtype)
-        tma.encode(v_map, V.data, [head_dim_v, Hkv, Sk, B], [v_sh, v_ss, v_sb], [CHUNK, 1, block_n, 1],
-                           dtype)
+        tma.encode(v_map, V.data, [head_dim_v, Hkv, Sk, B], [v_sh, v_ss, v_sb], [CHUNK, 1, block_n, 1], dtype)
         T.device_entry()
         T.attr({"tirx.launch_bounds_min_blocks_per_sm": 1})
         bx, h, b = T.cta_id([(Sq + BLOCK_M - 1) // BLOCK_M, Hq, B])
         wg = T.warpgroup_id([3])
         tid = T.thread_id([384])
-        m_block = (Sq + BLOCK_M - 1) // BLOCK_M - 1 - bx  # longest (causal) tiles first
-        m0 = m_block * BLOCK_M
+        m0 = ((Sq + BLOCK_M - 1) // BLOCK_M - 1 - bx) * BLOCK_M  # longest (causal) tiles first
         hk = h // (Hq // Hkv)
-        # Keys this tile sees: all of them, or (causal, bottom-right) up to its last row's diagonal.
-        n_blocks = T.max(key_end(m0, Sq, Sk) + block_n - 1, 0) // block_n
+        n_blocks = _key_tiles(m0, Sq, Sk, block_n, causal)
 
         # Shared memory: one pool, 1024-aligned tiles first, barriers last.
         pool = T.SMEMPool()
-        Qs = pool.alloc((q_tile,), dtype, align=1024)
-        Ks = pool.alloc((num_stages * k_tile,), dtype, align=1024)
-        Vs = pool.alloc((num_stages * v_tile,), dtype, align=1024)
-        q_full = pool.alloc((1,), "uint64", align=8)
-        k_full = pool.alloc((num_stages,), "uint64", align=8)
-        k_empty = pool.alloc((num_stages,), "uint64", align=8)
-        v_full = pool.alloc((num_stages,), "uint64", align=8)
-        v_empty = pool.alloc((num_stages,), "uint64", align=8)
+        sm = ml.alloc_smem(pool)
         pool.commit()
-        s_acc = T.alloc_local((s_regs,), "float32")
-        o_acc = T.alloc_local((o_regs,), "float32")
-        p_frag = T.alloc_local((p_regs,), "uint32")
-        row_max = T.alloc_local((2,), "float32")
-        row_sum = T.alloc_local((2,), "float32")
-        red = T.alloc_local((2,), "float32")
-        corr = T.alloc_local((2,), "float32")  # overlap: each row half's O rescale, applied once PV has landed
-        desc_q = T.alloc_local((1,), "uint64")
-        desc_k = T.alloc_local((1,), "uint64")
-        desc_v = T.alloc_local((1,), "uint64")
-        packed = T.alloc_local((1,), "uint32")
+        rg = ml.alloc_regs()
 
         if tid == 0:
-            mbarrier.init(q_full.ptr_to([0]), 1)
-            k_ring.init(k_full, k_empty)
-            v_ring.init(v_full, v_empty)
-            mbarrier.fence_init()
+            ml.init_barriers(sm)
         T.cuda.cta_sync()
 
         if wg == 0:
             # TMA warpgroup: decrease registers for the consumers.
             roles.producer_role()
             if tid == 0:
-                mbarrier.arrive_expect_tx(q_full.ptr_to([0]), q_chunks * q_box)
-                for c in T.unroll(q_chunks):
-                    tma.load(Qs.ptr_to([c * BLOCK_M * CHUNK]), q_map, [c * CHUNK, h, m0, b], q_full.ptr_to([0]))
-                for n in range(n_blocks):
-                    s = k_ring.stage(n)
-                    k_ring.producer_acquire(k_empty, n)
-                    k_ring.producer_expect(k_full, n, q_chunks * kv_box)
-                    for c in T.unroll(q_chunks):
-                        tma.load(Ks.ptr_to([s * k_tile + c * block_n * CHUNK]), k_map, [c * CHUNK, hk, n * block_n, b],
-                                 k_full.ptr_to([s]))
-                    v_ring.producer_acquire(v_empty, n)
-                    v_ring.producer_expect(v_full, n, v_chunks * kv_box)
-                    for c in T.unroll(v_chunks):
-                        tma.load(Vs.ptr_to([s * v_tile + c * block_n * CHUNK]), v_map,
-                                 [c * CHUNK, hk, n * block_n, b], v_full.ptr_to([s]))
+                _produce(ml, sm, q_map, k_map, v_map, [m0, b], _batch_rows(b, block_n), h, hk, n_blocks)
         else:
-            # Math warpgroups: consumer cw owns query rows m0 + 64 cw .. + 63.
-            cw, ct, warp, lane = roles.consumer_role(wg, tid)
-            scale_log2 = softmax_scale * T.float32(softmax.LOG2E)
-            wgmma.encode_desc_kmajor_sw128(desc_q.ptr_to([0]), Qs.ptr_to([0]))
-            wgmma.encode_desc_kmajor_sw128(desc_k.ptr_to([0]), Ks.ptr_to([0]))
-            wgmma.encode_desc(desc_v.ptr_to([0]), Vs.ptr_to([0]), v_lbo, v_sbo, wgmma.SWIZZLE_128B)
-            for i in T.unroll(o_regs):
-                o_acc[i] = T.float32(0)
-            softmax.init(row_max, row_sum)
-            mbarrier.wait(q_full.ptr_to([0]), 0)
-            if overlap:
-                # FA3's intra-warpgroup overlap: QK^T of tile n and PV of tile n - 1 are issued together, and the
-                # softmax of tile n runs while PV n - 1 is still on the tensor cores; O's rescale waits for it.
-                # One turn per tile (ping-pong), around both GEMMs.
-                diag = m0 + cw * 64 + (Sk - Sq)  # key limit of the warpgroup's first row
-                if n_blocks > 0:
-                    k_ring.consumer_wait(k_full, 0)
-                    turn_wait(cw, T.bool(True))
-                    issue_qk(s_acc, desc_q, desc_k, 0, cw)
-                    wgmma.commit()
-                    turn_pass(cw, T.bool(False))
-                    wgmma.wait(0)
-                    release(k_ring, k_empty, 0, cw, warp, lane)
-                    softmax_tile(s_acc, 0, diag, Sk, warp, lane, row_max, row_sum, red, corr, scale_log2)
-                    softmax.pack_p(p_frag, s_acc, block_n, cvt_pack)
-                    for n in range(1, n_blocks):
-                        s = k_ring.stage(n)
-                        sp = v_ring.stage(n - 1)
-                        k_ring.consumer_wait(k_full, n)
-                        v_ring.consumer_wait(v_full, n - 1)
-                        turn_wait(cw, T.bool(False))
-                        issue_qk(s_acc, desc_q, desc_k, s, cw)
-                        wgmma.commit()
-                        issue_pv(o_acc, p_frag, desc_v, sp)
-                        wgmma.commit()
-                        turn_pass(cw, T.bool(False))
-                        wgmma.wait(1)  # S of tile n (the older group) has landed; PV n - 1 may still run
-                        release(k_ring, k_empty, s, cw, warp, lane)
-                        softmax_tile(s_acc, n * block_n, diag, Sk, warp, lane, row_max, row_sum, red, corr,
-                                     scale_log2)
-                        wgmma.wait(0)
-                        release(v_ring, v_empty, sp, cw, warp, lane)
-                        for r in T.unroll(2):
-                            softmax.rescale(o_acc, dvp, r, corr[r])
-                        softmax.pack_p(p_frag, s_acc, block_n, cvt_pack)
-                    # The last tile's PV.
-                    sl = v_ring.stage(n_blocks - 1)
-                    v_ring.consumer_wait(v_full, n_blocks - 1)
-                    turn_wait(cw, T.bool(False))
-                    wgmma.fence()
-                    issue_pv(o_acc, p_frag, desc_v, sl)
-                    wgmma.commit()
-                    turn_pass(cw, T.bool(True))
-                    wgmma.wait(0)
-                    release(v_ring, v_empty, sl, cw, warp, lane)
-            else:
-                # plain / pingpong: per tile S = QK^T, softmax, PV, each waited for before the next step.
-                diag = m0 + cw * 64 + (Sk - Sq)  # key limit of the warpgroup's first row
-                for n in range(n_blocks):
-                    s = k_ring.stage(n)
-                    k_ring.consumer_wait(k_full, n)
-                    turn_wait(cw, n == 0)
-                    issue_qk(s_acc, desc_q, desc_k, s, cw)
-                    wgmma.commit()
-                    turn_pass(cw, T.bool(False))
-                    wgmma.wait(0)
-                    release(k_ring, k_empty, s, cw, warp, lane)
-                    softmax_tile(s_acc, n * block_n, diag, Sk, warp, lane, row_max, row_sum, red, corr, scale_log2)
-                    for r in T.unroll(2):
-                        softmax.rescale(o_acc, dvp, r, corr[r])
-                    softmax.pack_p(p_frag, s_acc, block_n, cvt_pack)
-                    v_ring.consumer_wait(v_full, n)
-                    turn_wait(cw, T.bool(False))
-                    wgmma.fence()
-                    issue_pv(o_acc, p_frag, desc_v, s)
-                    wgmma.commit()
-                    turn_pass(cw, n == n_blocks - 1)
-                    wgmma.wait(0)
-                    release(v_ring, v_empty, s, cw, warp, lane)
-
+            first_row, warp, lane, scale_log2 = _consumer(ml, sm, rg, wg, tid, softmax_scale, m0, Sq, Sk, n_blocks,
+                                                          causal)
             # Epilogue: O / rowsum from the registers (16-bit pairs), LSE from lane 0 of each quad.
             Ow = T.decl_buffer((B * Sq * Hq * head_dim_v // 2,), "uint32", data=Out.data)
             for r in T.unroll(2):
-                inv, lse_row = softmax.finalize(r, row_max, row_sum, red, scale_log2)
-                row = m0 + cw * 64 + wgmma.acc_row(warp, lane, r)
+                inv, lse_row = ml.finalize(rg, r, scale_log2)
+                row = first_row + wgmma.acc_row(warp, lane, r)
                 if row < Sq:
-                    base = ((b * Sq + row) * Hq + h) * head_dim_v
-                    for j in T.unroll(dvp // 8):
-                        col = wgmma.acc_col(lane, j)
-                        if col < head_dim_v:
-                            T.evaluate(cvt_pack(packed[0], o_acc[wgmma.acc_index(j, r, 1)] * inv,
-                                                o_acc[wgmma.acc_index(j, r, 0)] * inv))
-                            Ow[(base + col) // 2] = packed[0]
-                    if lane % 4 == 0:
-                        LSE[b, h, row] = lse_row
+                    _store(ml, rg, Ow, LSE, r, lane, inv, lse_row, ((b * Sq + row) * Hq + h) * head_dim_v,
+                           [b, h, row])
 
     return flash_attention4_fwd
+
+
+def build_varlen_kernel(dtype: str, head_dim: int, head_dim_v: int, causal: bool, block_n: int, num_stages: int,
+                        schedule: str = "overlap"):
+    """The varlen kernel (module docstring): one CTA per (query tile of the longest sequence, query head, sequence);
+    ``use_seqused_k`` (a run-time 0/1) reads each sequence's key count from ``seqused_k``."""
+    from tvm.script import tirx as T
+
+    from tirx_kernels.core.lang import roles, tma, wgmma
+
+    ml = Mainloop(dtype, head_dim, head_dim_v, block_n, num_stages, schedule, NUM_CONSUMERS)
+
+    @T.prim_func
+    def flash_attention4_varlen_fwd(q_ptr: T.handle, k_ptr: T.handle, v_ptr: T.handle, cu_q_ptr: T.handle,
+                                    cu_k_ptr: T.handle, used_k_ptr: T.handle, o_ptr: T.handle, lse_ptr: T.handle,
+                                    max_seqlen_q: T.int32, use_seqused_k: T.int32, softmax_scale: T.float32):
+        TQ = T.int32()
+        TK = T.int32()
+        Hq = T.int32()
+        Hkv = T.int32()
+        B1 = T.int32()
+        NU = T.int32()
+        q_ss = T.int32()
+        q_sh = T.int32()
+        k_ss = T.int32()
+        k_sh = T.int32()
+        v_ss = T.int32()
+        v_sh = T.int32()
+        Q = T.match_buffer(q_ptr, (TQ, Hq, head_dim), dtype, strides=(q_ss, q_sh, 1), align=16)
+        K = T.match_buffer(k_ptr, (TK, Hkv, head_dim), dtype, strides=(k_ss, k_sh, 1), align=16)
+        V = T.match_buffer(v_ptr, (TK, Hkv, head_dim_v), dtype, strides=(v_ss, v_sh, 1), align=16)
+        CuQ = T.match_buffer(cu_q_ptr, (B1,), "int32")
+        CuK = T.match_buffer(cu_k_ptr, (B1,), "int32")
+        UsedK = T.match_buffer(used_k_ptr, (NU,), "int32")
+        Out = T.match_buffer(o_ptr, (TQ, Hq, head_dim_v), dtype, align=16)
+        LSE = T.match_buffer(lse_ptr, (Hq, TQ), "float32", align=16)
+        # Host: 3-D maps (D, heads, total rows), innermost first.
+        q_map = T.Bind(T.tvm_stack_alloca("tensormap", 1))
+        k_map = T.Bind(T.tvm_stack_alloca("tensormap", 1))
+        v_map = T.Bind(T.tvm_stack_alloca("tensormap", 1))
+        tma.encode(q_map, Q.data, [head_dim, Hq, TQ], [q_sh, q_ss], [CHUNK, 1, BLOCK_M], dtype)
+        tma.encode(k_map, K.data, [head_dim, Hkv, TK], [k_sh, k_ss], [CHUNK, 1, block_n], dtype)
+        tma.encode(v_map, V.data, [head_dim_v, Hkv, TK], [v_sh, v_ss], [CHUNK, 1, block_n], dtype)
+        T.device_entry()
+        T.attr({"tirx.launch_bounds_min_blocks_per_sm": 1})
+        bx, h, b = T.cta_id([(max_seqlen_q + BLOCK_M - 1) // BLOCK_M, Hq, B1 - 1])
+        wg = T.warpgroup_id([3])
+        tid = T.thread_id([384])
+        q_off = CuQ[b]
+        num_q = CuQ[b + 1] - q_off
+        k_off = CuK[b]
+        num_k = T.if_then_else(use_seqused_k != 0, UsedK[T.min(b, NU - 1)], CuK[b + 1] - k_off)
+        m0 = ((num_q + BLOCK_M - 1) // BLOCK_M - 1 - bx) * BLOCK_M  # longest (causal) tiles first; < 0: no tile
+        hk = h // (Hq // Hkv)
+        n_blocks = _key_tiles(m0, num_q, num_k, block_n, causal)
+
+        pool = T.SMEMPool()
+        sm = ml.alloc_smem(pool)
+        pool.commit()
+        rg = ml.alloc_regs()
+
+        if m0 >= 0:
+            if tid == 0:
+                ml.init_barriers(sm)
+            T.cuda.cta_sync()
+            if wg == 0:
+                roles.producer_role()
+                if tid == 0:
+                    _produce(ml, sm, q_map, k_map, v_map, [q_off + m0], _packed_rows(k_off, block_n), h, hk,
+                             n_blocks)
+            else:
+                # Keys past seqused_k may be unwritten memory: their V rows are cleared (TMA reads them as they are).
+                first_row, warp, lane, scale_log2 = _consumer(ml, sm, rg, wg, tid, softmax_scale, m0, num_q, num_k,
+                                                              n_blocks, causal, clear_v=True)
+                Ow = T.decl_buffer((TQ * Hq * head_dim_v // 2,), "uint32", data=Out.data)
+                for r in T.unroll(2):
+                    inv, lse_row = ml.finalize(rg, r, scale_log2)
+                    row = first_row + wgmma.acc_row(warp, lane, r)
+                    if T.And(row < num_q, q_off + row < TQ):  # the second: a cu_seqlens_q past q stores nothing
+                        _store(ml, rg, Ow, LSE, r, lane, inv, lse_row, ((q_off + row) * Hq + h) * head_dim_v,
+                               [h, q_off + row])
+
+    return flash_attention4_varlen_fwd

@@ -8,8 +8,9 @@ flash-attn 4 does (lse fp32 [B, H, Sq], natural log; -inf and a zero output for 
 
 First correct version of issue #22: TMA producer warpgroup, two consumer warpgroups (64 query rows each) taking
 turns on the tensor cores (ping-pong), each overlapping its softmax of tile n with its PV GEMM of tile n - 1, online
-softmax with exp2 on the accumulator fragment, P from registers (wgmma RS). A persistent scheduler comes next;
-sliding window, softcap, sink, varlen and paged KV raise NotImplementedError."""
+softmax with exp2 on the accumulator fragment, P from registers (wgmma RS); the mainloop is shared with the varlen
+(``flash_attention4_varlen``) and KV-cache (``flash_attention4_kvcache``) ops. A persistent scheduler comes next;
+sliding window, softcap and sink raise NotImplementedError."""
 
 from __future__ import annotations
 
@@ -302,6 +303,20 @@ def _fail(name: str, expected: str, got: str) -> None:
     raise checks.TirxInputError(f"{_OP}: argument '{name}': expected {expected}, got {got}")
 
 
+def _check_options(op: str, window_size, learnable_sink, softcap, num_splits=1) -> None:
+    """The flash-attn arguments no kernel of this package implements yet (every public op checks them)."""
+    if tuple(window_size) not in ((None, None), (-1, -1)):
+        raise NotImplementedError(f"{op}: argument 'window_size': sliding-window attention is not implemented yet "
+                                  f"(got {tuple(window_size)}; only (None, None) / (-1, -1))")
+    if learnable_sink is not None:
+        raise NotImplementedError(f"{op}: argument 'learnable_sink': per-head sinks are not implemented yet")
+    if softcap:
+        raise NotImplementedError(f"{op}: argument 'softcap': logit soft-capping is not implemented yet "
+                                  f"(got {softcap})")
+    if num_splits not in (0, 1):
+        raise NotImplementedError(f"{op}: argument 'num_splits': split-KV is not implemented yet (got {num_splits})")
+
+
 def _check_inputs(q, k, v, softmax_scale, window_size, learnable_sink, softcap, num_splits, out) -> None:
     """Shapes, dtypes and the arguments this version does not implement; the device last (a CPU machine exercises
     the rest)."""
@@ -322,16 +337,7 @@ def _check_inputs(q, k, v, softmax_scale, window_size, learnable_sink, softcap, 
         _fail("k", f"a number of heads dividing q's {Hq} (GQA/MQA)", f"{Hkv}")
     if softmax_scale is not None and not (isinstance(softmax_scale, (int, float)) and math.isfinite(softmax_scale)):
         _fail("softmax_scale", "None or a finite float", repr(softmax_scale))
-    if tuple(window_size) not in ((None, None), (-1, -1)):
-        raise NotImplementedError(f"{_OP}: argument 'window_size': sliding-window attention is not implemented yet "
-                                  f"(got {tuple(window_size)}; only (None, None) / (-1, -1))")
-    if learnable_sink is not None:
-        raise NotImplementedError(f"{_OP}: argument 'learnable_sink': per-head sinks are not implemented yet")
-    if softcap:
-        raise NotImplementedError(f"{_OP}: argument 'softcap': logit soft-capping is not implemented yet "
-                                  f"(got {softcap})")
-    if num_splits not in (0, 1):
-        raise NotImplementedError(f"{_OP}: argument 'num_splits': split-KV is not implemented yet (got {num_splits})")
+    _check_options(_OP, window_size, learnable_sink, softcap, num_splits)
     if out is not None:
         if not isinstance(out, (tuple, list)) or len(out) != 2:
             _fail("out", "a tuple (out, lse)", type(out).__name__)
@@ -350,6 +356,14 @@ def _check_inputs(q, k, v, softmax_scale, window_size, learnable_sink, softcap, 
         _fail("q", f"an output below 2**31 elements (B * Sq * Hq * Dv = {B * Sq * Hq * Dv})", f"shape {tuple(q.shape)}")
     checks.tensor(_OP, "q", q, cuda=True)
     checks.same_device(_OP, "q", q, k=k, v=v, **({} if out is None else {"out[0]": out[0], "out[1]": out[1]}))
+
+
+def check_lse_base(op: str, lse: torch.Tensor) -> None:
+    """The LSE output is stored element by element (any strides of a contiguous tensor are fine: an [B, H, 1] one
+    has 4-byte strides) from a 16-byte-aligned base."""
+    if lse.data_ptr() % 16:
+        raise checks.TirxInputError(f"{op}: argument 'out[1]': expected a data pointer aligned to 16 bytes, got "
+                                    f"address 0x{lse.data_ptr():x}")
 
 
 def _tma_ready(t: torch.Tensor) -> torch.Tensor:
@@ -373,7 +387,7 @@ def _run(q, k, v, softmax_scale: float, causal: bool, out, lse, schedule: str = 
         lse.fill_(float("-inf"))
         return
     checks.aligned(_OP, "out[0]", out, 16)
-    checks.aligned(_OP, "out[1]", lse, 16)
+    check_lse_base(_OP, lse)
     fn = _FUNCTIONS.get((q.dtype, D, Dv, causal, schedule, q.get_device()),
                         lambda: compile_params(dtype=str(q.dtype)[6:], D=D, Dv=Dv, causal=causal, schedule=schedule),
                         q.device)
