@@ -34,8 +34,6 @@ from types import SimpleNamespace
 
 from tirx_kernels.ported.flashinfer.gdn_prefill import _layout as lay
 
-# Run-time flags (one int32 argument).
-HAS_G, GATE_LOG, HAS_BETA, CU64, HAS_INIT, HAS_FINAL, HAS_SIDX, SIDX64, HAS_OIDX, OIDX64 = (1 << i for i in range(10))
 LOG2E = 1.4426950408889634
 LINEAR_GATE_FLOOR = 1e-30  # log2 of a linear gate of 0 (core.delta_rule_ref.LINEAR_GATE_FLOOR)
 IO_DTYPES = ("bfloat16", "float16")
@@ -205,7 +203,7 @@ def build_kernel(io: str):
         kd0 = T.alloc_local((1,), "uint64")
         md0 = T.alloc_local((1,), "uint64")
 
-        cu64 = flag(flags, CU64)
+        cu64 = flag(flags, lay.CU64)
         bos = T.min(T.max(index_at(CU, n, cu64), 0), total)
         eos = T.min(T.max(index_at(CU, n + 1, cu64), bos), total)
         n_chunks = (eos - bos + lay.CHUNK - 1) // lay.CHUNK
@@ -244,11 +242,11 @@ def build_kernel(io: str):
                         bt[i] = T.float32(0)
                         if tok < eos:
                             bt[i] = T.float32(1)
-                            if flag(flags, HAS_G):
+                            if flag(flags, lay.HAS_G):
                                 gv = G[i64(tok) * Hs + h]
-                                la[i] = T.Select(flag(flags, GATE_LOG), gv * T.float32(LOG2E),
+                                la[i] = T.Select(flag(flags, lay.GATE_LOG), gv * T.float32(LOG2E),
                                                  T.log2(T.max(gv, T.float32(LINEAR_GATE_FLOOR))))
-                            if flag(flags, HAS_BETA):
+                            if flag(flags, lay.HAS_BETA):
                                 bt[i] = B[i64(tok) * Hs + h]
                     # Inclusive scan of the 64 log2 decays (lane holds tokens lane and 32 + lane).
                     for i in T.unroll(2):
@@ -296,9 +294,9 @@ def build_kernel(io: str):
             wgmma.encode_desc(kd0.ptr_to([0]), tiles.ptr_to([0]), lay.KMAJ[0], lay.KMAJ[1], wgmma.SWIZZLE_128B)
             wgmma.encode_desc(md0.ptr_to([0]), tiles.ptr_to([0]), lay.MNMAJ[0], lay.MNMAJ[1], wgmma.SWIZZLE_128B)
             Ow = T.decl_buffer((n_o // 2,), "uint32", data=OUT.data)
-            rslot = T.if_then_else(flag(flags, HAS_SIDX), index_at(SIDX, n, flag(flags, SIDX64)), n)
-            wslot = T.if_then_else(flag(flags, HAS_OIDX), index_at(OIDX, n, flag(flags, OIDX64)), rslot)
-            load_init = T.And(flag(flags, HAS_INIT), rslot >= 0)
+            rslot = T.if_then_else(flag(flags, lay.HAS_SIDX), index_at(SIDX, n, flag(flags, lay.SIDX64)), n)
+            wslot = T.if_then_else(flag(flags, lay.HAS_OIDX), index_at(OIDX, n, flag(flags, lay.OIDX64)), rslot)
+            load_init = T.And(flag(flags, lay.HAS_INIT), rslot >= 0)
             for j in T.unroll(16):
                 for r in T.unroll(2):
                     for e in T.unroll(2):
@@ -313,7 +311,7 @@ def build_kernel(io: str):
                                                kdesc=kd0, mdesc=md0, aux_full=aux_full, aux_empty=aux_empty,
                                                qkv_empty=qkv_empty, ph=aux_ring.phase(it)),
                                s, L, bos + it * lay.CHUNK, h, Hs, scale, cw, warp, lane, Ow)
-            if T.And(flag(flags, HAS_FINAL), wslot >= 0):
+            if T.And(flag(flags, lay.HAS_FINAL), wslot >= 0):
                 for j in T.unroll(16):
                     for r in T.unroll(2):
                         for e in T.unroll(2):
