@@ -18,6 +18,9 @@ from tirx_kernels.ported.deepgemm import per_token_cast_to_fp8 as token_mod
 MODS = [token_mod, block_mod]
 
 
+_INV_448_FP32 = torch.tensor(1 / 448.0, dtype=torch.float32)
+
+
 def _literal_per_token(x, use_ue8m0):
     """DeepGEMM's per-token recipe written out element by element (loops, no shared helper with the oracle)."""
     m, k = x.shape
@@ -26,7 +29,8 @@ def _literal_per_token(x, use_ue8m0):
     for r in range(m):
         for b in range(sf.shape[1]):
             blk = x[r, 128 * b:128 * (b + 1)].float()
-            s = torch.tensor(max(blk.abs().max().item(), 1e-4), dtype=torch.float32) / 448.0
+            # x_amax / 448.0 as torch computes it on CUDA, where DeepGEMM runs it: times the fp32 reciprocal
+            s = torch.tensor(max(blk.abs().max().item(), 1e-4), dtype=torch.float32) * _INV_448_FP32
             if use_ue8m0:
                 s = torch.tensor(2.0 ** torch.ceil(torch.log2(s.double())).item(), dtype=torch.float32)
             sf[r, b] = s
@@ -40,10 +44,23 @@ def test_oracle_matches_the_recipe(use_ue8m0):
     codes, sf = C.per_token_ref(x, use_ue8m0)
     want_codes, want_sf = _literal_per_token(x, use_ue8m0)
     assert torch.equal(codes.view(torch.uint8), want_codes.view(torch.uint8)) and torch.equal(sf, want_sf)
-    assert sf[1].eq(torch.tensor(1e-4, dtype=torch.float32) / 448.0).all() or use_ue8m0  # the zero row's clamp
+    assert sf[1].eq(torch.tensor(1e-4, dtype=torch.float32) * _INV_448_FP32).all() or use_ue8m0  # zero row's clamp
     # per-block = per-token scales of the block's rows, maxed: the same codes where a block is one row high
     bcodes, bsf = C.per_block_ref(x[:1], use_ue8m0)
     assert torch.equal(bcodes.view(torch.uint8), codes[:1].view(torch.uint8)) and torch.equal(bsf, sf[:1])
+
+
+def test_scale_is_torch_cuda_scalar_divide_not_ieee():
+    """torch on CUDA divides by a Python scalar as a multiply by its fp32 reciprocal; DeepGEMM's ``x_amax / 448.0``
+    runs there. The oracle (and the kernel) take that form: amaxes where it and an IEEE divide differ by 1 ulp are
+    common (on the H200 they flipped 0.1 % of the codes at 16384x7168)."""
+    amax = torch.rand(100000, dtype=torch.float32) * 10 + 1e-3
+    ieee = amax / torch.tensor(448.0)  # tensor / tensor: a true divide on either device
+    want = amax * _INV_448_FP32
+    assert (ieee != want).any()
+    x = amax.to(torch.bfloat16).float().view(-1, 1).expand(-1, 128).contiguous().to(torch.bfloat16)
+    _, sf = C.per_token_ref(x)
+    assert torch.equal(sf.view(-1), x[:, 0].float() * _INV_448_FP32)
 
 
 def test_ue8m0_rounds_up_to_powers_of_two():
