@@ -201,3 +201,12 @@ def test_builds_for_sm90a(params):
     if build.cuobjdump() is None:
         pytest.skip("cuobjdump not installed")
     testing.build_and_check_sass(mod, "flash_attention4_kvcache", params)
+
+
+def test_a_misaligned_cache_base_is_refused_naming_it():
+    """TMA needs a 16-byte base; a KV cache is never copied to fix one (the launch path checks real pointers)."""
+    q = _t(1, 1, 4, 64)
+    kc = torch.randn(2 * 16 * 4 * 64 + 4).to(torch.bfloat16)[4:].view(2, 16, 4, 64)  # 8 bytes past an alignment
+    out, lse = _t(1, 1, 4, 64), torch.empty(1, 4, 1)
+    with pytest.raises(checks.TirxInputError, match=re.escape("argument 'k_cache'")):
+        mod._run(q, kc, kc, None, 16, torch.zeros(1, 1, dtype=torch.int32), 16, 1, 0.125, False, out, lse)

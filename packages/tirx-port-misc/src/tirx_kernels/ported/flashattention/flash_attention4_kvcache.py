@@ -463,6 +463,9 @@ def _run(q, k_cache, v_cache, seqlens, seqlen_all: int, table, box_rows: int, nu
         return
     checks.aligned(_OP, "out[0]", out, 16)
     fa.check_lse_base(_OP, lse)
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):  # TMA bases (a cache is never copied to fix one)
+        if t.data_ptr() % 16:
+            _fail(name, "a data pointer aligned to 16 bytes (TMA)", f"address 0x{t.data_ptr():x}")
     dev = q.get_device()
     fn = _FUNCTIONS.get(("decode", q.dtype, d, dv, dev), lambda: compile_params(dtype=str(q.dtype)[6:], D=d, Dv=dv),
                         q.device)
