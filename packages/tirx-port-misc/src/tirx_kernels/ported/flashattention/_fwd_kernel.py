@@ -43,7 +43,9 @@ Varlen (flash-attn's packed THD convention): q [total_q, Hq, D], k [total_k, Hkv
 cu_seqlens_k[b] .. + (seqused_k[b] if given, else cu_seqlens_k[b + 1] - cu_seqlens_k[b]). The grid is (query tiles of
 max_seqlen_q, Hq, B); a tile past its sequence's end exits at once. The maps are 3-D (D, heads, total rows): a box
 reaching past a sequence's end reads the next sequence's rows (FA3 does the same), which the key mask hides (keys)
-or the guarded store drops (queries); past the last row TMA zero-fills.
+or the guarded store drops (queries); past the last row TMA zero-fills. The V rows past a sequence's keys are cleared
+in smem before PV reads them (P is 0 there, but 0 x NaN is NaN, and the keys past seqused_k may be memory nobody
+wrote).
 
 Not yet (see the package README): a persistent scheduler, and sliding window, softcap, sink.
 """
