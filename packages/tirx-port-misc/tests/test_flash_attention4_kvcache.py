@@ -48,6 +48,7 @@ _LENS = torch.tensor([40, 7], dtype=torch.int32)
     ({"cache_seqlens": _LENS[:1]}, "cache_seqlens"),
     ({"cache_seqlens": -3}, "cache_seqlens"),
     ({"num_splits": -1}, "num_splits"),
+    ({"softmax_scale": float("nan")}, "softmax_scale"),
     ({"num_splits": 1000}, "num_splits"),
     ({"out": (_t(2, 1, 8, 64), torch.empty(2, 8, 1))}, "out[0]"),
     ({"out": (_t(2, 1, 8, 128), torch.empty(2, 1, 8))}, "out[1]"),

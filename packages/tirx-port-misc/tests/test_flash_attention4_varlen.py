@@ -44,6 +44,7 @@ _CQ, _CK = _cu(4, 6), _cu(5, 7)
     ({"seqused_k": torch.tensor([1, 2, 3], dtype=torch.int32)}, "seqused_k"),
     ({"seqused_k": torch.tensor([1, 2])}, "seqused_k"),
     ({"max_seqlen_q": -1}, "max_seqlen_q"),
+    ({"softmax_scale": float("inf")}, "softmax_scale"),
     ({"out": (_t(10, 4, 32), torch.empty(4, 10))}, "out[0]"),
     ({"out": (_t(10, 4, 64), torch.empty(10, 4))}, "out[1]"),
     ({}, "q"),  # valid, but on the CPU

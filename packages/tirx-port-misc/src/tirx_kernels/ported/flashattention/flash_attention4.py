@@ -303,6 +303,12 @@ def _fail(name: str, expected: str, got: str) -> None:
     raise checks.TirxInputError(f"{_OP}: argument '{name}': expected {expected}, got {got}")
 
 
+def check_scale(op: str, softmax_scale) -> None:
+    if softmax_scale is not None and not (isinstance(softmax_scale, (int, float)) and math.isfinite(softmax_scale)):
+        raise checks.TirxInputError(f"{op}: argument 'softmax_scale': expected None or a finite float, got "
+                                    f"{softmax_scale!r}")
+
+
 def _check_options(op: str, window_size, learnable_sink, softcap, num_splits=1) -> None:
     """The flash-attn arguments no kernel of this package implements yet (every public op checks them)."""
     if tuple(window_size) not in ((None, None), (-1, -1)):
@@ -335,8 +341,7 @@ def _check_inputs(q, k, v, softmax_scale, window_size, learnable_sink, softcap, 
               f"({D}, {Dv})")
     if Hkv == 0 or Hq % Hkv:
         _fail("k", f"a number of heads dividing q's {Hq} (GQA/MQA)", f"{Hkv}")
-    if softmax_scale is not None and not (isinstance(softmax_scale, (int, float)) and math.isfinite(softmax_scale)):
-        _fail("softmax_scale", "None or a finite float", repr(softmax_scale))
+    check_scale(_OP, softmax_scale)
     _check_options(_OP, window_size, learnable_sink, softcap, num_splits)
     if out is not None:
         if not isinstance(out, (tuple, list)) or len(out) != 2:

@@ -514,14 +514,14 @@ def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     if block_table is not None and page_table is not None:
         _fail("page_table", "one of block_table / page_table (the same argument)", "both")
     block_table = page_table if block_table is None else block_table
-    for name, value, what in (("k", k, "appending new keys to the cache"), ("v", v, "appending new values"),
-                              ("rotary_cos", rotary_cos, "rotary embedding"), ("rotary_sin", rotary_sin,
-                                                                               "rotary embedding"),
-                              ("cache_leftpad", cache_leftpad, "a left-padded cache"),
-                              ("alibi_slopes", alibi_slopes, "ALiBi")):
+    unimplemented = [("k", k, "appending new keys to the cache"), ("v", v, "appending new values to the cache"),
+                     ("rotary_cos", rotary_cos, "rotary embedding"), ("rotary_sin", rotary_sin, "rotary embedding"),
+                     ("cache_leftpad", cache_leftpad, "a left-padded cache"), ("alibi_slopes", alibi_slopes, "ALiBi")]
+    for name, value, what in unimplemented:
         if value is not None:
             _not_implemented(name, what)
     fa._check_options(_OP, window_size, learnable_sink, softcap)
+    fa.check_scale(_OP, softmax_scale)
     capacity = _check_inputs(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, block_table, num_splits, out)
     scale = 1.0 / math.sqrt(q.shape[3]) if softmax_scale is None else float(softmax_scale)
     args = (q, k_cache, v_cache, *_launch_args(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, block_table,

@@ -282,7 +282,7 @@ def _fail(name: str, expected: str, got: str) -> None:
 
 
 def _check_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, window_size, learnable_sink, softcap, num_splits,
-                  out, seqused_q=None, max_seqlen_q=None) -> None:
+                  out, seqused_q=None, max_seqlen_q=None, softmax_scale=None) -> None:
     """Shapes, dtypes and the arguments this version does not implement; the device last (a CPU machine exercises
     the rest)."""
     dtypes = tuple(_DTYPES.values())
@@ -313,6 +313,7 @@ def _check_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, window_size, l
     if max_seqlen_q is not None and not (isinstance(max_seqlen_q, int) and 0 <= max_seqlen_q <= _INT32_MAX):
         _fail("max_seqlen_q", "None or an int in [0, 2**31)", repr(max_seqlen_q))
     fa._check_options(_OP, window_size, learnable_sink, softcap, num_splits)
+    fa.check_scale(_OP, softmax_scale)
     if out is not None:
         if not isinstance(out, (tuple, list)) or len(out) != 2:
             _fail("out", "a tuple (out, lse)", type(out).__name__)
@@ -397,7 +398,7 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
     (``return_lse`` changes nothing). ``seqused_q``, sliding window, softcap, learnable sink and split-KV raise
     NotImplementedError."""
     _check_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, window_size, learnable_sink, softcap, num_splits,
-                  out, seqused_q, max_seqlen_q)
+                  out, seqused_q, max_seqlen_q, softmax_scale)
     scale = 1.0 / math.sqrt(q.shape[2]) if softmax_scale is None else float(softmax_scale)
     causal = bool(causal)
     if runtime.direct_call(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, *(out or ())):
