@@ -88,7 +88,13 @@ DEFAULTS = {"dtype": "bfloat16", "Dv": None, "causal": False, "schedule": None}
 
 # lse is fp32 but inherits the 16-bit inputs' S (identical in the oracle): the error is fp32 summation order and
 # exp2/log2, ~1e-6 relative on values of a few units.
-TOLERANCE = {"float32": (1e-4, 1e-4)}
+# out: P is rounded to the input dtype before the PV GEMM (as in FA3/FA4), a relative error of 2^-9 (bf16) per
+# weight. A row that sees few keys has an output of the size of one V row (~1) that cancels to a small value, so
+# its error (~2^-9 * |v|) is large against the small value and against the RMS of the whole output (dominated by
+# rows that average many keys). On the H200 (2026-12-06) the bf16 kernel missed the default (0.01 * rms, 0.016) on
+# 2-15 of 1e6 elements (largest miss 0.0027 at a causal row of 7 keys) with rel_fro 2.0e-3 throughout, the size of
+# the output's own rounding; 0.03 * rms keeps 3x margin over that miss. fp16 rounds P 8x finer: its default holds.
+TOLERANCE = {"float32": (1e-4, 1e-4), "bfloat16": (3e-2, 2e-2)}
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 # (head_dim, head_dim_v) -> block_n: S (block_n / 2), O (Dv / 2) and P (block_n / 4) registers in the consumer's 232,
