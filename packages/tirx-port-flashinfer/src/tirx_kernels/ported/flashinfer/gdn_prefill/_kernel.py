@@ -93,13 +93,16 @@ def build_kernel(io: str):
                       io, scale_d=kk > 0)
         wgmma.commit()
         wgmma.wait(0)
-        # Y = V - gamma K Sb^T (V's box of this consumer's values, read at the fragment's positions)
+        # Y = V - gamma K Sb^T (V's box of this consumer's values, read at the fragment's positions). Rows past the
+        # sequence are zeroed, not left to the zero columns of T beta: they may be another caller's padding (NaN,
+        # and 0 x NaN = NaN inside the next product).
         for j, r in lay.frag_pairs(64):
             row = wgmma.acc_row(warp, lane, r)
             col = wgmma.acc_col(lane, j)
             v0, v1 = vector.unpack2(tiles[lay.word(lay.v_box(s, cw), row, col, io)], io)
-            _wy.pack_store(tiles, lay.word(yd, row, col, io), v0 - b.gam[r] * t_acc[wgmma.acc_index(j, r, 0)],
-                           v1 - b.gam[r] * t_acc[wgmma.acc_index(j, r, 1)], io, packed)
+            y = [T.Select(row < L, vv - b.gam[r] * t_acc[wgmma.acc_index(j, r, e)], T.float32(0))
+                 for e, vv in enumerate((v0, v1))]
+            _wy.pack_store(tiles, lay.word(yd, row, col, io), y[0], y[1], io, packed)
         mbarrier.wait(b.aux_full.ptr_to([s]), b.ph)
         sync()
         # Delta = (T beta) Y

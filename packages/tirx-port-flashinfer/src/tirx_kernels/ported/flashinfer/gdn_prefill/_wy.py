@@ -182,11 +182,12 @@ def aux_chunk(b, s, L, scale, warp, lane, ct, io: str, inv: str):  # noqa: N803
         bx = q // (lay.BOX // 16)
         row = (q % (lay.BOX // 16)) // 8
         off = bx * lay.BOX + (q % (lay.BOX // 16)) * 16
-        f = T.Select(row < L, T.exp2(g_last - vec[lay.vec_g(s, row)]), T.float32(0))
+        f = T.exp2(g_last - vec[lay.vec_g(s, row)])
+        live = row < L  # a select, not a zero factor: rows past the sequence may be NaN padding
         vector.load_shared_v4(b.vw, 0, tiles.ptr_to([(lay.k_box(s, 0) + off) // 4]))
         for w in range(4):
             lo, hi = vector.unpack2(b.vw[w], io)
-            vector.pack2(b.vw, w, lo * f, hi * f, io)
+            vector.pack2(b.vw, w, T.Select(live, lo * f, T.float32(0)), T.Select(live, hi * f, T.float32(0)), io)
         vector.store_shared_v4(tiles.ptr_to([(lay.kd_box(s, 0) + off) // 4]), b.vw, 0)
     sync()
 
