@@ -235,10 +235,9 @@ def test_philox_stream_and_software_stochastic_rounding():
     assert up[0].item() == 1.0 + 2**-10 and up[1].item() == -3.142578125
 
 
-def test_stochastic_rounding_bit_exact_emulated(emulated):
-    """fp16 state with rand_seed: the emulated kernel's stored state bit for bit equal to the torch oracle of the same
-    Philox stream. The update is made exact in fp32 on both sides (A = 0 so exp(A dt) = 1, dt = x = 1, no softplus:
-    s' = s + B) so that any difference is the rounding's; every row must round some value up and some down."""
+def _exact_stochastic_inputs(rounds: int, device: str = "cpu") -> dict:
+    """fp16 state with rand_seed whose update is exact in fp32 (A = 0 so exp(A dt) = 1, dt = x = 1, no softplus:
+    s' = s + B): any difference from the oracle is the rounding's."""
     d = make_inputs(batch=3, nheads=4, ngroups=2, dim=64, dstate=128, state_dtype=torch.float16, pad=True,
                     z=False, bias=False)
     d["A"] = torch.zeros_like(d["A"])
@@ -246,9 +245,26 @@ def test_stochastic_rounding_bit_exact_emulated(emulated):
     d["x"] = torch.ones_like(d["x"])
     d["dt_softplus"] = False
     d["rand_seed"] = torch.tensor([0x123456789ABC], dtype=torch.int64)
-    d["philox_rounds"] = 10
+    d["philox_rounds"] = rounds
+    return {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in d.items()}
+
+
+@pytest.mark.parametrize("rounds, general", [(10, False), (7, True)])
+def test_stochastic_rounding_bit_exact_emulated(emulated, rounds, general):
+    """fp16 state with rand_seed: the emulated kernel's stored state bit for bit equal to the torch oracle of the same
+    Philox stream (``_exact_stochastic_inputs``); every row must round some value up and some down. The default 10
+    rounds run the unrolled artifact; 7 the general one (``general_params``: the rounds as an argument), which the
+    bundle serves every count without an artifact of its own with."""
+    d = _exact_stochastic_inputs(rounds)
     before = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in d.items()}
-    run_emulated(emulated, d, "stp_simple")
+    if general:
+        ptrs, scalars, params, grid, block = ssu.kernel_args(**d, schedule="stp_simple")
+        assert params["philox_rounds"] == rounds and scalars["philox_rounds_arg"] == rounds
+        kern = emulated(ssu.general_params(params))
+        named = {f"{k}_ptr": v for k, v in ptrs.items()}
+        kern(*[named[p.name] if p.pointer else scalars[p.name] for p in kern.params], grid=grid, block=block).check()
+    else:
+        run_emulated(emulated, d, "stp_simple")
     _, want_pool, _ = ssu.oracle(**{k: v for k, v in before.items() if k != "out"})
     assert torch.equal(d["state"].view(torch.int16), want_pool.view(torch.int16))
     slots = before["idx"][before["idx"] != before["pad_slot_id"]].long()
@@ -279,12 +295,34 @@ def test_int16_state_rejections_name_the_argument(change, arg):
         ssu.selective_state_update(**a)
 
 
+def test_state_comparator_goes_through_slot_blocks(monkeypatch):
+    """The pool / buffer comparator in blocks of slots (a whole 2e8-element intermediate buffer compared at once ran
+    the H200 out of memory under 16 workers): written slots counted over every block, a changed untouched slot and a
+    wrong written one caught in the block holding it."""
+    from tirx_kernels.core.harness import KernelCheckError
+
+    monkeypatch.setattr(ssu, "COMPARE_CHUNK_ELEMS", 3 * 64)
+    cmp = ssu.state_comparator("state", ssu.STATE_TOLERANCE)
+    before = torch.randn(10, 4, 16).to(torch.bfloat16)
+    want = before.clone()
+    want[[1, 5, 8]] = torch.randn(3, 4, 16).to(torch.bfloat16)
+    got = want.clone()
+    assert cmp(got, want, {}, {"state": before}) == {"slots_written": 3, "slots_untouched": 7}
+    for slot in (2, 7, 8):  # untouched (against its unchanged value) or written, in the second and third block
+        bad = got.clone()
+        bad[slot, 3, 15] += 1
+        with pytest.raises(KernelCheckError, match=rf"state \(slots {slot // 3 * 3}\.\.{slot // 3 * 3 + 2}\)"):
+            cmp(bad, want, {}, {"state": before})
+
+
 # ------------------------------------------------------------------------------------------------ params, SASS
 
 def test_every_dtype_and_dstate_has_a_simple_artifact_and_pinned_ones_fall_back():
     for stage in ("stp", "mtp"):
         simple = {artifacts.canonical_params(p) for p in ssu.artifact_params(f"{stage}_simple")}
-        assert len(simple) == len(ssu.STATE_DTYPES) * len(ssu.INPUT_DTYPES) * len(ssu.DSTATES)
+        # stp: fp16 stochastic rounding too, unrolled at the default rounds and the general (rounds-argument) form
+        forms = len(ssu.STATE_DTYPES) + (2 if stage == "stp" else 0)
+        assert len(simple) == forms * len(ssu.INPUT_DTYPES) * len(ssu.DSTATES)
         for name in ("vertical", "horizontal"):
             for p in ssu.artifact_params(f"{stage}_{name}"):
                 assert p["schedule"] == name and p["max_tokens"] == (1 if stage == "stp" else ssu.MAX_TOKENS)
@@ -307,6 +345,7 @@ def test_plan_divides_the_row(state_dtype, dstate):
     ("mtp_horizontal", ("bfloat16", "bfloat16", 128, 8, "horizontal")),
     ("mtp_simple", ("float16", "float16", 96, 8, "simple")),
     ("stp_simple", ("int16", "bfloat16", 128, 1, "simple")),
+    ("stp_simple", ("float16", "bfloat16", 128, 1, "simple", ssu.PHILOX_RUNTIME)),  # Philox state in a loop
 ])
 def test_sass(schedule, params):
     """No spills or local memory (ptxas, nvcc 13.0: 95 registers for bf16 dstate 128, 200 for fp32 dstate 256 at
@@ -435,6 +474,19 @@ def test_gpu_matches_flashinfer(algorithm, T):
     torch.cuda.synchronize()
     torch.testing.assert_close(out.float(), ref.float(), atol=2e-2, rtol=2e-2)
     torch.testing.assert_close(s_ours.float(), s_fi.float(), atol=2e-2, rtol=2e-2)
+
+
+@gpu
+@pytest.mark.parametrize("rounds", [10, 7, 16])
+def test_gpu_stochastic_rounding_bit_exact(rounds):
+    """The bundle serves stochastic rounding at every Philox rounds count (10: the unrolled artifact; others the
+    general one): the stored fp16 state bit for bit the oracle's (``_exact_stochastic_inputs``)."""
+    d = _exact_stochastic_inputs(rounds, "cuda")
+    before = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in d.items()}
+    ssu.run("stp_simple", d)
+    torch.cuda.synchronize()
+    _, want_pool, _ = ssu.oracle(**{k: v for k, v in before.items() if k != "out"})
+    assert torch.equal(d["state"].view(torch.int16), want_pool.view(torch.int16))
 
 
 @gpu

@@ -82,10 +82,16 @@ def plan(state_dtype: str, dstate: int, schedule: str) -> dict:
     return s
 
 
+# philox_rounds of the general stochastic-rounding artifact: the rounds are its ``philox_rounds_arg`` argument (a
+# loop) instead of unrolled; it serves every rounds count (1..16) the bundle has no artifact of its own for.
+PHILOX_RUNTIME = -1
+MAX_PHILOX_ROUNDS = 16
+
+
 def kernel_params(state_dtype: str, input_dtype: str, dstate: int, max_tokens: int, schedule: str,
                   philox_rounds: int = 0) -> dict:
-    """Compile params; ``philox_rounds`` (stochastic rounding of an fp16 state) only where nonzero, so the
-    round-to-nearest kernels keep their params."""
+    """Compile params; ``philox_rounds`` (stochastic rounding of an fp16 state: the unrolled rounds count, or
+    ``PHILOX_RUNTIME``) only where nonzero, so the round-to-nearest kernels keep their params."""
     return {"state_dtype": state_dtype, "input_dtype": input_dtype, "dstate": int(dstate),
             "max_tokens": int(max_tokens), "schedule": schedule,
             **({"philox_rounds": int(philox_rounds)} if philox_rounds else {})}
@@ -103,9 +109,11 @@ def get_kernel(state_dtype: str, input_dtype: str, dstate: int, max_tokens: int,
     if dstate not in DSTATES or not 1 <= max_tokens <= MAX_TOKENS or schedule not in SCHEDULES:
         raise ValueError(f"selective_state_update: dstate {dstate} (one of {DSTATES}), max_tokens {max_tokens} "
                          f"(1..{MAX_TOKENS}), schedule {schedule!r} (one of {sorted(SCHEDULES)})")
-    if philox_rounds and (state_dtype != "float16" or max_tokens != 1 or not 0 < philox_rounds <= 16):
-        raise ValueError(f"selective_state_update: stochastic rounding (philox_rounds {philox_rounds}, 1..16) takes "
-                         f"an fp16 state and one token, not {state_dtype!r} / max_tokens {max_tokens}")
+    if philox_rounds and (state_dtype != "float16" or max_tokens != 1 or not (
+            0 < philox_rounds <= MAX_PHILOX_ROUNDS or philox_rounds == PHILOX_RUNTIME)):
+        raise ValueError(f"selective_state_update: stochastic rounding (philox_rounds {philox_rounds}: 1..16, or "
+                         f"{PHILOX_RUNTIME} for the rounds at run time) takes an fp16 state and one token, not "
+                         f"{state_dtype!r} / max_tokens {max_tokens}")
     return build_kernel(state_dtype, input_dtype, dstate, max_tokens, **plan(state_dtype, dstate, schedule),
                         philox_rounds=philox_rounds)
 
@@ -199,10 +207,11 @@ def build_kernel(state_dtype: str, input_dtype: str, dstate: int, max_tokens: in
         per 4 columns at the group's element offset)."""
         for v in range(vpt):
             if rng is not None:
-                ph, seed_lo, seed_hi, row_off = rng
+                ph, seed_lo, seed_hi, row_off, rounds_arg = rng
+                rounds = rounds_arg if philox_rounds == PHILOX_RUNTIME else philox_rounds
                 for half in range(2):
                     philox.tir_randint4x(T, ph, seed_lo, seed_hi, row_off + i64((v * L + m) * 8 + 4 * half),
-                                         philox_rounds)
+                                         rounds)
                     for w in range(2):
                         e = v * 8 + 4 * half + 2 * w
                         T.buffer_store(packed, philox.tir_cvt_rs_f16(T, sf[e], ph[2 * w])
@@ -220,12 +229,12 @@ def build_kernel(state_dtype: str, input_dtype: str, dstate: int, max_tokens: in
                     vector.pack2(packed, w, sf[v * 8 + 2 * w], sf[v * 8 + 2 * w + 1], state_dtype)
             vector.store_v4(buf.ptr_to([row_base + i64((v * L + m) * ve)]), packed, 0, pred)
 
-    def rng_of(ph, seed, row_off):
+    def rng_of(ph, seed, row_off, rounds_arg):
         """store_state's ``rng`` with stochastic rounding (the seed's two words; the row's offset in the source
-        slot, as upstream's counter), else None."""
+        slot, as upstream's counter; the rounds argument the PHILOX_RUNTIME artifact reads), else None."""
         if not philox_rounds:
             return None
-        return (ph, T.Cast("uint32", seed[0]), T.Cast("uint32", seed[1]), row_off)
+        return (ph, T.Cast("uint32", seed[0]), T.Cast("uint32", seed[1]), row_off, rounds_arg)
 
     def token_step(Bs, Cs, sf, bc, acc, t, m, dA, dtx):  # noqa: N803
         """One token on the row's columns: ``s = s dA + B dtx``, ``acc = s . C`` (this lane's part)."""
@@ -252,7 +261,7 @@ def build_kernel(state_dtype: str, input_dtype: str, dstate: int, max_tokens: in
                                c_st: T.int32, z_sb: T.int32, z_st: T.int32, o_sb: T.int32, o_st: T.int32,
                                idx_s: T.int32, dst_sb: T.int32, dst_st: T.int32, inter_idx_s: T.int32,
                                cache_steps: T.int32, weight_kind: T.int32, flags: T.int32, pad_slot_id: T.int32,
-                               scale_sb: T.int32, zero: T.int32):
+                               scale_sb: T.int32, zero: T.int32, philox_rounds_arg: T.int32):
         n_state = T.int64()
         n_inter = T.int64()
         n_x = T.int32()
@@ -386,7 +395,7 @@ def build_kernel(state_dtype: str, input_dtype: str, dstate: int, max_tokens: in
                     if quant:
                         quantize_row(sf, m, qscale)
                     store_state(S, dslot * i64(state_stride) + row_base, m, sf, packed, dpred, qscale,
-                                rng_of(ph, SEED, slot * i64(state_stride) + row_base))
+                                rng_of(ph, SEED, slot * i64(state_stride) + row_base, philox_rounds_arg))
                     if quant:
                         if T.And(m == 0, dpred):
                             SC[dslot * i64(scale_sb) + i64(h * dim + row0 + lr)] = qscale[1]
@@ -395,7 +404,7 @@ def build_kernel(state_dtype: str, input_dtype: str, dstate: int, max_tokens: in
                 if quant:
                     quantize_row(sf, m, qscale)
                 store_state(S, slot * i64(state_stride) + row_base, m, sf, packed, spred, qscale,
-                            rng_of(ph, SEED, slot * i64(state_stride) + row_base))
+                            rng_of(ph, SEED, slot * i64(state_stride) + row_base, philox_rounds_arg))
                 if quant:
                     if T.And(m == 0, spred):
                         SC[slot * i64(scale_sb) + i64(h * dim + row0 + lr)] = qscale[1]

@@ -70,7 +70,8 @@ ARG_ORDER = ("S", "X", "DT", "A", "Bm", "Cm", "Dv", "BIAS", "Z", "OUT", "IDX", "
              "SEED")
 SCALAR_ORDER = ("batch", "nheads", "dim", "heads_per_group", "ntokens", "state_stride", "x_sb", "x_st", "dt_sb",
                 "dt_st", "b_sb", "b_st", "c_sb", "c_st", "z_sb", "z_st", "o_sb", "o_st", "idx_s", "dst_sb", "dst_st",
-                "inter_idx_s", "cache_steps", "weight_kind", "flags", "pad_slot_id", "scale_sb", "zero")
+                "inter_idx_s", "cache_steps", "weight_kind", "flags", "pad_slot_id", "scale_sb", "zero",
+                "philox_rounds_arg")
 
 
 def kernel_args(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, idx, pad_slot_id, out, update,  # noqa: N803
@@ -107,7 +108,8 @@ def kernel_args(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, idx, pad_slot
                "dst_sb": dst.stride(0) if dst is not None else 0, "dst_st": dst.stride(1) if dst is not None else 0,
                "inter_idx_s": inter_idx.stride(0) if inter_idx is not None else 0, "cache_steps": cache_steps,
                "weight_kind": WEIGHT_KINDS[dt.dtype], "flags": flags, "pad_slot_id": pad_slot_id,
-               "scale_sb": state_scale.stride(0) if state_scale is not None else 0, "zero": 0}
+               "scale_sb": state_scale.stride(0) if state_scale is not None else 0, "zero": 0,
+               "philox_rounds_arg": philox_rounds if rand_seed is not None else 0}
     max_tokens = 1 if T_ == 1 and schedule_is_stp(schedule) else MAX_TOKENS
     name = schedule_name(schedule)
     params = kernel_params(str(state.dtype)[6:], str(x.dtype)[6:], dstate, max_tokens, name,

@@ -23,9 +23,10 @@ _M32 = 0xFFFFFFFF
 # TIR (the kernel)
 # ---------------------------------------------------------------------------------------------------------
 
-def tir_randint4x(T, ph, seed_lo, seed_hi, offset, rounds: int):  # noqa: N803
+def tir_randint4x(T, ph, seed_lo, seed_hi, offset, rounds):  # noqa: N803
     """``ph[0:4] =`` Philox-4x32 of the int64 ``offset`` under the seed words; ``ph`` a local uint32[8] (state in
-    registers round by round: a nested expression would grow exponentially)."""
+    registers round by round: a nested expression would grow exponentially). ``rounds``: a Python int (unrolled)
+    or an int32 kernel argument (a loop)."""
     def umulhi(a, const):
         return T.Cast("uint32", (T.Cast("uint64", a) * T.uint64(const)) >> T.uint64(32))
 
@@ -35,7 +36,7 @@ def tir_randint4x(T, ph, seed_lo, seed_hi, offset, rounds: int):  # noqa: N803
     T.buffer_store(ph, T.uint32(0), [3])
     T.buffer_store(ph, seed_lo, [4])
     T.buffer_store(ph, seed_hi, [5])
-    for _ in range(rounds):
+    def one_round():
         T.buffer_store(ph, ph[0], [6])
         T.buffer_store(ph, ph[2], [7])
         T.buffer_store(ph, umulhi(ph[7], ROUND_B) ^ ph[1] ^ ph[4], [0])
@@ -44,6 +45,13 @@ def tir_randint4x(T, ph, seed_lo, seed_hi, offset, rounds: int):  # noqa: N803
         T.buffer_store(ph, ph[6] * T.uint32(ROUND_A), [3])
         T.buffer_store(ph, ph[4] + T.uint32(KEY_A), [4])
         T.buffer_store(ph, ph[5] + T.uint32(KEY_B), [5])
+
+    if isinstance(rounds, int):
+        for _ in range(rounds):
+            one_round()
+    else:
+        with T.serial(0, rounds):
+            one_round()
 
 
 def tir_cvt_rs_f16(T, x, rand):  # noqa: N803

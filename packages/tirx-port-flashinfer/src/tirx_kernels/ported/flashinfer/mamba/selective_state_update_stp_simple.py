@@ -106,6 +106,8 @@ SCHEDULE = "stp_simple"
 
 (compile_params, get_kernel, artifact_params, call_samples, prepare_data, reference, launch, roofline,
  get_baselines) = _registered.protocol(SCHEDULE)
+# A stochastic-rounding call whose Philox rounds count has no unrolled artifact runs the rounds-as-argument one.
+general_params = _impl.general_params
 # The torch.library custom op tirx::selective_state_update_<SCHEDULE> and its register_fake (_registered.py).
 # The public op dispatches to it.
 _op = _registered.register_custom_op(SCHEDULE)
