@@ -102,7 +102,8 @@ def build_decode_kernel(dtype: str, head_dim: int, head_dim_v: int, block_n: int
             off = (col // CHUNK) * BLOCK_M * CHUNK + tma.sw128_offset(row, col % CHUNK, dtype)
             vector.store_shared_v4(sm.q.ptr_to([off]), regs, 4 * k)
         tma.fence_proxy_async()
-        T.cuda.warpgroup_sync(WG_BAR + cw)
+        # every thread's Q rows before the warpgroup's QK wgmma reads them (T.evaluate: a bare call is dropped)
+        T.evaluate(T.cuda.warpgroup_sync(WG_BAR + cw))
 
     def kv_loaders(sm, k_map, v_map, pages, Table, b, hk, num_keys, box_rows, page_size, max_pages):  # noqa: N803
         """``produce_kv``'s callbacks: key tile ``n`` as boxes of ``box_rows`` keys, each at the page ``pages[j]``

@@ -238,13 +238,11 @@ class Mainloop:
 
     def _release(self, ring, empty, s, cw, warp, lane):
         """Give slot ``s`` back (one arrival for the warpgroup) once all its 128 threads passed their wgmma.wait."""
-        from tvm.script import tirx as T
 
-        # NOTES: on the GPU the warpgroup's wgmma already couples its warps, so one thread's wait would do (CUTLASS
-        # relies on it); the CPU emulator runs threads apart and, without the barrier (named barrier 1 + cw), refilled
-        # a slot a lagging lane had not read yet (wrong S at head dim 256, or a hang on a missed phase). Costs a
-        # bar.sync per K and V tile.
-        T.cuda.warpgroup_sync(WG_BAR + cw)
+        # NOTES: the warpgroup's wgmma couples its warps, so one thread's arrival after its wait releases the slot
+        # (CUTLASS relies on it). A warpgroup bar.sync was meant to precede it for the CPU emulator, but the call was
+        # never emitted (a bare T.cuda.warpgroup_sync in a traced helper is dropped: 2026-12-06, no 128-thread
+        # bar.sync in the generated CUDA), and the emulated and H200 runs passed without it, so none is added.
         ring.consumer_release_warpgroup(empty, s, warp, lane)
 
     def _softmax_tile(self, rg, n0, mask_from, lane, scale_log2):
@@ -299,7 +297,9 @@ class Mainloop:
                             vector.store_shared_v4(sm.v.ptr_to([s * self.v_tile + c * self.block_n * CHUNK + row * CHUNK
                                                                 + (v % 8) * 8]), rg.zeros, 0)
                 tma.fence_proxy_async()
-                T.cuda.warpgroup_sync(WG_BAR + cw)
+                # every thread's zeroed rows before the warpgroup's PV wgmma reads them (T.evaluate: a bare call in a
+                # traced helper is dropped)
+                T.evaluate(T.cuda.warpgroup_sync(WG_BAR + cw))
 
     def consume(self, sm, rg, n_begin, n_end, mask_from, cw, warp, lane, scale_log2, num_keys=None, wait_q=True):
         """A consumer warpgroup's whole loop over key tiles ``n_begin .. n_end - 1`` (``rg.klim`` set): waits for Q,
