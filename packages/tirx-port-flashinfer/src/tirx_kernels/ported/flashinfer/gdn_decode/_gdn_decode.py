@@ -584,6 +584,20 @@ def _generator(device: str) -> torch.Generator:
     return g
 
 
+# Without the kernel's L2 norm, q / k come as a model passes them (normalized before the call, as FLA's
+# use_qk_l2norm_in_kernel=False callers do) at norms other than 1, so that a kernel normalizing anyway is caught:
+# |k| = 1.3 keeps the delta rule's step I - beta k k^T contracting (beta |k|^2 < 2); raw randn k (|k|^2 ~ 128) makes
+# it grow ~(beta |k|^2)^t, past fp16's 65504 by token 6-8 in the fp32 oracle itself (H200 run 1: 19 / 82 inf outputs,
+# exactly where the oracle exceeds 65504 -- FlashInfer's fp16 output overflows there too).
+NOL2NORM_Q, NOL2NORM_K = 2.0, 1.3
+
+
+def _prenormalized(q: torch.Tensor, k: torch.Tensor) -> tuple:
+    def unit(x):
+        return x * torch.rsqrt((x * x).sum(-1, keepdim=True))
+    return unit(q) * NOL2NORM_Q, unit(k) * NOL2NORM_K
+
+
 def prepare_data(mtp: bool, batch: int, n_heads: int, n_vheads: int, dtype: str, ab_dtype: str, bias_dtype: str,
                  use_qk_l2norm: bool, pad: bool, out_index: bool, index_dtype: str, T: int = 1,  # noqa: N803
                  intermediate: bool = False, disable_state_update: bool = False, device: str = "cuda",
@@ -603,8 +617,11 @@ def prepare_data(mtp: bool, batch: int, n_heads: int, n_vheads: int, dtype: str,
     idx = order[:batch].clone()
     if pad and batch > 1:
         idx[1] = -1
+    q, k = rn(batch, T, n_heads, K_DIM), rn(batch, T, n_heads, K_DIM)
+    if not use_qk_l2norm:
+        q, k = _prenormalized(q, k)
     data = {
-        "q": rn(batch, T, n_heads, K_DIM).to(t), "k": rn(batch, T, n_heads, K_DIM).to(t),
+        "q": q.to(t), "k": k.to(t),
         "v": rn(batch, T, n_vheads, V_DIM).to(t), "A_log": rn(n_vheads, scale=0.5),
         "a": rn(batch, T, n_vheads).to(_DTYPES[ab_dtype]), "dt_bias": rn(n_vheads, scale=0.5).to(_DTYPES[bias_dtype]),
         "b": rn(batch, T, n_vheads).to(_DTYPES[ab_dtype]),
