@@ -418,16 +418,19 @@ def layout_of(sf: torch.Tensor, M: int, K: int, fmt: str) -> str:  # noqa: N803
 
 
 def prepare_data(fmt: str, dtype: str, M: int, K: int, layout: str, silu_and_mul: bool = False,  # noqa: N803
-                 **_) -> dict:
+                 device: str = "cuda", **_) -> dict:
     """Rows of widely different magnitude (1e-2 .. 1e2), a calibrated global scale (448 * 6 / amax of what is
-    quantized), outputs poisoned (0xFF). ``silu_and_mul``: rows ``[gate | up]`` of 2K."""
+    quantized), outputs poisoned (0xFF). ``silu_and_mul``: rows ``[gate | up]`` of 2K, each half 1e-1 .. 1e1, so that
+    what is quantized spans 1e-2 .. 1e2 as well: gate and up of 1e2 made fp16 products past 65504 (inf ``h``, a
+    global scale of 0, and every code of the call decided by NaN / FLT_MAX edge cases, H200 run 1)."""
     import os
 
     seed = int(os.environ.get("TIRX_SEED", "0")) or int.from_bytes(os.urandom(4), "little")
-    g = torch.Generator(device="cuda")
+    g = torch.Generator(device=device)
     g.manual_seed(seed)
-    mag = torch.logspace(-2, 2, max(M, 1), device="cuda")[:M, None]
-    x = (torch.randn(M, 2 * K if silu_and_mul else K, generator=g, device="cuda") * mag).to(DTYPES[dtype])
+    lo, hi = (-1, 1) if silu_and_mul else (-2, 2)
+    mag = torch.logspace(lo, hi, max(M, 1), device=device)[:M, None]
+    x = (torch.randn(M, 2 * K if silu_and_mul else K, generator=g, device=device) * mag).to(DTYPES[dtype])
     codes, sf = new_outputs(x, fmt, layout, silu_and_mul)
     codes.view(torch.uint8).fill_(0xFF)
     sf.fill_(0xFF)

@@ -106,8 +106,8 @@ def sass_expect(**_) -> list[str]:
 
 
 def prepare_data(dtype: str, M: int, K: int, layout: str = "128x4", silu_and_mul: bool = False,  # noqa: N803
-                 **_) -> dict:
-    return B.prepare_data(_FMT, dtype, M, K, layout, silu_and_mul)
+                 device: str = "cuda", **_) -> dict:
+    return B.prepare_data(_FMT, dtype, M, K, layout, silu_and_mul, device)
 
 
 def reference(x, sf, global_scale, silu_and_mul: bool = False, **_) -> dict:
