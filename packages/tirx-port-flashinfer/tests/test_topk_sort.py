@@ -92,6 +92,20 @@ def test_oracle_agrees_with_reference():
     assert torch.equal(ref["values"].nan_to_num(7.0), want_v.float().nan_to_num(7.0))
 
 
+@pytest.mark.parametrize("valid", [150, 200])
+def test_torch_baseline_agrees_with_reference(valid):
+    """The ``torch`` baseline the GPU checks compare with: whole rows, the padding past a short ``valid`` copied (it
+    returned the sorted head only, so f16_r8_k1000_v777 'differed from torch's stable sort' on the H200)."""
+    from tirx_kernels.core import harness
+
+    v = make_rows("special", 3, 200, torch.float32, seed=2)
+    v[:, 5] = v[:, 9]
+    d = {"in_values": v, "in_indices": torch.arange(600).view(3, 200), "valid": valid}
+    got = mod.get_baselines()["torch"]()(d)
+    want = mod.reference(**d)
+    harness.check_outputs(mod, got, want, "the oracle", {}, d)
+
+
 def test_rejected_inputs():
     from tirx_kernels.core.checks import TirxInputError
 

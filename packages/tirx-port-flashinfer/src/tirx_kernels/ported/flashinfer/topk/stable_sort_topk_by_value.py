@@ -215,9 +215,12 @@ def roofline(dtype: str, M: int, k: int, **_) -> dict:
 def get_baselines(**cfg) -> dict:
     def torch_sort():
         def run(d):
-            v = d["in_values"][:, :d["valid"]]
-            s, o = torch.sort(v, dim=-1, descending=True, stable=True)
-            return {"values": s, "indices": d["in_indices"][:, :d["valid"]].gather(-1, o)}
+            v, i = d["in_values"], d["in_indices"]
+            n = min(max(d["valid"], 0), v.shape[-1])
+            s, o = torch.sort(v[:, :n], dim=-1, descending=True, stable=True)
+            # the columns past valid (top_k's padding) as they are, as the op leaves them
+            return {"values": torch.cat([s, v[:, n:]], -1),
+                    "indices": torch.cat([i[:, :n].gather(-1, o), i[:, n:]], -1)}
         return run
 
     return {"torch": torch_sort}
