@@ -295,6 +295,21 @@ def test_int16_state_rejections_name_the_argument(change, arg):
         ssu.selective_state_update(**a)
 
 
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_graph_replay_refill_takes_the_broadcast_inputs(schedule):
+    """The GPU graph-replay test's refill of a captured call's tensors with another prepare_data's (H200 run 1: copy_
+    into the broadcast dt / A / D / dt_bias views raised), on CPU tensors: every input then holds the new values."""
+    from tirx_kernels.core import harness
+
+    mod = _module(schedule)
+    cfg = harness.full_config(mod, {**mod.CONFIGS[-1], "batch": 3, "nheads": 8, "ngroups": 2})
+    data, fresh = (mod.prepare_data(**cfg, device="cpu") for _ in range(2))
+    expected = mod.reference(**fresh)
+    harness.refill_for_replay(mod, data, fresh, expected)
+    for k in ("x", "dt", "A", "D", "B", "C", "state"):
+        assert torch.equal(data[k], fresh[k]), k
+
+
 def test_state_comparator_goes_through_slot_blocks(monkeypatch):
     """The pool / buffer comparator in blocks of slots (a whole 2e8-element intermediate buffer compared at once ran
     the H200 out of memory under 16 workers): written slots counted over every block, a changed untouched slot and a

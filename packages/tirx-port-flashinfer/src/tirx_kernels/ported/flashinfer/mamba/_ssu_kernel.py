@@ -32,7 +32,8 @@ shuffle sum.
 Runtime arguments keep the artifact count down: dim (a multiple of rows_per_cta), the token count (up to
 ``max_tokens``), strides, the optional tensors (flags plus stand-in pointers), the index dtype (int32 / int64 read
 through an int32 view) and the dt / D / dt_bias dtype (fp32 / bf16 / fp16 read through an int16 view). Compile
-params: state dtype, input dtype (x, B, C, z, out), dstate, max_tokens and the schedule.
+params: state dtype, input dtype (x, B, C, z, out), dstate, max_tokens and the schedule; with fp16 stochastic
+rounding, the Philox rounds (unrolled) or ``PHILOX_RUNTIME`` (the ``philox_rounds_arg`` argument, a loop).
 """
 
 from __future__ import annotations
