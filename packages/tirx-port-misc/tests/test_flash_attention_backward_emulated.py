@@ -5,10 +5,11 @@ wgmma SS/RS with MN-major operands, the mbarrier rings, named barriers, the bulk
 run as modelled), through the op's own launch sequence (``run_kernels``), against the fp32 oracle's autograd (torch on
 the CPU); guard bands around dQ, dK, dV and the inputs checked unchanged.
 
-CI emulates one kernel (bf16, hd 64, causal) on GQA 2:1 with ragged blocks, both as one CTA per KV head (dK / dV
-stored directly) and as a head split (fp32 partials summed by the reduce kernel), in deterministic mode (the flag
-chain) and fast mode. ``TIRX_EMULATE_FULL=1`` adds head dims 96 and 128, fp16, non-causal, Sq != Sk both ways, a
-one-row query, packed strided inputs and dLSE (~30-60 s of g++ per kernel on the 2-core machine)."""
+CI emulates one kernel per schedule: bf16 hd 64 causal on GQA 2:1 with ragged blocks, both as one CTA per KV head
+(dK / dV stored directly) and as a head split (fp32 partials summed by the reduce kernel), in deterministic mode (the
+flag chain) and fast mode; the wide schedule at hd 256 (causal GQA, deterministic). ``TIRX_EMULATE_FULL=1`` adds head
+dims 96, 128, 192 and 192/128, fp16, non-causal, Sq != Sk both ways, a one-row query, packed strided inputs and dLSE
+(~20-40 s of g++ per kernel on the 2-core machine)."""
 
 import math
 import os
@@ -27,15 +28,22 @@ from tirx_kernels.ported.flashattention import flash_attention_backward as mod  
 _FULL = os.environ.get("TIRX_EMULATE_FULL") == "1"
 full_only = pytest.mark.skipif(not _FULL, reason="set TIRX_EMULATE_FULL=1 (minutes of CPU on 2 cores)")
 _modules = {}
+# The CI rows' main kernels, generated into one module with the small kernels: one g++ run (~20 s) for both schedules.
+_CI_MAINS = (("bfloat16", 64, 64, True), ("bfloat16", 256, 256, True))
+
+
+def _main_name(dtype: str, d: int, dv: int, causal: bool) -> str:
+    return f"main_{dtype}_{d}_{dv}_{int(causal)}"
 
 
 def _module(dtype: str, d: int, dv: int, causal: bool):
-    key = (dtype, d, dv, causal)
-    if key not in _modules:
-        funcs = {"main": mod.get_kernel("main", dtype, d, dv, causal)}
+    """The emulated module holding this main kernel and the dtype's preprocess, postprocess and group reduce."""
+    mains = _CI_MAINS if (dtype, d, dv, causal) in _CI_MAINS else ((dtype, d, dv, causal),)
+    if mains not in _modules:
+        funcs = {_main_name(*key): mod.get_kernel("main", *key) for key in mains}
         funcs.update({k: mod.get_kernel(k, dtype) for k in ("pre", "post", "reduce")})
-        _modules[key] = emulate.compile_module(build.codegen_many(funcs))
-    return _modules[key]
+        _modules[mains] = emulate.compile_module(build.codegen_many(funcs))
+    return _modules[mains]
 
 
 def _guarded(shape, dtype):
@@ -63,7 +71,8 @@ def _run(dtype, d, dv, causal, B, Sq, Sk, Hq, Hkv, splits=None, deterministic=Fa
     emu = _module(dtype, d, dv, causal)
 
     def call(kernel, *args):
-        emu(*args, function=kernel, hang_timeout=120.0).check()
+        name = _main_name(dtype, d, dv, causal) if kernel == "main" else kernel
+        emu(*args, function=name, hang_timeout=120.0).check()
 
     mod.run_kernels(call, q, k, v, out, dout, lse, g_lse, scale, causal, deterministic, *grads, splits=splits)
     for x, x0 in zip(inputs, before):
@@ -79,13 +88,9 @@ def _run(dtype, d, dv, causal, B, Sq, Sk, Hq, Hkv, splits=None, deterministic=Fa
 @pytest.mark.parametrize("splits, deterministic", [(1, True), (2, False)], ids=["direct_det", "split_fast"])
 def test_gqa_ragged_causal(splits, deterministic):
     # 2 query heads on one KV head, 300 keys (3 key blocks, the last ragged), 200 queries (2 blocks of 128, ragged):
-    # bottom-right causal skips query blocks per key block; deterministic mode chains the key blocks' dQ adds.
-    grads = _run("bfloat16", 64, 64, True, B=1, Sq=200, Sk=300, Hq=2, Hkv=1, splits=splits,
-                 deterministic=deterministic)
-    if deterministic:
-        again = _run("bfloat16", 64, 64, True, B=1, Sq=200, Sk=300, Hq=2, Hkv=1, splits=splits, deterministic=True)
-        for a, b in zip(grads, again):
-            assert torch.equal(a.view(torch.int16), b.view(torch.int16)), "deterministic mode is bit-identical"
+    # bottom-right causal skips query blocks per key block; deterministic mode chains the key blocks' dQ adds (here
+    # the CTAs run one after another anyway: bit-identity run to run is a GPU test).
+    _run("bfloat16", 64, 64, True, B=1, Sq=200, Sk=300, Hq=2, Hkv=1, splits=splits, deterministic=deterministic)
 
 
 @full_only
@@ -99,6 +104,18 @@ def test_gqa_ragged_causal(splits, deterministic):
 ])
 def test_head_dims_and_shapes(dtype, d, dv, causal, B, Sq, Sk, Hq, Hkv):  # noqa: N803
     _run(dtype, d, dv, causal, B, Sq, Sk, Hq, Hkv)
+
+
+@pytest.mark.parametrize("d, dv, causal, B, Sq, Sk, Hq, Hkv, splits, deterministic", [
+    (256, 256, True, 1, 100, 150, 2, 1, 1, True),  # the CI row of the wide schedule: GQA, ragged, ordered dQ adds
+    pytest.param(192, 128, True, 1, 130, 70, 2, 1, 2, False, marks=full_only),  # rows that see no key; head split
+    pytest.param(192, 192, False, 2, 70, 100, 2, 2, None, False, marks=full_only),
+    pytest.param(256, 256, False, 1, 1, 65, 4, 2, 2, True, marks=full_only),
+], ids=["d256_causal_det", "d192_128_causal_split", "d192", "d256_decode_split_det"])
+def test_wide_head_dims(d, dv, causal, B, Sq, Sk, Hq, Hkv, splits, deterministic):  # noqa: N803
+    """The wide schedule (head dims past 128: the consumers split the head dims, P and dS through shared memory,
+    dQ by red.global.add.v4 from registers)."""
+    _run("bfloat16", d, dv, causal, B, Sq, Sk, Hq, Hkv, splits=splits, deterministic=deterministic)
 
 
 @full_only

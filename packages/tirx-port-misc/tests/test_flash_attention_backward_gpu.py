@@ -20,11 +20,11 @@ def _mod():
     return testing.load_or_skip(KERNEL)
 
 
-def _inputs(m, dtype, B, sq, sk, hq, hkv, d, causal, seed=0):  # noqa: N803
+def _inputs(m, dtype, B, sq, sk, hq, hkv, d, causal, seed=0, dv=None):  # noqa: N803
     torch.manual_seed(seed)
     q = torch.randn(B, sq, hq, d, dtype=dtype, device="cuda")
     k = torch.randn(B, sk, hkv, d, dtype=dtype, device="cuda")
-    v = torch.randn(B, sk, hkv, d, dtype=dtype, device="cuda")
+    v = torch.randn(B, sk, hkv, d if dv is None else dv, dtype=dtype, device="cuda")
     scale = 1 / math.sqrt(d)
     out, lse = m._fwd.flash_attn_func(q, k, v, causal=causal)
     dout = torch.randn_like(out)
@@ -39,20 +39,20 @@ def _check_oracle(m, q, k, v, out, dout, scale, causal, grads, dlse=None):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("d", [64, 96, 128])
+@pytest.mark.parametrize("d, dv", [(64, 64), (96, 96), (128, 128), (192, 192), (192, 128), (256, 256)])
 @pytest.mark.parametrize("sq, sk", [(1, 1), (17, 17), (127, 127), (1, 1000), (17, 127), (127, 17), (1000, 1000)])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("deterministic", [False, True])
-def test_odd_lengths_against_the_oracle(dtype, d, sq, sk, causal, deterministic):
+def test_odd_lengths_against_the_oracle(dtype, d, dv, sq, sk, causal, deterministic):
     m = _mod()
-    q, k, v, out, lse, dout, scale = _inputs(m, dtype, 2, sq, sk, 4, 2, d, causal, seed=sq * 31 + sk)
+    q, k, v, out, lse, dout, scale = _inputs(m, dtype, 2, sq, sk, 4, 2, d, causal, seed=sq * 31 + sk, dv=dv)
     grads = m.flash_attn_backward(q, k, v, out, dout, lse, causal=causal, deterministic=deterministic)
     _check_oracle(m, q, k, v, out, dout, scale, causal, grads)
 
 
 @pytest.mark.parametrize("ratio", [1, 2, 3, 4, 8])
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("d", [64, 128, 256])
 def test_gqa_ratios_against_sdpa(ratio, causal, d):
     """Ours and SDPA's backward (default backend, GQA) both against the fp32 oracle: ours within twice SDPA's error
     (plus a bf16 rounding of the gradient's scale)."""

@@ -188,36 +188,42 @@ def build_bwd_kernel(dtype: str, head_dim: int, head_dim_v: int, causal: bool, b
                                       (j % 8) * 4 + lane % 4, 32)
         return (lse_s if which == 0 else dlt_s)[stat_off + wgmma.acc_col(lane, j, e)]
 
-    def p_and_ds(s_acc, dp_acc, stats, cur, lse_s, dlt_s, stat_off, scale_log2, masked, key0, q0, Sk, Sq, warp,  # noqa: N803
-                 lane):
-        """In place: s_acc <- P^T = exp2(S^T scale_log2 - LSE[query]) (0 where masked), dp_acc <- dS^T =
-        P^T (dP^T - delta[query]). A thread's columns are queries 8 j + 2 (lane % 4) + e."""
+    def p_tile(s_acc, stats, cur, lse_s, dlt_s, stat_off, scale_log2, masked, key0, q0, Sk, Sq, warp, lane):  # noqa: N803
+        """In place: s_acc <- P^T = exp2(S^T scale_log2 - LSE[query]), 0 where masked (causal: key > query + Sk -
+        Sq). A thread's columns are queries 8 j + 2 (lane % 4) + e."""
         for j in range(bm // 8):
             for e in range(2):
                 col = wgmma.acc_col(lane, j, e)
                 T.buffer_store(cur, stat(stats, lse_s, dlt_s, stat_off, 0, j, e, lane), [0])
-                T.buffer_store(cur, stat(stats, lse_s, dlt_s, stat_off, 1, j, e, lane), [1])
                 for r in range(2):
                     idx = wgmma.acc_index(j, r, e)
                     p = T.exp2(s_acc[idx] * scale_log2 - cur[0])
                     if masked:
                         key = key0 + wgmma.acc_row(warp, lane, r)
                         p = T.Select(key > q0 + col + (Sk - Sq), T.float32(0), p)
-                    T.buffer_store(s_acc, p, [idx])  # p reads s_acc[idx]: dS below uses the stored P
-                    T.buffer_store(dp_acc, s_acc[idx] * (dp_acc[idx] - cur[1]), [idx])
+                    T.buffer_store(s_acc, p, [idx])
 
-    def p_and_ds_tile(s_acc, dp_acc, stats, cur, lse_s, dlt_s, stat_off, scale_log2, key0, q0, Sk, Sq, warp,  # noqa: N803
-                      lane):
-        """:func:`p_and_ds`, masked (causal) only where the consumer's 64 keys cross the diagonal of the block."""
-        args = (s_acc, dp_acc, stats, cur, lse_s, dlt_s, stat_off, scale_log2)
+    def p_tile_masked_where_needed(s_acc, stats, cur, lse_s, dlt_s, stat_off, scale_log2, key0, q0, Sk, Sq,  # noqa: N803
+                                   warp, lane):
+        """:func:`p_tile`, masked (causal) only where the consumer's 64 keys cross the diagonal of the block."""
+        args = (s_acc, stats, cur, lse_s, dlt_s, stat_off, scale_log2)
         if not causal:
-            p_and_ds(*args, False, key0, q0, Sk, Sq, warp, lane)
+            p_tile(*args, False, key0, q0, Sk, Sq, warp, lane)
             return
         with T.If(key0 + 63 > q0 + (Sk - Sq)):
             with T.Then():
-                p_and_ds(*args, True, key0, q0, Sk, Sq, warp, lane)
+                p_tile(*args, True, key0, q0, Sk, Sq, warp, lane)
             with T.Else():
-                p_and_ds(*args, False, key0, q0, Sk, Sq, warp, lane)
+                p_tile(*args, False, key0, q0, Sk, Sq, warp, lane)
+
+    def ds_from_p(s_acc, dp_acc, stats, cur, lse_s, dlt_s, stat_off, lane):
+        """In place: dp_acc <- dS^T = P^T (dP^T - delta[query]) (a masked P is 0, so is its dS)."""
+        for j in range(bm // 8):
+            for e in range(2):
+                T.buffer_store(cur, stat(stats, lse_s, dlt_s, stat_off, 1, j, e, lane), [1])
+                for r in range(2):
+                    idx = wgmma.acc_index(j, r, e)
+                    T.buffer_store(dp_acc, s_acc[idx] * (dp_acc[idx] - cur[1]), [idx])
 
     def store_ds(tiles, ds_frag, ds_off, cw, warp, lane):
         """dS^T (packed pairs of adjacent queries) into the SW128 MN-major tile, key row R of query chunk c at
@@ -407,10 +413,12 @@ def build_bwd_kernel(dtype: str, head_dim: int, head_dim_v: int, causal: bool, b
                     do_ring.consumer_wait(do_full, it)
                     issue_s_dp(dp_acc, desc_k, lay["v"], lay["do"] + s * do_tile, bm, vo_steps, cw)
                     wgmma.commit()
-                    wgmma.wait(0)
+                    wgmma.wait(1)  # S^T has landed: P^T under the dP^T GEMM
                     load_stats(stats, LSEs, Dlts, s * bm, lane)
-                    p_and_ds_tile(s_acc, dp_acc, stats, cur, LSEs, Dlts, s * bm, scale_log2, key0, m0, Sk, Sq, warp,
-                                  lane)
+                    p_tile_masked_where_needed(s_acc, stats, cur, LSEs, Dlts, s * bm, scale_log2, key0, m0, Sk, Sq,
+                                               warp, lane)
+                    wgmma.wait(0)
+                    ds_from_p(s_acc, dp_acc, stats, cur, LSEs, Dlts, s * bm, lane)
                     softmax.pack_p(p_frag, s_acc, bm, cvt_pack)
                     softmax.pack_p(ds_frag, dp_acc, bm, cvt_pack)
                     store_ds(Tiles, ds_frag, ds_off, cw, warp, lane)

@@ -3,14 +3,15 @@
 # and FA4's sm90 path, flash_attn/cute/flash_bwd_sm90.py) from https://github.com/Dao-AILab/flash-attention at commit
 # 0251105a2fb19d2957484b7f023cd8c115286ced: read, not copied. Kernels: _bwd_kernel.py (main), _bwd_pre_post.py.
 """The attention backward for Hopper (issue #23): dQ, dK, dV of flash_attention4's forward, bf16/fp16, head dims 64,
-96 and 128, causal (bottom-right aligned) or not, MHA/GQA/MQA, batch-padded [B, S, H, D].
+96, 128, 192, 256 and (192, 128), causal (bottom-right aligned) or not, MHA/GQA/MQA, batch-padded [B, S, H, D].
 
 The seed (upstream tirx-kernels) ships this as ``flash_attention_backward_sm100`` (FA4's Blackwell backward: 2-CTA
 tcgen05, TMEM, d = 128 only); this module is its Hopper counterpart, registered as ``flash_attention_backward_sm90``,
 with FA3's design instead: a preprocess (delta = rowsum(dO * O), LSE in log2, zeroed accumulators), a main kernel that
 keeps a key block's dK and dV in registers while it walks the query blocks (S^T, dP^T by wgmma SS; dV, dK by wgmma RS
-from registers; dQ = dS K from shared memory, accumulated in fp32 by bulk reductions), and a postprocess that scales
-and rounds dQ (plus, where a KV group's query heads are split over CTAs, a fixed-order sum of the dK / dV partials).
+from registers; dQ = dS K from shared memory, accumulated in fp32 by bulk reductions; past head dim 128 the consumers
+split the head dims instead, ``_bwd_kernel_wide``), and a postprocess that scales and rounds dQ (plus, where a KV
+group's query heads are split over CTAs, a fixed-order sum of the dK / dV partials).
 
 ``deterministic=True`` orders the dQ additions of the key blocks (a flag per query block): bit-identical run to run.
 Training: ``flash_attn_func(q, k, v, causal=...)`` with ``requires_grad`` inputs differentiates through this op
@@ -26,7 +27,7 @@ import math
 import torch
 
 from tirx_kernels.core import checks, harness, runtime
-from tirx_kernels.ported.flashattention import _bwd_kernel, _bwd_pre_post
+from tirx_kernels.ported.flashattention import _bwd_kernel, _bwd_kernel_wide, _bwd_pre_post
 
 # The forward module: its op gets this backward as autograd, its fp32 oracle serves here. Imported by name, not by an
 # import statement: the artifacts' source fingerprint follows import statements, and the forward's sources take no
@@ -67,6 +68,13 @@ CONFIGS = [
      "causal": True},
     {"label": "fp16_b1_h4_s4097_d128_causal_det", "dtype": "float16", "B": 1, "Sq": 4097, "Sk": 4097, "Hq": 4,
      "Hkv": 4, "D": 128, "causal": True, "deterministic": True},
+    {"label": "bf16_b2_h4_s333_d192", "B": 2, "Sq": 333, "Sk": 333, "Hq": 4, "Hkv": 4, "D": 192},
+    {"label": "bf16_b2_h4kv1_s333_d192_dv128_causal", "B": 2, "Sq": 333, "Sk": 333, "Hq": 4, "Hkv": 1, "D": 192,
+     "Dv": 128, "causal": True},
+    {"label": "bf16_b1_h4_s1000_d256_causal", "B": 1, "Sq": 1000, "Sk": 1000, "Hq": 4, "Hkv": 4, "D": 256,
+     "causal": True},
+    {"label": "fp16_b1_h4kv2_sq200_sk700_d256_det", "dtype": "float16", "B": 1, "Sq": 200, "Sk": 700, "Hq": 4,
+     "Hkv": 2, "D": 256, "deterministic": True},
 ]
 
 # Small / medium / large, and the anchor shapes (ANCHORS.md): b2 h16 s8192.
@@ -84,6 +92,9 @@ BENCH_CONFIGS = [
      "causal": True, "deterministic": True},
     {"label": "bf16_b2_h16kv2_s8192_d128_causal", "B": 2, "Sq": 8192, "Sk": 8192, "Hq": 16, "Hkv": 2, "D": 128,
      "causal": True},
+    {"label": "bf16_b2_h16_s8192_d256", "B": 2, "Sq": 8192, "Sk": 8192, "Hq": 16, "Hkv": 16, "D": 256},
+    {"label": "bf16_b2_h16_s8192_d256_causal", "B": 2, "Sq": 8192, "Sk": 8192, "Hq": 16, "Hkv": 16, "D": 256,
+     "causal": True},
 ]
 
 DEFAULTS = {"dtype": "bfloat16", "Dv": None, "causal": False, "deterministic": False}
@@ -93,8 +104,24 @@ DEFAULTS = {"dtype": "bfloat16", "Dv": None, "causal": False, "deterministic": F
 TOLERANCE = {"bfloat16": (2e-2, 2e-2), "float16": (4e-3, 8e-3)}
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
-HEAD_DIMS = ((64, 64), (96, 96), (128, 128))
+HEAD_DIMS = ((64, 64), (96, 96), (128, 128), (192, 192), (192, 128), (256, 256))
 _INT32_MAX = 2**31 - 1
+
+
+def _wide(d: int, dv: int) -> bool:
+    """Head dims past 128 take the wide schedule (``_bwd_kernel_wide``: the consumers split the head dims)."""
+    return max(d, dv) > 128
+
+
+def plan(d: int, dv: int) -> dict:
+    """The main kernel's tiles for head dims (d, dv): query rows per step, key rows per CTA, and the fp32 widths of
+    the dQ accumulator and the dK / dV partials (the GEMMs' padded N)."""
+    if _wide(d, dv):
+        w = _bwd_kernel_wide
+        return {"block_m": w.BLOCK_M, "block_n": w.BLOCK_N, "dq_width": w.wide_dim(d), "dk_width": w.wide_dim(d),
+                "dv_width": w.wide_dim(dv)}
+    return {"block_m": _bwd_kernel.block_m_for(d), "block_n": _bwd_kernel.BLOCK_N, "dq_width": _bwd_kernel.padded(d),
+            "dk_width": _bwd_kernel.padded(d), "dv_width": _bwd_kernel.padded(dv)}
 
 
 def compile_params(**cfg) -> dict:
@@ -115,6 +142,8 @@ def get_kernel(kernel: str, dtype: str, head_dim: int = 0, head_dim_v: int = 0, 
     if kernel == "main":
         if (head_dim, head_dim_v) not in HEAD_DIMS:
             raise ValueError(f"flash_attention_backward: head dims ({head_dim}, {head_dim_v}) not one of {HEAD_DIMS}")
+        if _wide(head_dim, head_dim_v):
+            return _bwd_kernel_wide.build_bwd_kernel_wide(dtype, head_dim, head_dim_v, causal)
         return _bwd_kernel.build_bwd_kernel(dtype, head_dim, head_dim_v, causal, _bwd_kernel.block_m_for(head_dim))
     builders = {"pre": _bwd_pre_post.build_preprocess, "post": _bwd_pre_post.build_postprocess,
                 "reduce": _bwd_pre_post.build_group_reduce}
@@ -147,6 +176,11 @@ def sass_expect(kernel: str = "main", head_dim: int = 0, head_dim_v: int = 0, **
     operands transposed, 4-D TMA loads, the bulk reduction of dQ, setmaxnreg."""
     if kernel != "main":
         return []
+    if _wide(head_dim, head_dim_v):  # S / dP m64n32 SS, dV / dK with A and B transposed, dQ B transposed, red.v4
+        dkn = _bwd_kernel_wide.wide_dim(head_dim) // 2
+        return [r"HGMMA\.64x32x16\.F32\S* R\d+, gdesc", rf"HGMMA\.64x{dkn}x16\.F32\S* R\d+, gdesc\[UR\d+\]\.tnspB",
+                rf"HGMMA\.64x{dkn}x16\.F32\S* R\d+, gdesc\[UR\d+\]\.tnspA\.tnspB", r"UTMALDG\.4D",
+                r"REDG?\.E\.ADD\.F32", r"USETMAXREG"]
     bm = _bwd_kernel.block_m_for(head_dim)
     dvp = _bwd_kernel.padded(head_dim_v)
     return [rf"HGMMA\.64x{bm}x16\.F32\S* R\d+, gdesc", rf"HGMMA\.64x{dvp}x16\.F32\S* R\d+, R\d+, gdesc\[UR\d+\]\.tnspB",
@@ -346,8 +380,9 @@ def _check_inputs(q, k, v, out, dout, lse, dlse, softmax_scale, window_size, lea
         _fail("q", "at most 65535 heads (the grid's y extent)", f"{Hq}")
     if B > 65535:
         _fail("q", "a batch of at most 65535 (the grid's z extent)", f"{B}")
-    pad = _bwd_kernel.block_m_for(D)
-    if B * Hq * (Sq + pad) * _bwd_kernel.padded(D) > _INT32_MAX or B * Sk * Hq * max(D, Dv) > _INT32_MAX:
+    tiles = plan(D, Dv)
+    widest = max(tiles["dk_width"], tiles["dv_width"])
+    if B * Hq * (Sq + tiles["block_m"]) * tiles["dq_width"] > _INT32_MAX or B * Sk * Hq * widest > _INT32_MAX:
         _fail("q", "a dQ accumulator and dK / dV partials below 2**31 elements", f"shape {tuple(q.shape)}")
     checks.tensor(_OP, "q", q, cuda=True)
     checks.same_device(_OP, "q", q, k=k, v=v, out=out, dout=dout, lse=lse,
@@ -363,11 +398,12 @@ def _tma_ready(t: torch.Tensor) -> torch.Tensor:
     return t if ok else t.contiguous()
 
 
-def head_splits(B: int, Sk: int, Hq: int, Hkv: int, sm_count: int = 132) -> int:  # noqa: N803
+def head_splits(B: int, Sk: int, Hq: int, Hkv: int, block_n: int = _bwd_kernel.BLOCK_N,  # noqa: N803
+                sm_count: int = 132) -> int:
     """How many CTAs share a KV group's query heads: the fewest (a divisor of the group) that give the grid a CTA per
     SM; 1 writes dK / dV directly, more write fp32 partials summed after."""
     group = Hq // Hkv
-    n_blocks = -(-Sk // _bwd_kernel.BLOCK_N)
+    n_blocks = -(-Sk // block_n)
     for s in range(1, group + 1):
         if group % s == 0 and n_blocks * Hkv * B * s >= sm_count:
             return s
@@ -381,8 +417,8 @@ def run_kernels(call, q, k, v, out, dout, lse, dlse, softmax_scale: float, causa
     (fp32 LSE / delta / dQ accumulator, order flags, dK / dV partials) on ``q``'s device."""
     B, Sq, Hq, D = q.shape
     Sk, Hkv, Dv = k.shape[1], k.shape[2], v.shape[3]
-    bm = _bwd_kernel.block_m_for(D)
-    dp, dvp = _bwd_kernel.padded(D), _bwd_kernel.padded(Dv)
+    tiles = plan(D, Dv)
+    bm, dp = tiles["block_m"], tiles["dq_width"]
     m_blocks = -(-Sq // bm)
     sq_pad = m_blocks * bm
     f32 = {"dtype": torch.float32, "device": q.device}
@@ -391,12 +427,12 @@ def run_kernels(call, q, k, v, out, dout, lse, dlse, softmax_scale: float, causa
     dqacc = torch.empty(B, Hq, sq_pad * dp, **f32)
     sem = torch.empty(B, Hq, m_blocks, dtype=torch.int32, device=q.device)
     call("pre", out, dout, lse, lse if dlse is None else dlse, lse2, dlt, dqacc, sem, int(dlse is not None), bm, dp)
-    splits = head_splits(B, Sk, Hq, Hkv) if splits is None else splits
-    if splits == 1:
-        dkacc, dvacc = torch.empty(1, 1, 1, dp, **f32), torch.empty(1, 1, 1, dvp, **f32)
-    else:
-        dkacc = torch.empty(B, Sk, Hkv * splits, dp, **f32)
-        dvacc = torch.empty(B, Sk, Hkv * splits, dvp, **f32)
+    splits = head_splits(B, Sk, Hq, Hkv, tiles["block_n"]) if splits is None else splits
+    if (Hq // Hkv) % splits:
+        raise ValueError(f"flash_attention_backward: {splits} head splits do not divide the group of {Hq // Hkv}")
+    shape = (B, Sk, Hkv * splits) if splits > 1 else (1, 1, 1)
+    dkacc = torch.empty(*shape, tiles["dk_width"], **f32)
+    dvacc = torch.empty(*shape, tiles["dv_width"], **f32)
     call("main", q, k, v, dout, lse2, dlt, dqacc, sem, dk, dv, dkacc, dvacc, float(softmax_scale), splits,
          int(deterministic))
     call("post", dqacc, dq, float(softmax_scale), bm, dp)
