@@ -483,7 +483,7 @@ def module_for(route: str, ntokens: int = 1):
 @torch.compiler.assume_constant_result
 def op_name(route: str, ntokens: int) -> str:
     """The custom op serving the route's calls of ``ntokens`` tokens; imports its module (which registers it).
-    torch.compile runs it rather than traces it (importlib)."""
+    torch.compile runs it rather than traces it (importlib); ``ntokens`` must be a Python int there."""
     return module_for(route, ntokens).KERNEL_META["name"]
 
 
@@ -543,7 +543,8 @@ def decode(route, q, k, v, state, A_log, a, dt_bias, b, scale=None, output=None,
         if intermediate_states_buffer is not None:
             runtime.mark_written(intermediate_states_buffer)
     else:
-        getattr(torch.ops.tirx, op_name(route, int(q.shape[1])))(*args)
+        # the token count as a constant (a branch dynamo guards on): a recompile may make the shape symbolic
+        getattr(torch.ops.tirx, op_name(route, 1 if q.shape[1] == 1 else MAX_TOKENS))(*args)
     return output, n["pool"]
 
 

@@ -26,6 +26,7 @@ from tirx_kernels.ported.flashinfer.mamba._ssu_kernel import (
     INPUT_DTYPES,
     INT16_MAX,
     INTERMEDIATE,
+    MAX_PHILOX_ROUNDS,
     MAX_TOKENS,
     SCHEDULES,
     SOFTPLUS,
@@ -371,8 +372,9 @@ def normalize(state, x, dt, A, B, C, D, z=None, dt_bias=None, dt_softplus=False,
         if state.dtype != torch.float16 or mtp:
             _fail("rand_seed", "None unless the state is float16 and the call single-token (stochastic rounding "
                   "of multi-token calls not ported)", f"a seed with a {state.dtype} state, mtp={mtp}")
-        if not 0 < int(philox_rounds) <= 16:
-            _fail("philox_rounds", "1..16 with rand_seed", philox_rounds)
+        if not 0 < int(philox_rounds) <= MAX_PHILOX_ROUNDS:
+            _fail("philox_rounds", f"1..{MAX_PHILOX_ROUNDS} with rand_seed", philox_rounds)
+        philox_rounds = _constant(int(philox_rounds), tuple(range(1, MAX_PHILOX_ROUNDS + 1)))
     return dict(state_scale=state_scale, rand_seed=rand_seed, philox_rounds=int(philox_rounds) if rand_seed is not None
                 else 0, state=state, x=x, dt=dt_col, A=A_col, B=B, C=C, D=D_col, z=z, dt_bias=bias_col,
                 dt_softplus=bool(dt_softplus), idx=idx, pad_slot_id=int(pad_slot_id), out=out, update=update,
@@ -430,8 +432,17 @@ def pick_schedule(algorithm: str, n: dict) -> str:
     return schedule
 
 
+def _constant(value, choices: tuple):
+    """``value`` as the equal Python int of ``choices`` (a symbolic size under torch.compile becomes a constant the
+    trace guards on), else ``value``."""
+    for c in choices:
+        if value == c:
+            return c
+    return value
+
+
 def call_params(schedule: str, n: dict) -> dict:
-    return kernel_params(str(n["state"].dtype)[6:], str(n["x"].dtype)[6:], n["state"].shape[3],
+    return kernel_params(str(n["state"].dtype)[6:], str(n["x"].dtype)[6:], _constant(n["state"].shape[3], DSTATES),
                          1 if schedule_is_stp(schedule) else MAX_TOKENS, schedule_name(schedule),
                          n["philox_rounds"] if n.get("rand_seed") is not None else 0)
 
