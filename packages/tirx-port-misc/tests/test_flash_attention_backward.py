@@ -161,12 +161,14 @@ def test_dq_accumulator_layout_round_trips(block_m, dp):
 
 
 def test_head_splits_fill_the_gpu_and_divide_the_group():
-    assert mod.head_splits(2, 8192, 16, 16) == 1  # MHA: never split
-    assert mod.head_splits(2, 8192, 16, 2) == 1  # 64 key blocks x 2 x 2 >= 132
+    assert mod.head_splits(2, 8192, 16, 16, causal=True) == 1  # MHA: never split
+    assert mod.head_splits(2, 65536, 16, 2) == 1  # 512 key blocks x 2 x 2: enough CTAs
+    assert mod.head_splits(2, 8192, 16, 2) == 2  # 256 CTAs < 2 per SM
+    assert mod.head_splits(2, 8192, 16, 2, causal=True) == 4  # causal: 4 per SM
     assert mod.head_splits(1, 1000, 16, 1) == 16  # 8 key blocks: one CTA per query head
-    assert mod.head_splits(1, 1000, 12, 1) == 12
-    s = mod.head_splits(1, 4096, 32, 4)
-    assert 8 % s == 0 and 32 * 4 * s >= 132
+    assert mod.head_splits(1, 1000, 12, 1, block_n=64) == 12
+    s = mod.head_splits(1, 4096, 32, 4, sm_count=78)
+    assert 8 % s == 0 and 32 * 4 * s >= 2 * 78
 
 
 def test_every_supported_head_dim_pair_fits_registers_and_smem():

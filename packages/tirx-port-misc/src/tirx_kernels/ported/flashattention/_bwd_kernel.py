@@ -10,7 +10,7 @@ sequence / head strides) plus dO (like the output) and the preprocess's products
 log2 domain and delta = rowsum(dO * O) (minus dLSE), fp32 [B, Hq, Sq_pad] with Sq_pad a multiple of ``block_m`` and
 the rows past Sq padded (LSE +inf: P = 0 there), the zeroed fp32 dQ accumulator and the zeroed order flags.
 
-One CTA per (key block of BLOCK_N = 128 rows, KV head x head split, batch); 384 threads:
+One CTA per (KV head x head split, batch, key block of BLOCK_N = 128 rows), key blocks slowest; 384 threads:
 - warpgroup 0 (``setmaxnreg`` 24): warp 0 loads K and V of the block once (4-D TMA, zero fill past Sk), then walks
   the query blocks of every query head the CTA serves, Q + LSE and dO + delta of each through two 2-stage
   full/empty rings (TMA + 1-D bulk copies on one mbarrier). Warp 1 writes dQ: per query block it takes each
@@ -281,7 +281,9 @@ def build_bwd_kernel(dtype: str, head_dim: int, head_dim_v: int, causal: bool, b
         tma.encode(do_map, dO.data, [head_dim_v, Hq, Sq, B], [o_sh, o_ss, o_sb], [CHUNK, 1, bm, 1], dtype)
         T.device_entry()
         T.attr({"tirx.launch_bounds_min_blocks_per_sm": 1})
-        bx, y, b = T.cta_id([(Sk + bn - 1) // bn, Hkv * splits, B])
+        # Key blocks slowest: the hardware launches every (head, batch) of key block 0 (causal: the most query
+        # blocks) first, then block 1, ... (longest first over the whole grid, FA3's LPT order).
+        y, b, bx = T.cta_id([Hkv * splits, B, (Sk + bn - 1) // bn])
         wg = T.warpgroup_id([3])
         tid = T.thread_id([384])
         n_blocks = (Sk + bn - 1) // bn

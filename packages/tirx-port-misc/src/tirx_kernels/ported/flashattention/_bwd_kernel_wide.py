@@ -215,7 +215,9 @@ def build_bwd_kernel_wide(dtype: str, head_dim: int, head_dim_v: int, causal: bo
         tma.encode(do_map, dO.data, [head_dim_v, Hq, Sq, B], [o_sh, o_ss, o_sb], [CHUNK, 1, bm, 1], dtype)
         T.device_entry()
         T.attr({"tirx.launch_bounds_min_blocks_per_sm": 1})
-        bx, y, b = T.cta_id([(Sk + bn - 1) // bn, Hkv * splits, B])
+        # Key blocks slowest: the hardware launches every (head, batch) of key block 0 (causal: the most query
+        # blocks) first, then block 1, ... (longest first over the whole grid, FA3's LPT order).
+        y, b, bx = T.cta_id([Hkv * splits, B, (Sk + bn - 1) // bn])
         wg = T.warpgroup_id([3])
         tid = T.thread_id([384])
         n_blocks = (Sk + bn - 1) // bn

@@ -375,11 +375,13 @@ def _check_inputs(q, k, v, out, dout, lse, dlse, softmax_scale, window_size, lea
     for name, t in (("q", q), ("k", k), ("v", v), ("dout", dout)):
         if any(s > _INT32_MAX for s in t.stride()):
             _fail(name, "strides below 2**31 elements", f"strides {tuple(t.stride())}")
-    # The main grid is (key blocks, Hkv x head splits, B); the pre/post grids (query blocks, Hq, B).
+    # The main grid is (Hkv x head splits, B, key blocks); the pre/post grids (query blocks, Hq, B).
     if Hq > 65535:
         _fail("q", "at most 65535 heads (the grid's y extent)", f"{Hq}")
     if B > 65535:
-        _fail("q", "a batch of at most 65535 (the grid's z extent)", f"{B}")
+        _fail("q", "a batch of at most 65535 (the grid's y extent)", f"{B}")
+    if -(-Sk // plan(D, Dv)["block_n"]) > 65535:
+        _fail("k", f"at most 65535 key blocks of {plan(D, Dv)['block_n']} (the grid's z extent)", f"{Sk} keys")
     tiles = plan(D, Dv)
     widest = max(tiles["dk_width"], tiles["dv_width"])
     if B * Hq * (Sq + tiles["block_m"]) * tiles["dq_width"] > _INT32_MAX or B * Sk * Hq * widest > _INT32_MAX:
@@ -399,19 +401,22 @@ def _tma_ready(t: torch.Tensor) -> torch.Tensor:
 
 
 def head_splits(B: int, Sk: int, Hq: int, Hkv: int, block_n: int = _bwd_kernel.BLOCK_N,  # noqa: N803
-                sm_count: int = 132) -> int:
-    """How many CTAs share a KV group's query heads: the fewest (a divisor of the group) that give the grid a CTA per
-    SM; 1 writes dK / dV directly, more write fp32 partials summed after."""
+                causal: bool = False, sm_count: int = 132) -> int:
+    """How many CTAs share a KV group's query heads: the fewest (a divisor of the group) that give the grid two CTAs
+    per SM (causal: four, the key blocks' work differs up to 2x from the mean), so that the longest-first launch order
+    leaves a short tail; 1 writes dK / dV directly, more write fp32 partials (B Sk Hkv splits (D + Dv) x 4 bytes,
+    written and read once) that the group reduce sums."""
     group = Hq // Hkv
     n_blocks = -(-Sk // block_n)
+    target = (4 if causal else 2) * sm_count
     for s in range(1, group + 1):
-        if group % s == 0 and n_blocks * Hkv * B * s >= sm_count:
+        if group % s == 0 and n_blocks * Hkv * B * s >= target:
             return s
     return group
 
 
 def run_kernels(call, q, k, v, out, dout, lse, dlse, softmax_scale: float, causal: bool, deterministic: bool, dq, dk,
-                dv, splits: int | None = None) -> None:
+                dv, splits: int | None = None, sm_count: int = 132) -> None:
     """The backward's launches: ``call(kernel, *args)`` runs kernel ``kernel`` ('pre', 'main', 'post', 'reduce')
     with its arguments (the op passes loaded artifacts, the emulator test its CPU module). Allocates the workspaces
     (fp32 LSE / delta / dQ accumulator, order flags, dK / dV partials) on ``q``'s device."""
@@ -427,7 +432,7 @@ def run_kernels(call, q, k, v, out, dout, lse, dlse, softmax_scale: float, causa
     dqacc = torch.empty(B, Hq, sq_pad * dp, **f32)
     sem = torch.empty(B, Hq, m_blocks, dtype=torch.int32, device=q.device)
     call("pre", out, dout, lse, lse if dlse is None else dlse, lse2, dlt, dqacc, sem, int(dlse is not None), bm, dp)
-    splits = head_splits(B, Sk, Hq, Hkv, tiles["block_n"]) if splits is None else splits
+    splits = head_splits(B, Sk, Hq, Hkv, tiles["block_n"], causal, sm_count) if splits is None else splits
     if (Hq // Hkv) % splits:
         raise ValueError(f"flash_attention_backward: {splits} head splits do not divide the group of {Hq // Hkv}")
     shape = (B, Sk, Hkv * splits) if splits > 1 else (1, 1, 1)
@@ -464,7 +469,16 @@ def _run(q, k, v, out, dout, lse, dlse, softmax_scale: float, causal: bool, dete
 
     run_kernels(call, _tma_ready(q), _tma_ready(k), _tma_ready(v), _tma_ready(out), _tma_ready(dout),
                 lse.contiguous(), None if dlse is None else dlse.contiguous(), softmax_scale, causal, deterministic,
-                dq, dk, dv)
+                dq, dk, dv, sm_count=_sm_count(dev))
+
+
+_SM_COUNTS: dict = {}
+
+
+def _sm_count(device_index: int) -> int:
+    if device_index not in _SM_COUNTS:
+        _SM_COUNTS[device_index] = torch.cuda.get_device_properties(device_index).multi_processor_count
+    return _SM_COUNTS[device_index]
 
 
 def _new_grads(q, k, v):
