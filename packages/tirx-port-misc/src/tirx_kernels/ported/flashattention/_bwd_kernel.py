@@ -372,12 +372,16 @@ def build_bwd_kernel(dtype: str, head_dim: int, head_dim_v: int, causal: bool, b
                         if deterministic != 0:
                             if lane == 0:
                                 grid_flags.wait_for(Sem.ptr_to([b, h, m]), order, seen)
+                        # NOTES: bar.sync / bar.arrive are .aligned (the whole warp executes them together): every
+                        # lane-0-only step is followed by a __syncwarp before the next barrier.
+                        T.evaluate(T.cuda.warp_sync())
                         for w in T.unroll(NUM_CONSUMERS):
                             cluster.named_sync(DQ_FULL_BAR + w, DQ_THREADS)
                             if lane == 0:
                                 T.evaluate(T.ptx[REDUCE_ADD](DQacc.ptr_to([b, h, m * bm * dp + w * dq_half]),
                                                              DQs.ptr_to([w * dq_half]), T.uint32(dq_half * 4)))
                                 tma.store_commit()
+                            T.evaluate(T.cuda.warp_sync())
                         if lane == 0:
                             if deterministic != 0:
                                 tma.store_wait(0)  # the adds are done before the next block's turn

@@ -334,6 +334,7 @@ def build_bwd_kernel_wide(dtype: str, head_dim: int, head_dim_v: int, causal: bo
                     if deterministic != 0:
                         if T.And(cw == 0, ct == 0):
                             grid_flags.wait_for(Sem.ptr_to([b, h, m]), dq_order(m, n_block, n_blocks, Sq, Sk), seen)
+                        T.evaluate(T.cuda.warp_sync())  # bar.sync is .aligned: the warp reconverges first
                         cluster.named_sync(DET_BAR, NUM_CONSUMERS * 128)
                     base = m * bm * dw + cw * dq_half
                     for i in T.unroll(dk_regs // 4):
@@ -343,6 +344,7 @@ def build_bwd_kernel_wide(dtype: str, head_dim: int, head_dim_v: int, causal: bo
                         cluster.named_sync(DET_BAR, NUM_CONSUMERS * 128)
                         if T.And(cw == 0, ct == 0):
                             grid_flags.publish(Sem.ptr_to([b, h, m]), dq_order(m, n_block, n_blocks, Sq, Sk) + 1)
+                        T.evaluate(T.cuda.warp_sync())
                     wgmma.wait(0)
                     q_ring.consumer_release_warpgroup(q_empty, s, warp, lane)
 
