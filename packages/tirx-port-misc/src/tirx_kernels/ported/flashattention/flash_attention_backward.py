@@ -459,6 +459,8 @@ def _run(q, k, v, out, dout, lse, dlse, softmax_scale: float, causal: bool, dete
         dk.zero_()
         dv.zero_()
         return
+    for name, g in (("dq", dq), ("dk", dk), ("dv", dv)):
+        checks.aligned(_OP, name, g, 16)
     dtype = str(q.dtype)[6:]
     dev = q.get_device()
 
@@ -468,8 +470,14 @@ def _run(q, k, v, out, dout, lse, dlse, softmax_scale: float, causal: bool, dete
         fn(*args)
 
     run_kernels(call, _tma_ready(q), _tma_ready(k), _tma_ready(v), _tma_ready(out), _tma_ready(dout),
-                lse.contiguous(), None if dlse is None else dlse.contiguous(), softmax_scale, causal, deterministic,
-                dq, dk, dv, sm_count=_sm_count(dev))
+                _flat(lse), None if dlse is None else _flat(dlse), softmax_scale, causal, deterministic, dq, dk, dv,
+                sm_count=_sm_count(dev))
+
+
+def _flat(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous tensor at a 16-byte-aligned address (``lse`` / ``dlse``, read by the preprocess)."""
+    t = t.contiguous()
+    return t if t.data_ptr() % 16 == 0 else t.clone()
 
 
 _SM_COUNTS: dict = {}
@@ -503,8 +511,8 @@ def flash_attn_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: 
     causal, deterministic = bool(causal), bool(deterministic)
     given = (dq, dk, dv)
     if runtime.direct_call(q, k, v, out, dout, lse, dlse, dq, dk, dv):
-        fresh = _new_grads(q, k, v)
-        dst = tuple(g if g is not None else f for g, f in zip(given, fresh))
+        dst = tuple(g if g is not None else torch.empty_like(x, memory_format=torch.contiguous_format)
+                    for g, x in zip(given, (q, k, v)))
         _run(q, k, v, out, dout, lse, dlse, scale, causal, deterministic, *dst)
         for g in given:
             if g is not None:
