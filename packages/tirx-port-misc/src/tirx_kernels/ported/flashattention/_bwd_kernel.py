@@ -372,6 +372,9 @@ def build_bwd_kernel(dtype: str, head_dim: int, head_dim_v: int, causal: bool, b
                         if deterministic != 0:
                             if lane == 0:
                                 grid_flags.wait_for(Sem.ptr_to([b, h, m]), order, seen)
+                                # The previous turn's bulk adds (async proxy) seen through a generic acquire: order
+                                # them before this turn's bulk adds to the same floats.
+                                T.evaluate(T.ptx["fence.proxy.async.global"]())
                         # NOTES: bar.sync / bar.arrive are .aligned (the whole warp executes them together): every
                         # lane-0-only step is followed by a __syncwarp before the next barrier.
                         T.evaluate(T.cuda.warp_sync())
