@@ -303,13 +303,15 @@ def get_baselines(**cfg) -> dict:
         dv = d if cfg.get("Dv") is None else int(cfg["Dv"])
         t = _DTYPES[cfg.get("dtype", "bfloat16")]
         hq, hkv = int(cfg.get("Hq", 1)), int(cfg.get("Hkv", 1))
-        try:  # FA4's sm90 backward does not take every head dim / GQA ratio: a refusal is a missing reference
+        det = bool(cfg.get("deterministic"))
+        try:  # FA4's sm90 backward does not take every head dim / GQA ratio (or mode): a refusal is a missing reference
             x = [torch.randn(1, 128, h, dd, dtype=t, device="cuda") for h, dd in ((hq, d), (hkv, d), (hkv, dv))]
             o = torch.randn(1, 128, hq, dv, dtype=t, device="cuda")
             _flash_attn_bwd(*x, o, torch.randn_like(o), torch.zeros(1, hq, 128, device="cuda"), 1.0 / math.sqrt(d),
-                            causal)
+                            causal, deterministic=det)
         except Exception as e:  # noqa: BLE001 -- any refusal of FA4's means "reference not available here"
-            raise ImportError(f"FA4 backward does not run D={d} Dv={dv} Hq/Hkv={hq}/{hkv} {t}: {e}") from e
+            raise ImportError(f"FA4 backward does not run D={d} Dv={dv} Hq/Hkv={hq}/{hkv} {t} "
+                              f"deterministic={det}: {e}") from e
 
         def fn(data):
             dq, dk, dv_ = _flash_attn_bwd(data["q"], data["k"], data["v"], data["out"], data["dout"], data["lse"],
