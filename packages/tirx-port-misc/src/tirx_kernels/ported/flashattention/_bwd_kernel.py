@@ -11,19 +11,22 @@ log2 domain and delta = rowsum(dO * O) (minus dLSE), fp32 [B, Hq, Sq_pad] with S
 the rows past Sq padded (LSE +inf: P = 0 there), the zeroed fp32 dQ accumulator and the zeroed order flags.
 
 One CTA per (KV head x head split, batch, key block of BLOCK_N = 128 rows), key blocks slowest; 384 threads:
-- warpgroup 0 (``setmaxnreg`` 24): warp 0 loads K and V of the block once (4-D TMA, zero fill past Sk), then walks
+- warpgroup 0 (``setmaxnreg`` 40): warp 0 loads K and V of the block once (4-D TMA, zero fill past Sk), then walks
   the query blocks of every query head the CTA serves, Q + LSE and dO + delta of each through two 2-stage
   full/empty rings (TMA + 1-D bulk copies on one mbarrier). Warp 1 writes dQ: per query block it takes each
   consumer's fp32 dQ tile from shared memory and adds it to the global accumulator with one bulk reduction
   (``cp.reduce.async.bulk .add.f32``); in deterministic mode it first waits until the key blocks before it (a fixed
-  order) have added theirs, and publishes its own turn after (``core.lang.grid_flags``).
-- warpgroups 1 and 2 (``setmaxnreg`` 240), 64 key rows each, dK and dV of those rows in registers for the whole
+  order, which is also their launch order: key blocks are the grid's slowest dimension) have added theirs, and
+  publishes its own turn after (``core.lang.grid_flags``).
+- warpgroups 1 and 2 (``setmaxnreg`` 232), 64 key rows each, dK and dV of those rows in registers for the whole
   walk. Per query block (``block_m`` rows), FA3's "SdP swapAB" form: S^T = K Q^T and dP^T = V dO^T (wgmma SS, the
-  key rows as M), P^T = exp2(S^T * scale log2 e - LSE) with the causal mask (bottom-right, key j visible to query i
-  iff j <= i + Sk - Sq) on the blocks that cross the diagonal, dS^T = P^T (dP^T - delta); dV += P^T dO and
+  key rows as M), P^T = exp2(S^T * scale log2 e - LSE) (under the dP^T GEMM) with the causal mask (bottom-right,
+  key j visible to query i iff j <= i + Sk - Sq) on the blocks that cross the diagonal, dS^T = P^T (dP^T - delta)
+  (block_m 128: LSE / delta shuffled between lanes, FA3's ShuffleLSE, to fit the registers); dV += P^T dO and
   dK += dS^T Q with wgmma RS (P^T and dS^T packed to 16 bits in registers: the accumulator's fragment is the RS A
-  fragment); dS^T also goes to shared memory (swizzled, MN-major) for dQ = dS K (wgmma SS, both operands MN-major),
-  split between the consumers by columns (block_m 64) or rows (block_m 128), accumulated in fp32 by warp 1.
+  fragment); dS^T also goes to shared memory (``stmatrix``, swizzled, MN-major) for dQ = dS K (wgmma SS, both
+  operands MN-major), split between the consumers by columns (block_m 64) or rows (block_m 128), accumulated in fp32
+  by warp 1.
   Epilogue: dK * softmax_scale and dV rounded and stored (one head split: the outputs; several: fp32 partials that
   ``_bwd_pre_post`` sums over the group).
 
