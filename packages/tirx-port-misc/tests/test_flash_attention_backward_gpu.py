@@ -127,9 +127,9 @@ def test_flash_attn_func_trains(compiled):
         ref = torch.autograd.grad(((o - target) ** 2).mean() + 1e-3 * lse.square().mean(), (qf, kf, vf))
         for g, r in zip(grads, ref):
             assert (g.float() - r).norm() / r.norm() < 3e-2
-        with torch.no_grad():
+        with torch.no_grad():  # a fixed-size step along each gradient (the raw gradients are below bf16's ulp)
             for x, g in zip((q, k, v), grads):
-                x -= 50.0 * g
+                x -= (0.05 * g.float() / g.float().abs().max()).to(x.dtype)
         losses.append(loss.item())
     assert losses[-1] < losses[0]
 
