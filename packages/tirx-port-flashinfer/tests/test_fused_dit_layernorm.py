@@ -345,7 +345,7 @@ def test_quantized_kernel_emulated(emulated, emulated_quant, mode, fmt, B, R, H,
     ro = res if in_place else torch.full((B, R, H), float("nan")).to(bf16)
     codes = torch.full(Q.norm_out_shape(B, R, H, fmt), 0x7F7F7F7F, dtype=torch.int32)
     sf = torch.full(Q.sf_out_shape(B, R, H, fmt), SENTINEL, dtype=torch.uint8)
-    run(emulated_quant(mode, fmt), (B * R,), (Q.QUANT_THREADS,), {"RO": ro, "Y": codes, "S": sf, "Gs": gs})
+    run(emulated_quant(mode, fmt), (B * R,), (Q.QUANT_THREADS[fmt],), {"RO": ro, "Y": codes, "S": sf, "Gs": gs})
     assert torch.equal(ro.view(torch.int16), ro_ref.view(torch.int16))
     want_codes, want_sf = Q.encode(no_ref.float(), fmt, gs)
     assert torch.equal(codes, want_codes)

@@ -20,7 +20,7 @@ round-to-nearest, as ``_fp4_rows``' "trtllm" recipe does: the two agree except w
 by an ulp at a rounding boundary of a code. (An MXFP8 scale code 0, ``amax < 448 * 2**-127``, gives codes of 0
 here; upstream's flushed reciprocal would give inf there.)
 
-The kernel: H, strides and alignment at run time (H % 16 / % 32), one CTA of ``QUANT_THREADS`` per token. The mean
+The kernel: H, strides and alignment at run time (H % 16 / % 32), one CTA of ``QUANT_THREADS[fmt]`` a token. The mean
 and the variance of squared deviations as the general bf16 kernel forms them (the same order, so the same bits:
 ``norm_out`` is the general kernel's bf16 output, quantized), each pass forming ``x`` from the inputs again; then
 each thread takes whole scale blocks: forms ``x`` of its 16 / 32 elements once more, writes ``residual_out``,
@@ -44,7 +44,9 @@ from tirx_kernels.ported.flashinfer.norm._dit_layernorm_kernels import (
 )
 
 QUANT_FORMATS = {"nvfp4": 16, "mxfp8": 32}  # format: elements per scale
-QUANT_THREADS = 256
+# Threads of a token's CTA, by format. MXFP8 holds a 32-element block in registers: at 256 threads ptxas capped the
+# kernel at 64 registers and spilled 8 bytes (CI's build check, 2026-12-06); at 128 it takes 72 with no spill.
+QUANT_THREADS = {"nvfp4": 256, "mxfp8": 128}
 FP4_MAX, E4M3_MAX = 6.0, 448.0
 
 
@@ -68,7 +70,7 @@ def sf_out_shape(B: int, R: int, H: int, fmt: str) -> tuple:  # noqa: N803
 # The TIRx function
 # ---------------------------------------------------------------------------------------------------------
 
-def build_quantized(mode: str, fmt: str, pdl: str | None = PDL, threads: int = QUANT_THREADS):
+def build_quantized(mode: str, fmt: str, pdl: str | None = PDL, threads: int | None = None):
     from tvm.script import tirx as T
 
     from tirx_kernels.core.lang import pdl as pdl_launch
@@ -76,6 +78,7 @@ def build_quantized(mode: str, fmt: str, pdl: str | None = PDL, threads: int = Q
 
     pdl_launch.check_trigger("fused_dit_layernorm", pdl)
     blk = block_of(fmt)
+    threads = QUANT_THREADS[fmt] if threads is None else threads
     words = reduce.scratch_words(threads, 1)
     gated, modulated = _gated(mode), _modulated(mode)
     code_words = blk // 8 if fmt == "nvfp4" else blk // 4  # uint32 words of one block's codes
