@@ -141,10 +141,11 @@ def sass_expect(kernel: str, head_dim: int | None = None, head_dim_v: int | None
     combine: warp shuffles."""
     if kernel == "combine":
         return [r"SHFL\.BFLY"]
-    n = DECODE_TILES[(head_dim, head_dim_v)][0]
+    n, _, ctas_per_sm = DECODE_TILES[(head_dim, head_dim_v)]
     dvp = padded(head_dim_v)
+    # setmaxnreg only where two CTAs share an SM (head dim 256 runs one, with 255 registers from the launch)
     return [rf"HGMMA\.64x{n}x16\.F32\S* R\d+, gdesc", rf"HGMMA\.64x{dvp}x16\.F32\S* R\d+, R\d+, gdesc\[UR\d+\]\.tnspB",
-            r"UTMALDG\.4D", r"USETMAXREG"]
+            r"UTMALDG\.4D"] + ([r"USETMAXREG"] if ctas_per_sm == 2 else [])
 
 
 def num_splits_heuristic(tiles: int, key_blocks: int, num_sms: int, ctas_per_sm: int = 2,
