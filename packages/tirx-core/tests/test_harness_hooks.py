@@ -97,6 +97,24 @@ def test_baselines_get_fresh_output_buffers_like_the_bench_gives_them(device):
     assert seen["out"][:2] == ((64, 32), torch.bfloat16)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_reference_that_refuses_the_config_is_skipped_with_its_reason(device):
+    """A reference installed but refusing this config's shape (cuBLASLt's blockwise FP8 at N % 16 != 0 raised from
+    the call on the H100) is a missing reference for the config, reported, not an error of our kernel's test."""
+    def launch(cfg, data):
+        torch.mul(data["x"], data["w"], out=data["out"])
+
+    def refuses(d):
+        raise ImportError("cuBLASLt refuses (64, 32)")
+
+    mod = fake(device, lambda g, d: {"x": _randn(g, d, 64, 32), "w": _randn(g, d, 32), "out": _nan(d, 64, 32)},
+               lambda x, w, **_: {"out": x.float() * w.float()}, launch,
+               get_baselines=lambda **cfg: {"cublas": lambda: refuses})
+    res = run(mod)
+    ref = res["references"]["cublas"]
+    assert ref["status"] == "skipped" and "refuses (64, 32)" in ref["reason"]
+
+
 # ------------------------------------------------------------------ INPLACE
 
 

@@ -247,7 +247,11 @@ def run_reference_checks(mod, cfg: dict, inputs: dict, ours: dict) -> dict:
         except ImportError as e:
             out[name] = {"status": "skipped", "reason": f"{name} not available: {e}"}
             continue
-        got = fn(_clones(inputs))
+        try:
+            got = fn(_clones(inputs))
+        except ImportError as e:  # the reference exists but refuses this config (cuBLASLt's FP8 shape rules)
+            out[name] = {"status": "skipped", "reason": f"{name} not available for this config: {e}"}
+            continue
         got = {k: v for k, v in got.items() if k in ours}
         try:
             stats = check_outputs(mod, ours, got, f"reference '{name}'", cfg, inputs)

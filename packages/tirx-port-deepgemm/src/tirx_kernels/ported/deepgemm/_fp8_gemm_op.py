@@ -176,9 +176,16 @@ def scaled_mm_blockwise(a, sfa, b, sfb, out=None, out_dtype=torch.bfloat16):
     [M, ceil(K/128)] M-major (stride (1, M)); ``sfb`` [ceil(N/128), ceil(K/128)] (1x128 x 128x128) or [N,
     ceil(K/128)] N-major (1x128 on both)."""
     kwargs = {"scale_a": sfa, "scale_b": sfb.t(), "out_dtype": out_dtype}
-    if out is None:
-        return torch._scaled_mm(a, b.t(), **kwargs)
-    return torch._scaled_mm(a, b.t(), **kwargs, out=out)
+    try:
+        if out is None:
+            return torch._scaled_mm(a, b.t(), **kwargs)
+        return torch._scaled_mm(a, b.t(), **kwargs, out=out)
+    except RuntimeError as e:  # shapes cuBLASLt's blockwise FP8 refuses (N or K not a multiple of 16, some small M):
+        # a missing reference for this config (H100, 2026-12-06: CUBLAS_STATUS_NOT_SUPPORTED at M = 1, 17, 4097)
+        if "CUBLAS_STATUS_NOT_SUPPORTED" in str(e) or "must be divisible by 16" in str(e):
+            raise ImportError(f"cuBLASLt refuses {tuple(a.shape)} x {tuple(b.shape)}: {str(e).splitlines()[0]}") \
+                from None
+        raise
 
 
 def scaled_mm_probe(one_by_one: bool = False) -> None:
