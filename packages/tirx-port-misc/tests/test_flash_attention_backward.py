@@ -172,6 +172,7 @@ def test_head_splits_fill_the_gpu_and_divide_the_group():
 
 
 def test_every_supported_head_dim_pair_fits_registers_and_smem():
+    pytest.importorskip("tvm", reason="the kernel modules build TIRx")
     for d, dv in mod.HEAD_DIMS:
         if max(d, dv) > 128:
             _bwd_kernel_wide.check_shape(d, dv)
