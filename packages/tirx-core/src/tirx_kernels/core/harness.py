@@ -97,8 +97,9 @@ def _bits(t):
     return t.contiguous().view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
 
 
-def compare(name: str, out, ref, tol: tuple[float, float], what: str) -> dict:
-    """Elementwise ``|out-ref| <= atol*rms(ref) + rtol*|ref|``; returns the error statistics.
+def compare(name: str, out, ref, tol: tuple[float, float], what: str, row: float = 0.0) -> dict:
+    """Elementwise ``|out-ref| <= atol*rms(ref) + rtol*|ref| + row*rms(ref's last-dim row)``; returns the error
+    statistics. ``row`` serves outputs whose rows differ in scale (attention: a row over few keys vs many).
 
     Integer and bool outputs are compared in float64, which holds every int32 (and any index) exactly, so the
     ``EXACT`` tolerance means equal values."""
@@ -116,14 +117,17 @@ def compare(name: str, out, ref, tol: tuple[float, float], what: str) -> dict:
     diff = (o - r).abs()
     atol, rtol = tol
     bound = atol * max(rms, 1e-30) + rtol * r.abs()
+    if row:
+        bound = bound + row * r.pow(2).mean(-1, keepdim=True).sqrt()
     bad = diff > bound
     rel_fro = (diff.pow(2).sum().sqrt() / max(r.pow(2).sum().sqrt().item(), 1e-30)).item()
     stats = {"max_abs": diff.max().item() if diff.numel() else 0.0, "rel_fro": rel_fro, "rms_ref": rms}
     if bad.any():
         idx = tuple(int(i) for i in bad.nonzero()[0])
+        row_note = f" row={row}*row rms" if row else ""
         raise KernelCheckError(
             f"{name}: {int(bad.sum())} of {o.numel()} elements differ from {what} beyond atol={atol}*rms "
-            f"rtol={rtol} (first at {idx}: got {o[idx].item()}, want {r[idx].item()}; rel_fro={rel_fro:.2e})")
+            f"rtol={rtol}{row_note} (first at {idx}: got {o[idx].item()}, want {r[idx].item()}; rel_fro={rel_fro:.2e})")
     return stats
 
 

@@ -91,16 +91,12 @@ def build_and_check_sass(mod, kernel: str, params: dict) -> str:
 def load_tool(name: str, near: str):
     """The repository script ``tools/<name>.py`` as a module, found in the first directory above ``near`` (a test's
     ``__file__``) that has it; skips where the checkout has no tools/ (an installed package's tests)."""
-    import importlib.util
     import pathlib
 
     for d in pathlib.Path(near).resolve().parents:
         path = d / "tools" / f"{name}.py"
         if path.exists():
-            spec = importlib.util.spec_from_file_location(name, path)
-            mod = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(mod)
-            return mod
+            return _load_path(name, path)
     pytest.skip(f"tools/{name}.py is not in this checkout")
 
 
@@ -108,18 +104,24 @@ def load_sibling(name: str, near: str):
     """The test module ``<name>.py`` beside ``near`` (a test's ``__file__``), loaded by path and cached: pytest runs
     with ``--import-mode=importlib`` (test basenames repeat across packages), so ``from test_x import ...`` does not
     resolve. The module gets a name of its own, so pytest's import of the same file stays separate."""
-    import importlib.util
     import pathlib
     import sys
 
     path = pathlib.Path(near).resolve().parent / f"{name}.py"
     key = f"_tirx_sibling_{abs(hash(str(path))):x}_{name}"
     if key not in sys.modules:
-        spec = importlib.util.spec_from_file_location(key, path)
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[key] = mod
-        spec.loader.exec_module(mod)
+        sys.modules[key] = _load_path(key, path)
     return sys.modules[key]
+
+
+def _load_path(name: str, path):
+    """The Python file ``path`` executed as a module named ``name``."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 # ---------------------------------------------------------------------------------------------------------
