@@ -135,6 +135,14 @@ def flat_sf(sf: torch.Tensor, k: int) -> torch.Tensor:
     return sf.as_strided((span,), (1,))
 
 
+def c_into_d(c: torch.Tensor | None, d: torch.Tensor) -> None:
+    """DeepGEMM's C-into-D convention: ``d`` takes ``c``'s values first unless ``c`` is ``d``'s own memory (then the
+    kernel accumulates onto it in place). A pointer comparison: called only where torch.compile does not trace (the
+    eager direct path and the custom op's body), never in the public op's traced Python."""
+    if c is not None and c.data_ptr() != d.data_ptr():
+        d.copy_(c)
+
+
 def d_words(d: torch.Tensor) -> torch.Tensor:
     """``d`` (bf16, unit stride along N, even row and group strides) as the 32-bit words of its span."""
     span = 1 + sum((s - 1) * st for s, st in zip(d.shape, d.stride()))

@@ -196,7 +196,10 @@ def kernel_args(a, sfa, b, sfb, d) -> tuple:
 _FUNCTIONS = runtime.FunctionCache(__name__)
 
 
-def _run(a, sfa, b, sfb, d, accumulate: bool, tile: str | None = None) -> None:
+def _run(a, sfa, b, sfb, d, c=None, tile: str | None = None) -> None:
+    """The launch (eager body of the custom op too): C into D, then the kernel, accumulating where ``c`` is given."""
+    accumulate = c is not None
+    O.c_into_d(c, d)
     params = {"tile": tile or O.choose_tile(a.shape[0], b.shape[0]), "accumulate": bool(accumulate)}
     fn = _FUNCTIONS.get((params["tile"], params["accumulate"], a.get_device()), lambda: params, a.device)
     fn(*kernel_args(a, sfa, b, sfb, d))
@@ -210,26 +213,26 @@ def fp8_gemm_nt(a, b, d: torch.Tensor, c: torch.Tensor | None = None, recipe=REC
     a_, sfa, b_, sfb, M, N, K = check_inputs(a, b, d, c, recipe)  # noqa: N806
     if M == 0 or N == 0:
         return
-    if c is not None and c.data_ptr() != d.data_ptr():
-        d.copy_(c)
-    if K == 0:
+    if K == 0:  # no kernel: D = C (traced as a copy; C that is D itself copies onto itself) or 0
         if c is None:
             d.zero_()
+        elif c is not d:
+            d.copy_(c)
         return
-    if runtime.direct_call(a_, sfa, b_, sfb, d):
-        _run(a_, sfa, b_, sfb, d, c is not None)
+    if runtime.direct_call(a_, sfa, b_, sfb, d, c):
+        _run(a_, sfa, b_, sfb, d, c)
     else:
-        torch.ops.tirx.deepgemm_fp8_gemm_nt_1d1d(a_, sfa, b_, sfb, d, c is not None)
+        torch.ops.tirx.deepgemm_fp8_gemm_nt_1d1d(a_, sfa, b_, sfb, d, c)
 
 
 @torch.library.custom_op("tirx::deepgemm_fp8_gemm_nt_1d1d", mutates_args=("d",))
 def _fp8_gemm_op(a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.Tensor, d: torch.Tensor,
-                 accumulate: bool) -> None:
-    _run(a, sfa, b, sfb, d, accumulate)
+                 c: torch.Tensor | None) -> None:
+    _run(a, sfa, b, sfb, d, c)
 
 
 @_fp8_gemm_op.register_fake
-def _(a, sfa, b, sfb, d, accumulate):
+def _(a, sfa, b, sfb, d, c):
     return None
 
 

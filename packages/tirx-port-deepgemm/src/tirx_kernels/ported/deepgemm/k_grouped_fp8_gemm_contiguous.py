@@ -260,7 +260,12 @@ def group_kernel_args(a, sfa, b, sfb, d, ks) -> list[tuple]:
 _FUNCTIONS = runtime.FunctionCache(__name__)
 
 
-def _run(a, sfa, b, sfb, d, ks: list[int], tile: str | None = None) -> None:
+def _run(a, sfa, b, sfb, d, ks: list[int], c=None, tile: str | None = None) -> None:
+    """The launch (eager body of the custom op too): D = C (or 0), then each non-empty group accumulates onto it."""
+    if c is None:
+        d.zero_()
+    else:
+        O.c_into_d(c, d)
     params = {"tile": tile or O.choose_tile(d.shape[1], d.shape[2])}
     fn = _FUNCTIONS.get((params["tile"], a.get_device()), lambda: params, a.device)
     for args in group_kernel_args(a, sfa, b, sfb, d, ks):
@@ -276,26 +281,26 @@ def k_grouped_fp8_gemm_nt_contiguous(a, b, d: torch.Tensor, ks, grouped_layout: 
     if use_psum_layout:
         _fail("use_psum_layout", "False (SM90's k-grouped NT GEMM takes the host-side ks)", use_psum_layout)
     a_, sfa, b_, sfb, G, m, n, ks = check_inputs(a, b, d, ks, grouped_layout, c, recipe)  # noqa: N806
-    if c is not None and c.data_ptr() != d.data_ptr():
-        d.copy_(c)
-    elif c is None:
-        d.zero_()
-    if m == 0 or n == 0 or sum(ks) == 0:
+    if m == 0 or n == 0 or sum(ks) == 0:  # no kernel: D = C (traced as a copy; C that is D copies onto itself) or 0
+        if c is None:
+            d.zero_()
+        elif c is not d:
+            d.copy_(c)
         return
-    if runtime.direct_call(a_, sfa, b_, sfb, d):
-        _run(a_, sfa, b_, sfb, d, ks)
+    if runtime.direct_call(a_, sfa, b_, sfb, d, c):
+        _run(a_, sfa, b_, sfb, d, ks, c)
     else:
-        torch.ops.tirx.deepgemm_k_grouped_fp8_gemm_nt_contiguous(a_, sfa, b_, sfb, d, ks)
+        torch.ops.tirx.deepgemm_k_grouped_fp8_gemm_nt_contiguous(a_, sfa, b_, sfb, d, ks, c)
 
 
 @torch.library.custom_op("tirx::deepgemm_k_grouped_fp8_gemm_nt_contiguous", mutates_args=("d",))
 def _op(a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.Tensor, d: torch.Tensor,
-        ks: list[int]) -> None:
-    _run(a, sfa, b, sfb, d, ks)
+        ks: list[int], c: torch.Tensor | None) -> None:
+    _run(a, sfa, b, sfb, d, ks, c)
 
 
 @_op.register_fake
-def _(a, sfa, b, sfb, d, ks):
+def _(a, sfa, b, sfb, d, ks, c):
     return None
 
 

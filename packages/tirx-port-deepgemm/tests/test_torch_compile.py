@@ -1,0 +1,157 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Every DeepGEMM public op traces under ``torch.compile(fullgraph=True)`` into its ``torch.library`` custom op (the
+H100 run of 2026-12-06: dynamo stopped at ``data_ptr() % 16`` and ``c.data_ptr() != d.data_ptr()`` in the traced
+Python). On CPU tensors, the CUDA check lifted and each module's launch (``_run``) stubbed: dynamo traces the public
+op with fake tensors (so nothing it traces may read a pointer), the graph holds the op's custom op, and running the
+compiled call reaches the op's eager body with the arguments the eager path passes (pointer-dependent decisions,
+C's copy into D included, happen there)."""
+
+import pytest
+import torch
+
+from tirx_kernels.core import checks
+from tirx_kernels.ported.deepgemm import _fp8_cast as C
+from tirx_kernels.ported.deepgemm import _fp8_gemm_op as O
+
+
+@pytest.fixture
+def cpu_ops(monkeypatch):
+    """Lift the CUDA-device check (the ops' own validation runs as on a GPU otherwise)."""
+    real = checks.tensor
+    monkeypatch.setattr(checks, "tensor", lambda *a, cuda=False, **k: real(*a, cuda=False, **k))
+
+
+def _compile(fn):
+    """``torch.compile(fn, fullgraph=True)`` with a backend that records the traced graphs' call targets."""
+    targets = []
+
+    def backend(gm, example_inputs):
+        targets.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
+        return gm.forward
+
+    torch._dynamo.reset()
+    return torch.compile(fn, fullgraph=True, backend=backend), targets
+
+
+def _traced(targets, op: str) -> bool:
+    """Whether the traced graph calls ``torch.ops.tirx.<op>`` (the packet or an overload of it)."""
+    return any(t == f"tirx.{op}" or t.startswith(f"tirx.{op}.") for t in targets)
+
+
+def _stub(monkeypatch, mod, calls, fill=None):
+    def run(*args, **kwargs):
+        calls.append(args)
+        if fill is not None:
+            fill(*args)
+
+    monkeypatch.setattr(mod, "_run", run)
+
+
+def _operands(M, N, K, G=None):  # noqa: N803
+    x = torch.randn(*((G,) if G else ()), M, K).to(torch.bfloat16)
+    w = torch.randn(*((G,) if G else ()), N, K).to(torch.bfloat16)
+    return O.quantized_operands(x, w)
+
+
+@pytest.mark.parametrize("with_c", [False, True])
+def test_fp8_gemm_nt(cpu_ops, monkeypatch, with_c):
+    from tirx_kernels.ported.deepgemm import fp8_gemm_1d2d as mod
+
+    calls = []
+    _stub(monkeypatch, mod, calls, lambda a, sfa, b, sfb, d, c: (O.c_into_d(c, d), d.add_(1)))
+    a, sfa, b, sfb = _operands(40, 64, 256)
+    sfa = sfa.contiguous()  # a layout the op's body transforms (eagerly, never while traced)
+    c = torch.randn(40, 64).to(torch.bfloat16) if with_c else None
+    fn, targets = _compile(lambda a, sfa, b, sfb, d, c: mod.fp8_gemm_nt((a, sfa), (b, sfb), d, c=c))
+    d = torch.zeros(40, 64, dtype=torch.bfloat16)
+    fn(a, sfa, b, sfb, d, c)
+    assert _traced(targets, "deepgemm_fp8_gemm_nt") and len(calls) == 1 and (calls[0][-1] is not None) is with_c
+    assert torch.equal(d, (c if with_c else torch.zeros_like(d)) + 1)
+    if with_c:  # c is d (DeepGEMM's in-place accumulate): no copy, the body accumulates onto D
+        calls.clear()
+        before = d.clone()
+        fn(a, sfa, b, sfb, d, d)
+        assert len(calls) == 1 and torch.equal(d, before + 1)
+
+
+def test_fp8_gemm_nt_1d1d(cpu_ops, monkeypatch):
+    from tirx_kernels.ported.deepgemm import fp8_gemm_1d1d as mod
+    from tirx_kernels.ported.deepgemm import fp8_gemm_1d2d
+
+    calls = []
+    _stub(monkeypatch, mod, calls, lambda a, sfa, b, sfb, d, c: (O.c_into_d(c, d), d.add_(1)))
+    a, sfa = C.per_token_ref(torch.randn(24, 256).to(torch.bfloat16))
+    b, sfb = C.per_token_ref(torch.randn(32, 256).to(torch.bfloat16))
+    c = torch.randn(24, 32)
+    fn, targets = _compile(lambda a, sfa, b, sfb, d, c: fp8_gemm_1d2d.fp8_gemm_nt((a, sfa), (b, sfb), d, c=c,
+                                                                                  recipe=(1, 1, 128)))
+    d = torch.zeros(24, 32)
+    fn(a, sfa, b, sfb, d, c)
+    assert _traced(targets, "deepgemm_fp8_gemm_nt_1d1d") and len(calls) == 1
+    assert torch.equal(d, c + 1)
+
+
+def test_m_grouped_contiguous(cpu_ops, monkeypatch):
+    from tirx_kernels.ported.deepgemm import m_grouped_fp8_gemm_contiguous as mod
+
+    calls = []
+    _stub(monkeypatch, mod, calls, lambda a, sfa, b, sfb, d, layout: d.fill_(2))
+    a, sfa, _, _ = _operands(256, 64, 256)
+    _, _, b, sfb = _operands(1, 64, 256, G=2)
+    layout = torch.tensor([0] * 128 + [1] * 100 + [-1] * 28, dtype=torch.int32)
+    fn, targets = _compile(lambda a, sfa, b, sfb, d, layout: mod.m_grouped_fp8_gemm_nt_contiguous(
+        (a, sfa), (b, sfb), d, layout))
+    d = torch.zeros(256, 64, dtype=torch.bfloat16)
+    fn(a, sfa, b, sfb, d, layout)
+    assert _traced(targets, "deepgemm_m_grouped_fp8_gemm_nt_contiguous") and len(calls) == 1
+    assert bool((d == 2).all())
+
+
+def test_m_grouped_masked(cpu_ops, monkeypatch):
+    from tirx_kernels.ported.deepgemm import m_grouped_fp8_gemm_masked as mod
+
+    calls = []
+    _stub(monkeypatch, mod, calls, lambda a, sfa, b, sfb, d, masked_m, expected_m: d.fill_(3))
+    a, sfa, b, sfb = _operands(64, 64, 256, G=2)
+    masked_m = torch.tensor([10, 64], dtype=torch.int32)
+    fn, targets = _compile(lambda a, sfa, b, sfb, d, m: mod.m_grouped_fp8_gemm_nt_masked((a, sfa), (b, sfb), d, m,
+                                                                                           32))
+    d = torch.zeros(2, 64, 64, dtype=torch.bfloat16)
+    fn(a, sfa, b, sfb, d, masked_m)
+    assert _traced(targets, "deepgemm_m_grouped_fp8_gemm_nt_masked") and len(calls) == 1
+    assert bool((d == 3).all())
+
+
+@pytest.mark.parametrize("with_c", [False, True])
+def test_k_grouped_contiguous(cpu_ops, monkeypatch, with_c):
+    from tirx_kernels.ported.deepgemm import k_grouped_fp8_gemm_contiguous as mod
+
+    calls = []
+    _stub(monkeypatch, mod, calls,
+          lambda a, sfa, b, sfb, d, ks, c: (d.zero_() if c is None else O.c_into_d(c, d), d.add_(1)))
+    ks = [128, 256]
+    m, n = 24, 32
+    a, b = (torch.randn(sum(ks) * rows).to(O.E4M3) for rows in (m, n))  # each group's K-major block, flat
+    sfa, sfb = torch.rand(m, sum(ks) // 128), torch.rand(n, sum(ks) // 128)
+    layout = torch.tensor(ks, dtype=torch.int32)
+    c = torch.randn(2, m, n) if with_c else None
+    fn, targets = _compile(lambda a, sfa, b, sfb, d, layout, c: mod.k_grouped_fp8_gemm_nt_contiguous(
+        (a, sfa), (b, sfb), d, ks, layout, c=c))
+    d = torch.full((2, m, n), 7.0)
+    fn(a, sfa, b, sfb, d, layout, c)
+    assert _traced(targets, "deepgemm_k_grouped_fp8_gemm_nt_contiguous") and len(calls) == 1
+    assert torch.equal(d, (c if with_c else torch.zeros_like(d)) + 1)
+
+
+@pytest.mark.parametrize("cast", ["per_token", "per_block"])
+def test_casts(cpu_ops, monkeypatch, cast):
+    import importlib
+
+    mod = importlib.import_module(f"tirx_kernels.ported.deepgemm.{cast}_cast_to_fp8")
+    calls = []
+    _stub(monkeypatch, mod, calls, lambda x, codes, sf, ue8m0: sf.fill_(0.5))
+    fn, targets = _compile(lambda x: getattr(mod, f"{cast}_cast_to_fp8")(x))
+    x = torch.randn(40, 256).to(torch.bfloat16)
+    codes, sf = fn(x)
+    assert _traced(targets, f"deepgemm_{cast}_cast_to_fp8") and len(calls) == 1
+    assert codes.shape == (40, 256) and bool((sf == 0.5).all())
