@@ -37,8 +37,9 @@ def lengths(cu_seqlens) -> list[int]:
 
 
 def checkpoint_counts(lens: list[int]) -> list[int]:
-    """Checkpoints a sequence has (cuDNN's layout): the states entering chunks 1 .. n_chunks - 1."""
-    return [(n - 1) // CHUNK if n > 0 else 0 for n in lens]
+    """Checkpoints a sequence has: the states entering each of its chunks (checkpoint 0 = the initial state), as the
+    forward / recompute kernels of this package write them (``_fwd_kernel``: cuDNN's pre-chunk indexing)."""
+    return [-(-n // CHUNK) for n in lens]
 
 
 def n_checkpoints(cu_seqlens) -> int:
@@ -64,7 +65,7 @@ class ChunkMap:
                 pos.append(j)
                 start.append(cu[n] + j * CHUNK)
                 ln.append(min(CHUNK, length - j * CHUNK))
-                ck.append(ck_base + j - 1 if j > 0 else -1)
+                ck.append(ck_base + j)
             ck_base += checkpoint_counts([length])[0]
             self.chunk_cu.append(self.chunk_cu[-1] + nc)
         self.n_seqs = len(lens)
@@ -95,18 +96,9 @@ class ChunkMap:
         return out
 
 
-def entering_states(cmap: ChunkMap, checkpoints, initial_state, hs: int, dtype):
-    """[NC, H, V, K]: chunk 0 of each sequence from ``initial_state`` (or zero), chunk j > 0 from checkpoint
-    ``base + j - 1``."""
-    dev = cmap.seq.device
-    s = torch.zeros(cmap.n_chunks, hs, DIM, DIM, dtype=dtype, device=dev)
-    later = cmap.ckpt >= 0
-    if later.any():
-        s[later] = checkpoints[cmap.ckpt[later]].to(dtype)
-    if initial_state is not None:
-        first = ~later
-        s[first] = initial_state[cmap.seq[first]].to(dtype)
-    return s
+def entering_states(cmap: ChunkMap, checkpoints, dtype):
+    """[NC, H, V, K]: the state entering every chunk (its checkpoint)."""
+    return checkpoints[cmap.ckpt].to(dtype)
 
 
 def forward_pieces(cmap: ChunkMap, q, k, v, g, beta, S, scale: float, dtype):

@@ -1,13 +1,15 @@
 # SPDX-License-Identifier: Apache-2.0
 # Conventions of cudnn-frontend's GDN bprop (python/cudnn/linear_attention/frost/kernel/gdn_bprop_f16.py, v1.28.0
 # 1dbd2c09432dfd6cbf13a0ad85a071446398c082): natural-log gate, gradients at HO = max(HQ, HV) heads folded onto q/k/v
-# heads, per-chunk checkpoints of the states entering chunks 1 .. n - 1 of each sequence; read for semantics only.
+# heads, per-chunk checkpoints of the states entering chunks (this package's forward writes checkpoint 0 = the initial
+# state: ceil(len / 64) of them a sequence); read for semantics only.
 """Oracles of the GDN-1 backward: the forward with its checkpoints (what the recompute kernel writes), the gradients
 by torch autograd through tirx-core's chunked fp32/fp64 forward (``core.delta_rule_ref.gdn_prefill_chunked``), and
 the closed-form chunked backward of ``_bwd_chunks`` end to end (torch; the op's stages are built from it).
 
 States are ``[N, HO, V, K]`` (a row per value, keys contiguous: issue 26's contract and tirx-core's prefill oracle;
-cuDNN stores ``[.., K, V]``); the checkpoints ``[C, HO, V, K]`` with C = sum over sequences of (len - 1) // 64."""
+cuDNN stores ``[.., K, V]``); the checkpoints ``[C, HO, V, K]``, the state entering every chunk: C = sum over
+sequences of ceil(len / 64), checkpoint 0 of a sequence its initial state."""
 
 from __future__ import annotations
 
@@ -32,11 +34,10 @@ def forward_checkpoints(q, k, v, g, beta, cu_seqlens, scale=None, initial_state=
         for j in range(-(-length // ch.CHUNK)):
             a, b = t0 + j * ch.CHUNK, t0 + min((j + 1) * ch.CHUNK, length)
             cu = torch.tensor([0, b - a], dtype=torch.int32)
+            ckpts[base + j] = 0 if s is None else s[0]
             o, s = delta_rule_ref.gdn_prefill_chunked(q[a:b], k[a:b], v[a:b], g[a:b], beta[a:b], scale, s, cu,
                                                       gate_domain="log", dtype=dtype, chunk_size=ch.CHUNK)
             out[a:b] = o
-            if j + 1 < -(-length // ch.CHUNK):
-                ckpts[base + j] = s[0]
         if length:
             final[n] = s[0]
         elif initial_state is not None:
@@ -119,7 +120,7 @@ def chunked_grads(q, k, v, g, beta, do, cu_seqlens, checkpoints, scale=None, ini
     cmap = ch.ChunkMap(cu_seqlens, q.device)
     total = q.shape[0]
     qx, kx, vx = q[:, qh], k[:, kh], v[:, vh]
-    S = ch.entering_states(cmap, checkpoints, initial_state, hs, dtype)
+    S = ch.entering_states(cmap, checkpoints, dtype)
     f = ch.forward_pieces(cmap, qx, kx, vx, g, beta, S, scale, dtype)
     dO = cmap.gather(do, dtype)
     R = ch.scan_inputs(f, dO, scale)

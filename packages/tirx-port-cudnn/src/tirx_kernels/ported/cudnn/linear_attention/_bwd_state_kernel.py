@@ -1,0 +1,168 @@
+# SPDX-License-Identifier: Apache-2.0
+# The reverse state-gradient walk of cudnn-frontend's GDN bprop (python/cudnn/linear_attention/frost/kernel/
+# gdn_bprop_f16.py, v1.28.0 1dbd2c09432dfd6cbf13a0ad85a071446398c082: its "dstate" accumulator), written anew on
+# tirx-core's Hopper layer; the tile map is gdn_prefill_sm90's (tirx_kernels.ported.flashinfer.gdn_prefill._layout,
+# imported read-only).
+"""The TIRx kernel of the GDN backward's sequential step: per (state head h, sequence n), chunks last to first,
+
+    dS_end[c] = dS                                   (stored: the chunk's dS', fp32)
+    Y         = bf16(dS) K_d^T                       [V, C]   (RS wgmma: dS's fragment is the A operand)
+    dS        = gamma_C dS + R_c - bf16(Y) W         [V, K]   (RS wgmma, W MN-major)
+
+and ``dstate0[n, h] = dS`` at the end (the gradient of the initial state). dS starts from ``d_final_state[n, h]``
+(flag HAS_DFINAL) or zero. K_d and W ([C, K] 16-bit, zero past a chunk's end), R_c ([V, K] fp32) and gamma_C come
+from the chunk-parallel stage (``_bwd_chunks``), chunk ``c`` of sequence ``n`` being row ``chunk_cu[n] + j``.
+
+Two warpgroups; warpgroup w holds dS rows (values) 64 w .. 64 w + 63 in registers (an m64n128 fp32 accumulator).
+K_d is read K-major (rows = chunk positions = the N of Y, columns = keys = its K), W MN-major (rows = chunk positions
+= the K of the update, columns = keys = its N): two 64 x 64 SW128 boxes each, filled by 16-byte loads of all 256
+threads at the swizzled offsets TMA would write.
+"""
+
+from __future__ import annotations
+
+from tirx_kernels.ported.flashinfer.gdn_prefill import _layout as lay
+
+IO_DTYPES = ("bfloat16", "float16")
+HAS_DFINAL = 1
+THREADS = 256
+DIM = lay.DIM
+CHUNK = lay.CHUNK
+KD_BOX = 0  # two boxes: keys 0-63, 64-127
+W_BOX = 2 * lay.BOX
+TILE_BYTES = 4 * lay.BOX
+
+
+def build_kernel(io: str):
+    from tvm.script import tirx as T
+
+    from tirx_kernels.core.lang import tma, vector, wgmma
+    from tirx_kernels.ported.flashinfer.gdn_prefill import _wy
+
+    if io not in IO_DTYPES:
+        raise ValueError(f"gdn bprop state walk: io dtype {io!r} is not one of {IO_DTYPES}")
+    cvt = {"bfloat16": T.ptx.cvt.rn.bf16x2.f32, "float16": T.ptx.cvt.rn.f16x2.f32}[io]
+    vec_per_tile = CHUNK * DIM * 2 // 16  # 16-byte vectors of one [C, K] 16-bit tile
+    trips = vec_per_tile // THREADS
+
+    def i64(x):
+        return T.Cast("int64", x)
+
+    def state_offset(head_row, wg, warp, lane, j, r):
+        """Element of (value row, key column) of this thread's fragment in a [.., V, K] fp32 state row."""
+        v = wg * 64 + wgmma.acc_row(warp, lane, r)
+        return (head_row * DIM + v) * DIM + wgmma.acc_col(lane, j)
+
+    @T.prim_func
+    def gdn_bwd_state(kd_ptr: T.handle, w_ptr: T.handle, r_ptr: T.handle, gc_ptr: T.handle, ccu_ptr: T.handle,
+                      dfs_ptr: T.handle, dse_ptr: T.handle, d0_ptr: T.handle, n_seqs: T.int32, n_heads: T.int32,
+                      flags: T.int32):
+        n_kd = T.int64()
+        n_r = T.int64()
+        n_gc = T.int32()
+        n_cu = T.int32()
+        n_dfs = T.int64()
+        n_dse = T.int64()
+        n_d0 = T.int64()
+        KD = T.match_buffer(kd_ptr, (n_kd,), io, align=16)
+        W = T.match_buffer(w_ptr, (n_kd,), io, align=16)
+        R = T.match_buffer(r_ptr, (n_r,), "float32", align=16)
+        GC = T.match_buffer(gc_ptr, (n_gc,), "float32", align=4)
+        CCU = T.match_buffer(ccu_ptr, (n_cu,), "int32", align=4)
+        DFS = T.match_buffer(dfs_ptr, (n_dfs,), "float32", align=16)
+        DSE = T.match_buffer(dse_ptr, (n_dse,), "float32", align=16)
+        D0 = T.match_buffer(d0_ptr, (n_d0,), "float32", align=16)
+        T.device_entry()
+        T.attr({"tirx.launch_bounds_min_blocks_per_sm": 1})
+        h, n = T.cta_id([n_heads, n_seqs])
+        wg = T.warpgroup_id([2])
+        tid = T.thread_id([THREADS])
+
+        pool = T.SMEMPool()
+        tiles = pool.alloc((TILE_BYTES // 4,), "uint32", align=1024)
+        pool.commit()
+        s_acc = T.alloc_local((64,), "float32")
+        y_acc = T.alloc_local((32,), "float32")
+        afrag = T.alloc_local((32,), "uint32")
+        vw = T.alloc_local((4,), "uint32")
+        kd0 = T.alloc_local((1,), "uint64")
+        md0 = T.alloc_local((1,), "uint64")
+
+        ct = tid % 128
+        warp = ct // 32
+        lane = ct % 32
+        c0 = CCU[n]
+        c1 = CCU[n + 1]
+        seq_head = i64(n) * n_heads + h
+        wgmma.encode_desc(kd0.ptr_to([0]), tiles.ptr_to([0]), lay.KMAJ[0], lay.KMAJ[1], wgmma.SWIZZLE_128B)
+        wgmma.encode_desc(md0.ptr_to([0]), tiles.ptr_to([0]), lay.MNMAJ[0], lay.MNMAJ[1], wgmma.SWIZZLE_128B)
+        for j in T.unroll(16):
+            for r in T.unroll(2):
+                for e in T.unroll(2):
+                    s_acc[j * 4 + r * 2 + e] = T.float32(0)
+                    if (flags & HAS_DFINAL) > 0:
+                        s_acc[j * 4 + r * 2 + e] = DFS[state_offset(seq_head, wg, warp, lane, j, r) + e]
+        for it in range(c1 - c0):
+            c = c1 - 1 - it
+            row = i64(c) * n_heads + h  # the chunk's (chunk, head) row of K_d / W / R / gamma_C / dS_end
+            T.cuda.cta_sync()  # the previous chunk's wgmmas (each waited for) have read the tiles
+            # K_d and W -> their SW128 boxes (16-byte vectors; box = key column / 64).
+            for i in T.unroll(trips):
+                q = i * THREADS + tid
+                tr = q // (DIM // 8)
+                col = (q % (DIM // 8)) * 8
+                off = (col // 64) * lay.BOX + 2 * tma.sw128_offset(tr, col % 64, io)
+                src = row * (CHUNK * DIM) + i64(tr * DIM + col)
+                vector.load_v4(vw, 0, KD.ptr_to([src]))
+                vector.store_shared_v4(tiles.ptr_to([(KD_BOX + off) // 4]), vw, 0)
+                vector.load_v4(vw, 0, W.ptr_to([src]))
+                vector.store_shared_v4(tiles.ptr_to([(W_BOX + off) // 4]), vw, 0)
+            tma.fence_proxy_async()
+            T.cuda.cta_sync()
+            # This chunk's dS' (the gradient at its end) -> dS_end; dS as the RS A operand of Y.
+            for j in T.unroll(16):
+                for r in T.unroll(2):
+                    for e in T.unroll(2):
+                        DSE[state_offset(row, wg, warp, lane, j, r) + e] = s_acc[j * 4 + r * 2 + e]
+            for kk in T.unroll(8):
+                for i in T.unroll(4):
+                    T.evaluate(cvt(afrag[kk * 4 + i], s_acc[wgmma.acc_as_rs_a(kk, i, 1)],
+                                   s_acc[wgmma.acc_as_rs_a(kk, i, 0)]))
+            wgmma.fence()
+            for kk in range(8):
+                wgmma.mma(64, y_acc, [afrag[kk * 4 + i] for i in range(4)],
+                          wgmma.desc_advance(kd0[0], lay.kmajor_step(KD_BOX, kk)), io, scale_d=kk > 0)
+            wgmma.commit()
+            wgmma.wait(0)
+            # dS = gamma_C dS + R_c - Y W
+            gc = GC[row]
+            for j in T.unroll(16):
+                for r in T.unroll(2):
+                    for e in T.unroll(2):
+                        s_acc[j * 4 + r * 2 + e] = gc * s_acc[j * 4 + r * 2 + e] + R[
+                            state_offset(row, wg, warp, lane, j, r) + e]
+            for i in T.unroll(32):
+                y_acc[i] = T.float32(0) - y_acc[i]
+            _wy.rs_frag(afrag, y_acc, io)
+            wgmma.fence()
+            for kk in range(4):
+                wgmma.mma(128, s_acc, [afrag[kk * 4 + i] for i in range(4)],
+                          wgmma.desc_advance(md0[0], W_BOX + kk * lay.MN_KSTEP), io, b_major=wgmma.MN_MAJOR)
+            wgmma.commit()
+            wgmma.wait(0)
+        for j in T.unroll(16):
+            for r in T.unroll(2):
+                for e in T.unroll(2):
+                    D0[state_offset(seq_head, wg, warp, lane, j, r) + e] = s_acc[j * 4 + r * 2 + e]
+
+    return gdn_bwd_state
+
+
+def kernel_args(kd, w, r, gamma_c, chunk_cu, d_final_state, dstate_end, dstate0, dummy) -> tuple:
+    """Arguments in the PrimFunc's order: kd, w [NC, H, C, K] 16-bit; r [NC, H, V, K], gamma_c [NC, H] fp32;
+    chunk_cu [N + 1] int32; d_final_state (or None), dstate_end [NC, H, V, K], dstate0 [N, H, V, K] fp32."""
+    n_heads = gamma_c.shape[1] if gamma_c.dim() == 2 else dstate0.shape[1]
+    flags = HAS_DFINAL if d_final_state is not None else 0
+    dfs = dummy if d_final_state is None else d_final_state.reshape(-1)
+    return (kd.reshape(-1), w.reshape(-1), r.reshape(-1), gamma_c.reshape(-1), chunk_cu, dfs,
+            dstate_end.reshape(-1), dstate0.reshape(-1), chunk_cu.shape[0] - 1, n_heads, flags)
