@@ -30,7 +30,8 @@ Design (DeepGEMM's SM90 1d2d, on the native GEMM's skeleton, ``tirx_kernels.gemm
   may skip a tile's loads (a contiguous tile of padding rows) on both sides alike.
 - Schedules (``_fp8_gemm_sched``): ``dense``; ``m_contiguous`` (B / sfb at the group of the tile's first row, rows
   of group -1 stored as 0); ``m_masked`` (A, sfa and D at the tile's group, rows past ``masked_m[g]`` not stored,
-  a grid that does not depend on ``masked_m``). A slab (64 rows) a schedule marks dead skips its wgmma but still
+  a grid that does not depend on ``masked_m``); ``batched`` (G batches of equal M: A through a rank-3 map of its
+  own strides, sfa and D per batch as ``m_masked``'s). A slab (64 rows) a schedule marks dead skips its wgmma but still
   waits for and releases every stage.
 """
 
@@ -65,6 +66,8 @@ def build_kernel(block_n: int, num_stages: int, group_m: int, num_sms: int, accu
     - ``m_masked``: ``(a, sfa, b, sfb, d, masked_m, ldd, ldg)``: a (G, max_m, K), sfa flat (G groups of
       ``ceil(K/128)`` columns of ``align(max_m, 4)``), b and sfb as above, masked_m (G,) int32, d's group stride
       ``ldg`` elements (even).
+    - ``batched``: ``(a, sfa, b, sfb, d, ldd, ldg)``: a (G, M, K) of any batch and row strides (multiples of 16
+      bytes, unit K stride: TMA reads it in place), sfa, b, sfb and d as ``m_masked``'s.
 
     ``recipe="1d1d"`` (the dense schedule): B's scales are 1x128 per row as A's (sfb flat, MN-major TMA-aligned like
     sfa: ``sfb[k_block * align(N, 4) + n]``, TMA-loaded per stage beside sfa), each column promoted with its own
@@ -91,6 +94,8 @@ def build_kernel(block_n: int, num_stages: int, group_m: int, num_sms: int, accu
         raise ValueError(f"fp8 gemm 1d1d: the dense schedule only (got {schedule!r})")
     assert roles.register_split_fits(NUM_CONSUMERS)
     masked = schedule == "m_masked"
+    batched = schedule == "batched"
+    per_batch = masked or batched  # A, sfa and D offset by the tile's group
 
     a_tile, b_tile = BLOCK_M * BLOCK_K, block_n * BLOCK_K  # bytes (= elements) per stage
     stage_bytes = a_tile + b_tile + BLOCK_M * 4 + (block_n * 4 if one_d else 0)
@@ -117,7 +122,7 @@ def build_kernel(block_n: int, num_stages: int, group_m: int, num_sms: int, accu
 
     def d_word(row, col, info, ldd, ldg):
         off = T.Cast("int64", row) * ldd + col
-        if masked:
+        if per_batch:
             off = off + T.Cast("int64", info[S.GROUP]) * ldg
         return off // 2
 
@@ -132,7 +137,11 @@ def build_kernel(block_n: int, num_stages: int, group_m: int, num_sms: int, accu
         sfb_rows = T.int32()
         sfb_cols = T.int32()
         d_len = T.int64()
-        if masked:
+        if batched:
+            a_sg = T.int32()
+            a_sm = T.int32()
+            A = T.match_buffer(a_ptr, (G, M, K), AB_DTYPE, strides=(a_sg, a_sm, 1), align=16)
+        elif masked:
             A = T.match_buffer(a_ptr, (G, M, K), AB_DTYPE, align=16)
         else:
             A = T.match_buffer(a_ptr, (M, K), AB_DTYPE, align=16)
@@ -157,11 +166,15 @@ def build_kernel(block_n: int, num_stages: int, group_m: int, num_sms: int, accu
         a_map = T.Bind(T.tvm_stack_alloca("tensormap", 1))
         b_map = T.Bind(T.tvm_stack_alloca("tensormap", 1))
         sfa_map = T.Bind(T.tvm_stack_alloca("tensormap", 1))
-        tma.encode_2d(a_map, A.data, G * M if masked else M, K, K, BLOCK_M, BLOCK_K, AB_DTYPE,
-                      l2_promotion=tma.L2_PROMOTION_256B)
+        if batched:
+            tma.encode(a_map, A.data, [K, M, G], [a_sm, a_sg], [BLOCK_K, BLOCK_M, 1], AB_DTYPE,
+                       l2_promotion=tma.L2_PROMOTION_256B)
+        else:
+            tma.encode_2d(a_map, A.data, G * M if masked else M, K, K, BLOCK_M, BLOCK_K, AB_DTYPE,
+                          l2_promotion=tma.L2_PROMOTION_256B)
         tma.encode_2d(b_map, B.data, G * N if sched.grouped else N, K, K, block_n, BLOCK_K, AB_DTYPE,
                       l2_promotion=tma.L2_PROMOTION_256B)
-        tma.encode_2d(sfa_map, SFA.data, (G if masked else 1) * ((K + GRAN - 1) // GRAN), M, (M + 3) // 4 * 4, 1,
+        tma.encode_2d(sfa_map, SFA.data, (G if per_batch else 1) * ((K + GRAN - 1) // GRAN), M, (M + 3) // 4 * 4, 1,
                       BLOCK_M, "float32", swizzle=tma.SWIZZLE_NONE)
         if one_d:
             sfb_map = T.Bind(T.tvm_stack_alloca("tensormap", 1))
@@ -222,8 +235,12 @@ def build_kernel(block_n: int, num_stages: int, group_m: int, num_sms: int, accu
                             # The slot's previous use must have been released (a fresh ring passes at once).
                             mbarrier.wait(empty.ptr_to([s]), cursor[1] ^ 1)
                             mbarrier.arrive_expect_tx(full.ptr_to([s]), stage_bytes)
-                            tma.load_2d(As.ptr_to([s * a_tile]), a_map, k * BLOCK_K, sched.a_row(info, M),
-                                        full.ptr_to([s]))
+                            if batched:
+                                tma.load(As.ptr_to([s * a_tile]), a_map, [k * BLOCK_K, info[S.M0], info[S.GROUP]],
+                                         full.ptr_to([s]))
+                            else:
+                                tma.load_2d(As.ptr_to([s * a_tile]), a_map, k * BLOCK_K, sched.a_row(info, M),
+                                            full.ptr_to([s]))
                             tma.load_2d(Bs.ptr_to([s * b_tile]), b_map, k * BLOCK_K, b_row(info, N),
                                         full.ptr_to([s]))
                             tma.load_2d(SFAs.ptr_to([s * BLOCK_M]), sfa_map, info[S.M0],
@@ -304,7 +321,8 @@ def build_kernel(block_n: int, num_stages: int, group_m: int, num_sms: int, accu
                                                                        kept(row, acc[wgmma.acc_index(j, r, 0)])))
                                 Dw[d_word(row, col, info, ldd, ldg)] = packed[0]
 
-    unused = {"dense": ("layout_ptr", "ldg"), "m_contiguous": ("ldg",), "m_masked": ()}[schedule]
+    unused = {"dense": ("layout_ptr", "ldg"), "m_contiguous": ("ldg",), "m_masked": (),
+              "batched": ("layout_ptr",)}[schedule]
     return _drop_params(fp8_gemm_1d2d, unused)
 
 

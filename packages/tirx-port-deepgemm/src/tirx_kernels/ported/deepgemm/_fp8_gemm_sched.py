@@ -23,6 +23,10 @@ The mainloop is the same for every form; a schedule says which 128 x ``block_n``
   the groups' tile counts once, then walks with a (group, first tile of the group) cursor that only moves forward.
   Only rows below ``L[g]`` are stored; a slab starting at or past it skips its wgmma. Rows past ``L[g]`` are left
   as they were (DeepGEMM writes the rest of the tile's rows too, with values of no meaning).
+- ``batched`` (``fp8_einsum('bhr,hdr->bhd')``, DeepGEMM's sm90_fp8_bmm): G batches (heads) of equal M, no layout
+  argument: ``G x ceil(M/128) x tiles_n`` tiles, batch after batch, the grouped raster inside a batch. A is read
+  through a rank-3 tensor map of its own strides (``[G, M, K]`` of any row and batch stride: the strided heads of a
+  ``[b, h, r]`` activation, never copied); sfa and D per batch as ``m_masked``'s.
 
 Every function here runs while the kernel is parsed (traced): ``T.If`` / ``T.While`` frames and ``T.buffer_store``
 into the kernel's local buffers, never a Python ``if`` on a device value.
@@ -33,7 +37,7 @@ from __future__ import annotations
 from tirx_kernels.core.lang import scheduler
 
 BLOCK_M = 128
-SCHEDULES = ("dense", "m_contiguous", "m_masked")
+SCHEDULES = ("dense", "m_contiguous", "m_masked", "batched")
 
 # Slots of the per-tile local ``info`` buffer (int32) that ``bind`` fills.
 M0, N0, GROUP, ROWS = 0, 1, 2, 3
@@ -194,8 +198,38 @@ class MaskedSchedule(TileSchedule):
         return info[GROUP] * k_blocks
 
 
+class BatchedSchedule(TileSchedule):
+    name = "batched"
+    grouped = True
+
+    def match_layout(self, handle, M, G):  # noqa: N803
+        """No layout argument: every batch has M rows."""
+
+    def grid(self, M, N, G):  # noqa: N803
+        tm, tn = self.tiles_mn(M, N)
+        return scheduler.grid_size(G * tm * tn, self.num_sms)
+
+    def count(self, cta, grid, state, M, N, G):  # noqa: N803
+        tm, tn = self.tiles_mn(M, N)
+        return scheduler.tiles_of_cta(cta, grid, G * tm * tn)
+
+    def bind(self, info, state, tile, M, N, G):  # noqa: N803
+        from tvm.script import tirx as T
+
+        tm, tn = self.tiles_mn(M, N)
+        g = tile // (tm * tn)
+        m_tile, n_tile = scheduler.tile_coords(tile - g * (tm * tn), tm, tn, self.group_m)
+        T.buffer_store(info, m_tile * BLOCK_M, [M0])
+        T.buffer_store(info, n_tile * self.block_n, [N0])
+        T.buffer_store(info, g, [GROUP])
+        T.buffer_store(info, M, [ROWS])
+
+    def sfa_row(self, info, k_blocks):
+        return info[GROUP] * k_blocks
+
+
 def make(schedule: str, block_n: int, group_m: int, num_sms: int) -> TileSchedule:
-    classes = {c.name: c for c in (DenseSchedule, ContiguousSchedule, MaskedSchedule)}
+    classes = {c.name: c for c in (DenseSchedule, ContiguousSchedule, MaskedSchedule, BatchedSchedule)}
     if schedule not in classes:
         raise ValueError(f"fp8 gemm: schedule {schedule!r} is not one of {SCHEDULES}")
     return classes[schedule](block_n, group_m, num_sms)
