@@ -38,9 +38,12 @@ LOG2E = 1.4426950408889634
 LINEAR_GATE_FLOOR = 1e-30  # log2 of a linear gate of 0 (core.delta_rule_ref.LINEAR_GATE_FLOOR)
 IO_DTYPES = ("bfloat16", "float16")
 INV_DTYPE = "float16"
+IDENTITY_SLOT = -2  # transition kernel: a run whose read slot is this starts from the identity with V taken as 0
 
 
-def build_kernel(io: str):
+def build_kernel(io: str, transition: bool = False):
+    """The prefill kernel; ``transition=True``: the context-parallel phase-1 kernel (``_cp.py``, module docstring
+    there), which writes no output and reads run bounds as pairs. The default generates gdn_prefill_sm90's code."""
     from tvm.script import tirx as T
 
     from tirx_kernels.core.lang import mbarrier, roles, tma, vector, wgmma
@@ -93,13 +96,15 @@ def build_kernel(io: str):
                       io, scale_d=kk > 0)
         wgmma.commit()
         wgmma.wait(0)
-        # Y = V - gamma K Sb^T (V's box of this consumer's values, read at the fragment's positions). Rows past the
-        # sequence are zeroed, not left to the zero columns of T beta: they may be another caller's padding (NaN,
-        # and 0 x NaN = NaN inside the next product).
+        # Y = V - gamma K Sb^T (V's box of this consumer's values, read at the fragment's positions; in a transition
+        # kernel's identity run, 0). Rows past the sequence are zeroed, not left to the zero columns of T beta: they
+        # may be another caller's padding (NaN, and 0 x NaN = NaN inside the next product).
         for j, r in lay.frag_pairs(64):
             row = wgmma.acc_row(warp, lane, r)
             col = wgmma.acc_col(lane, j)
             v0, v1 = vector.unpack2(tiles[lay.word(lay.v_box(s, cw), row, col, io)], io)
+            if transition:
+                v0, v1 = (T.Select(b.zero_v, T.float32(0), vv) for vv in (v0, v1))
             y = [T.Select(row < L, vv - b.gam[r] * t_acc[wgmma.acc_index(j, r, e)], T.float32(0))
                  for e, vv in enumerate((v0, v1))]
             _wy.pack_store(tiles, lay.word(yd, row, col, io), y[0], y[1], io, packed)
@@ -122,6 +127,11 @@ def build_kernel(io: str):
             wgmma.mma(128, s_acc, mdesc(b, yd + kk * lay.MN_KSTEP), mdesc(b, lay.kd_box(s, 0) + kk * lay.MN_KSTEP),
                       io, a_major=wgmma.MN_MAJOR, b_major=wgmma.MN_MAJOR)
         wgmma.commit()
+        if transition:  # no output: the state update only
+            wgmma.wait(0)
+            qkv_ring.consumer_release_warpgroup(b.qkv_empty, s, warp, lane)
+            aux_ring.consumer_release_warpgroup(b.aux_empty, s, warp, lane)
+            return
         for kk in range(8):
             wgmma.mma(64, t_acc, kdesc(b, lay.kmajor_step(lay.q_box(s, 0), kk)), kdesc(b, lay.kmajor_step(sb, kk)),
                       io, scale_d=kk > 0)
@@ -147,6 +157,22 @@ def build_kernel(io: str):
                     T.evaluate(cvt(packed[0], t_acc[wgmma.acc_index(j, r, 1)], t_acc[wgmma.acc_index(j, r, 0)]))
                     col = cw * lay.V_PER_CONSUMER + wgmma.acc_col(lane, j)
                     T.buffer_store(Ow, packed[0], [((i64(tok0 + row) * Hs + h) * lay.DIM + col) // 2])
+
+    def bound(cu, n, end, cu64):
+        """Sequence ``n``'s first (``end`` 0) or past-the-end token; the transition kernel's runs are int32 pairs."""
+        return cu[2 * n + end] if transition else index_at(cu, n + end, cu64)
+
+    def load_q(tiles, q_map, s, c, hq, tok0, full):
+        if not transition:  # (Q feeds only the output)
+            tma.load(tiles.ptr_to([lay.q_box(s, c) // 4]), q_map, [c * 64, hq, tok0], full.ptr_to([s]))
+
+    def init_identity(s_acc, rslot, cw, warp, lane, j, r, e):
+        """Transition kernel: a run whose read slot is IDENTITY_SLOT starts from the identity (and V taken as 0)."""
+        if transition:
+            row = cw * lay.V_PER_CONSUMER + wgmma.acc_row(warp, lane, r)
+            with T.If(T.And(rslot == IDENTITY_SLOT, row == wgmma.acc_col(lane, j, e))):
+                with T.Then():
+                    T.buffer_store(s_acc, T.float32(1), [j * 4 + r * 2 + e])
 
     def state_offset(slot, h, Hs, cw, warp, lane, j, r):  # noqa: N803
         v = cw * lay.V_PER_CONSUMER + wgmma.acc_row(warp, lane, r)
@@ -207,8 +233,8 @@ def build_kernel(io: str):
         md0 = T.alloc_local((1,), "uint64")
 
         cu64 = flag(flags, lay.CU64)
-        bos = T.min(T.max(index_at(CU, n, cu64), 0), total)
-        eos = T.min(T.max(index_at(CU, n + 1, cu64), bos), total)
+        bos = T.min(T.max(bound(CU, n, 0, cu64), 0), total)
+        eos = T.min(T.max(bound(CU, n, 1, cu64), bos), total)
         n_chunks = (eos - bos + lay.CHUNK - 1) // lay.CHUNK
         hq = h // (Hs // Hq)
         hk = h // (Hs // Hk)
@@ -231,10 +257,9 @@ def build_kernel(io: str):
                     tok0 = bos + it * lay.CHUNK
                     qkv_ring.producer_acquire(qkv_empty, it)
                     if lane == 0:
-                        qkv_ring.producer_expect(qkv_full, it, 6 * lay.BOX)
+                        qkv_ring.producer_expect(qkv_full, it, (4 if transition else 6) * lay.BOX)
                         for c in T.unroll(2):
-                            tma.load(tiles.ptr_to([lay.q_box(s, c) // 4]), q_map, [c * 64, hq, tok0],
-                                     qkv_full.ptr_to([s]))
+                            load_q(tiles, q_map, s, c, hq, tok0, qkv_full)
                             tma.load(tiles.ptr_to([lay.k_box(s, c) // 4]), k_map, [c * 64, hk, tok0],
                                      qkv_full.ptr_to([s]))
                             tma.load(tiles.ptr_to([lay.v_box(s, c) // 4]), v_map, [c * 64, hv, tok0],
@@ -281,7 +306,7 @@ def build_kernel(io: str):
                 aux_ring.producer_acquire(aux_empty, it)
                 _wy.aux_chunk(SimpleNamespace(tiles=tiles, tf=tf, vec=vec, acc1=acc1, acc2=acc2, afrag=afrag, xs=xs,
                                               packed=packed, vw=vw, kdesc=kd0, mdesc=md0),
-                              s, L, scale, warp, lane, ct, io, INV_DTYPE)
+                              s, L, scale, warp, lane, ct, io, INV_DTYPE, with_p=not transition)
                 if ct == 0:
                     mbarrier.arrive(aux_full.ptr_to([s]))
                     mbarrier.arrive(qkv_empty.ptr_to([s]))
@@ -306,13 +331,15 @@ def build_kernel(io: str):
                         s_acc[j * 4 + r * 2 + e] = T.float32(0)
                         if load_init:
                             s_acc[j * 4 + r * 2 + e] = H0[state_offset(rslot, h, Hs, cw, warp, lane, j, r) + e]
+                        init_identity(s_acc, rslot, cw, warp, lane, j, r, e)
             for it in range(n_chunks):
                 s = qkv_ring.stage(it)
                 L = T.min(eos - bos - it * lay.CHUNK, lay.CHUNK)
                 qkv_ring.consumer_wait(qkv_full, it)
                 consumer_chunk(SimpleNamespace(tiles=tiles, vec=vec, s_acc=s_acc, t_acc=t_acc, packed=packed, gam=gam,
                                                kdesc=kd0, mdesc=md0, aux_full=aux_full, aux_empty=aux_empty,
-                                               qkv_empty=qkv_empty, ph=aux_ring.phase(it)),
+                                               qkv_empty=qkv_empty, ph=aux_ring.phase(it),
+                                               zero_v=rslot == IDENTITY_SLOT),
                                s, L, bos + it * lay.CHUNK, h, Hs, scale, cw, warp, lane, Ow)
             if T.And(flag(flags, lay.HAS_FINAL), wslot >= 0):
                 for j in T.unroll(16):

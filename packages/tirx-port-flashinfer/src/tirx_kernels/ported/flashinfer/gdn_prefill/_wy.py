@@ -62,10 +62,10 @@ def rs_frag(afrag, acc, dtype: str):
                                    acc[wgmma.acc_as_rs_a(kk, i, 0)]))
 
 
-def aux_chunk(b, s, L, scale, warp, lane, ct, io: str, inv: str):  # noqa: N803
+def aux_chunk(b, s, L, scale, warp, lane, ct, io: str, inv: str, with_p: bool = True):  # noqa: N803
     """Chunk work of the aux warpgroup on ring stage ``s`` (Q/K/V and the WY outputs), valid length ``L``. ``b``
     holds the kernel's buffers and locals (``tiles``, ``tf``, ``vec``, ``acc1``, ``acc2``, ``afrag``, ``xs``,
-    ``packed``, ``vw``, ``kdesc``, ``mdesc``)."""
+    ``packed``, ``vw``, ``kdesc``, ``mdesc``). ``with_p=False``: no P (and no Q read), for a kernel without output."""
     tiles, tf, vec = b.tiles, b.tf, b.vec
     acc1, acc2, afrag, xs, packed = b.acc1, b.acc2, b.afrag, b.xs, b.packed
     x1, x2 = lay.kd_box(s, 0), lay.kd_box(s, 1)
@@ -95,7 +95,7 @@ def aux_chunk(b, s, L, scale, warp, lane, ct, io: str, inv: str):  # noqa: N803
     for kk in range(8):
         wgmma.mma(64, acc1, kdesc(lay.kmajor_step(lay.k_box(s, 0), kk)),
                   kdesc(lay.kmajor_step(lay.k_box(s, 0), kk)), io, scale_d=kk > 0)
-    for kk in range(8):
+    for kk in range(8 if with_p else 0):
         wgmma.mma(64, acc2, kdesc(lay.kmajor_step(lay.q_box(s, 0), kk)),
                   kdesc(lay.kmajor_step(lay.k_box(s, 0), kk)), io, scale_d=kk > 0)
     wgmma.commit()
@@ -114,7 +114,8 @@ def aux_chunk(b, s, L, scale, warp, lane, ct, io: str, inv: str):  # noqa: N803
             live = row < L
             pv.append(T.Select(T.And(live, col <= row), scale * dec * acc2[idx], T.float32(0)))
             T.buffer_store(acc1, T.Select(T.And(live, col < row), b_row * dec * acc1[idx], T.float32(0)), [idx])
-        pack_store(tiles, lay.word(lay.p_box(s), row, wgmma.acc_col(lane, j), io), pv[0], pv[1], io, packed)
+        if with_p:
+            pack_store(tiles, lay.word(lay.p_box(s), row, wgmma.acc_col(lane, j), io), pv[0], pv[1], io, packed)
 
     # Diagonal block of warp w (columns 16 w .. 16 w + 15 = column blocks 2 w, 2 w + 1) to fp32 scratch.
     for j, r in lay.frag_pairs(64):
