@@ -1,0 +1,257 @@
+# SPDX-License-Identifier: Apache-2.0
+# The TIRx function of fast_topk_clusters (FlashInfer's fast_topk_clusters_exact.cuh, release v0.7.4, commit
+# 77039051b0be921788dc2784ec41423b558878ec), written anew: see fast_topk_clusters.py for the algorithm.
+"""``build_kernel(dtype, cluster, slice_elems, threads, load_unroll, gather_elems)``: one cluster a row, grid
+``rows * cluster`` CTAs; arguments ``(x (M, N) strided, values (M, K), indices (M, K) int64, vec_ok)``."""
+
+from __future__ import annotations
+
+R = 256  # bins of an 8-bit digit
+
+
+def build_kernel(dtype: str, C: int, cap: int, threads: int, U: int, E: int):  # noqa: N803
+    from tvm.script import tirx as T
+
+    from tirx_kernels.core.lang import cluster as cl
+    from tirx_kernels.core.lang import vector
+
+    from . import _radix as rx
+
+    raw_t = rx.RAW[dtype]
+    key_bits = rx.KEY_BITS[dtype]
+    P = key_bits // 8  # noqa: N806
+    vec = 4 if key_bits == 32 else 8  # scores a 16-byte vector holds
+    warps = threads // 32
+    tile = threads * E
+    assert threads >= R and cap % vec == 0
+
+    def i64(v):
+        return T.Cast("int64", v)
+
+    def score_of(words, base, e):
+        """Raw bits (uint32) of score ``e`` of the 16-byte vector in ``words[base:base+4]``."""
+        if vec == 4:
+            return words[base + e]
+        return (words[base + e // 2] >> T.uint32(16 * (e % 2))) & T.uint32(0xFFFF)
+
+    @T.prim_func
+    def fast_topk_clusters(x_ptr: T.handle, v_ptr: T.handle, i_ptr: T.handle, vec_ok: T.int32):
+        M = T.int32()
+        N = T.int32()
+        K = T.int32()
+        x_stride = T.int32()
+        X = T.match_buffer(x_ptr, (M, N), dtype, strides=(x_stride, 1), align=2)
+        V = T.match_buffer(v_ptr, (M, K), dtype, align=2)
+        Ix = T.match_buffer(i_ptr, (M, K), "int64", align=8)
+        T.device_entry()
+        T.attr({"tirx.max_registers": 64})  # two 512-thread CTAs an SM
+        # Raw-bit views, indexed row * stride + col: keys come from the bits, values are copied as bits.
+        Xr = T.decl_buffer((M * x_stride,), raw_t, data=X.data)
+        Vr = T.decl_buffer((M * K,), raw_t, data=V.data)
+        If = T.decl_buffer((M * K,), "int64", data=Ix.data)
+        cta = T.cta_id([M * C])
+        rank = T.cta_id_in_cluster([C])
+        tid = T.thread_id([threads])
+
+        # Shared memory: the slice, two histograms (alternating passes), the cluster-summed one, the counts
+        # peers read, scan and warp scratch.
+        pool = T.SMEMPool()
+        S = pool.alloc((cap,), raw_t, align=16)
+        hist = pool.alloc((2 * R,), "uint32", align=16)
+        tot = pool.alloc((R,), "uint32", align=16)
+        counts = pool.alloc((4,), "uint32", align=16)
+        state = pool.alloc((4,), "uint32", align=16)
+        scan_tot = pool.alloc((rx.SCAN_WARPS,), "uint32", align=16)
+        warp_a = pool.alloc((warps,), "uint32", align=16)
+        warp_b = pool.alloc((warps,), "uint32", align=16)
+        pool.commit()
+
+        words = T.alloc_local((4 * U,), "uint32")
+        part = T.alloc_local((4,), "float32")
+        remote = T.alloc_local((1,), "uint32")
+        acc = T.alloc_local((4,), "uint32")
+        prefix = T.alloc_local((1,), "uint32")
+        rem = T.alloc_local((1,), "uint32")
+        run = T.alloc_local((2,), "uint32")
+        tie = T.alloc_local((E,), "uint32")
+        sel = T.alloc_local((E,), "uint32")
+        ball = T.alloc_local((E,), "uint32")
+        lane = tid % 32
+        warp = tid // 32
+        row = cta // C
+        x_base = i64(row) * i64(x_stride)
+        o_base = i64(row) * i64(K)
+        chunk = ((N + C - 1) // C + (vec - 1)) // vec * vec
+        lo = rank * chunk
+        ln = T.max(T.min(T.min(chunk, cap), N - lo), 0)  # scores of this slice (the op keeps chunk <= cap)
+        shift0 = key_bits - 8
+
+        if tid < R:
+            hist[tid] = T.uint32(0)
+            hist[R + tid] = T.uint32(0)
+        T.evaluate(T.cuda.cta_sync())
+
+        # -- 1. The slice into shared memory, once; the first digit's histogram on the way.
+        if vec_ok != 0:
+            nv = (ln + (vec - 1)) // vec
+            for it in T.serial((nv + (threads * U - 1)) // (threads * U)):
+                for u in T.unroll(U):
+                    v = it * (threads * U) + u * threads + tid
+                    vector.load_v4(words, 4 * u, Xr.ptr_to([x_base + i64(lo + v * vec)]), pred=v < nv,
+                                   cache="nc_stream")
+                for u in T.unroll(U):
+                    v = it * (threads * U) + u * threads + tid
+                    if v < nv:
+                        vector.store_shared_v4(S.ptr_to([v * vec]), words, 4 * u)
+                        for e in range(vec):
+                            if v * vec + e < ln:
+                                key = rx.key_of(score_of(words, 4 * u, e), dtype)
+                                rx.count(hist, T.uint32(255) - (key >> shift0))
+        else:
+            for it in T.serial((ln + (threads * U - 1)) // (threads * U)):
+                for u in T.unroll(U):
+                    j = it * (threads * U) + u * threads + tid
+                    if j < ln:
+                        words[u] = T.Cast("uint32", Xr[x_base + i64(lo + j)])
+                for u in T.unroll(U):
+                    j = it * (threads * U) + u * threads + tid
+                    if j < ln:
+                        S[j] = T.Cast(raw_t, words[u])
+                        rx.count(hist, T.uint32(255) - (rx.key_of(words[u], dtype) >> shift0))
+
+        # -- 2. Digit passes: cluster-summed histograms, the same scan in every CTA.
+        prefix[0] = T.uint32(0)
+        rem[0] = T.Cast("uint32", K)
+        for p in range(P):
+            shift = key_bits - 8 * (p + 1)
+            hb = (p % 2) * R
+            if p > 0:
+                for it in T.serial((ln + (threads - 1)) // threads):
+                    j = it * threads + tid
+                    if j < ln:
+                        key = rx.key_of(S[j], dtype)
+                        if (key >> (shift + 8)) == (prefix[0] >> (shift + 8)):
+                            rx.count(hist, T.uint32(hb + 255) - ((key >> shift) & T.uint32(255)))
+            # Every CTA's histogram of this pass complete and visible cluster-wide (release / acquire).
+            cl.sync()
+            if tid < R // 4:
+                for q in range(4):
+                    acc[q] = T.uint32(0)
+                for r in range(C):
+                    cl.load_v4_f32(part, 0, hist.ptr_to([hb + 4 * tid]), r, remote[0])
+                    for q in range(4):
+                        acc[q] = acc[q] + T.reinterpret("uint32", part[q])
+                for q in range(4):
+                    tot[4 * tid + q] = acc[q]
+            if p + 1 < P and tid < R:
+                # the other buffer: its last readers (pass p - 1) arrived at the barrier above after reading
+                hist[(1 - p % 2) * R + tid] = T.uint32(0)
+            T.evaluate(T.cuda.cta_sync())
+            rx.select_bin(tot, rem[0], tid, scan_tot, state)
+            prefix[0] = prefix[0] | ((T.uint32(255) - state[0]) << shift)
+            rem[0] = state[1]
+
+        # -- 3. This CTA's scores above the threshold key and its ties; the CTAs before it from their counts.
+        acc[0] = T.uint32(0)
+        acc[1] = T.uint32(0)
+        for it in T.serial((ln + (threads - 1)) // threads):
+            j = it * threads + tid
+            if j < ln:
+                key = rx.key_of(S[j], dtype)
+                if key > prefix[0]:
+                    acc[0] = acc[0] + T.uint32(1)
+                elif key == prefix[0]:
+                    acc[1] = acc[1] + T.uint32(1)
+        for q in range(2):
+            acc[q] = T.cuda.warp_sum(acc[q], 32)
+        if lane == 0:
+            warp_a[warp] = acc[0]
+            warp_b[warp] = acc[1]
+        T.evaluate(T.cuda.cta_sync())
+        if tid == 0:
+            acc[0] = T.uint32(0)
+            acc[1] = T.uint32(0)
+            for w in range(warps):
+                acc[0] = acc[0] + warp_a[w]
+                acc[1] = acc[1] + warp_b[w]
+            counts[0] = acc[0]
+            counts[1] = acc[1]
+            counts[2] = T.uint32(0)
+            counts[3] = T.uint32(0)
+        cl.sync()
+        if tid == 0:
+            acc[0] = T.uint32(0)
+            acc[1] = T.uint32(0)
+            for r in range(C - 1):
+                if r < rank:
+                    cl.load_v4_f32(part, 0, counts.ptr_to([0]), r, remote[0])
+                    acc[0] = acc[0] + T.reinterpret("uint32", part[0])
+                    acc[1] = acc[1] + T.reinterpret("uint32", part[1])
+            state[0] = acc[0]
+            state[1] = acc[1]
+        # done reading peers' counts (the wait at the end keeps this CTA's alive for theirs)
+        cl.arrive()
+        T.evaluate(T.cuda.cta_sync())
+
+        # -- 4. Gather in ascending index order. Ties this CTA takes: its first `allowed` (in index order).
+        allowed = T.if_then_else(rem[0] > state[1], rem[0] - state[1], T.uint32(0))
+        run[0] = state[0] + T.min(rem[0], state[1])  # output place of this CTA's first selected score
+        run[1] = T.uint32(0)  # ties of this slice seen in earlier tiles
+        below = (T.uint32(1) << T.Cast("uint32", lane)) - T.uint32(1)
+        for t in T.serial((ln + (tile - 1)) // tile):
+            tw = T.alloc_local((1,), "uint32")
+            tw[0] = T.uint32(0)
+            for j in T.unroll(E):
+                i = t * tile + warp * (32 * E) + j * 32 + lane
+                tie[j] = T.uint32(0)
+                sel[j] = T.uint32(0)
+                if i < ln:
+                    key = rx.key_of(S[i], dtype)
+                    if key > prefix[0]:
+                        sel[j] = T.uint32(1)
+                    elif key == prefix[0]:
+                        tie[j] = T.uint32(1)
+                ball[j] = T.cuda.ballot_sync(T.uint32(0xFFFFFFFF), tie[j] != T.uint32(0))
+                tw[0] = tw[0] + T.Cast("uint32", T.popcount(ball[j]))
+            if lane == 0:
+                warp_a[warp] = tw[0]
+            T.evaluate(T.cuda.cta_sync())
+            rank_t = T.alloc_local((1,), "uint32")
+            tsum = T.alloc_local((1,), "uint32")
+            rank_t[0] = run[1]
+            tsum[0] = T.uint32(0)
+            for w in range(warps):
+                if w < warp:
+                    rank_t[0] = rank_t[0] + warp_a[w]
+                tsum[0] = tsum[0] + warp_a[w]
+            run[1] = run[1] + tsum[0]
+            sw = T.alloc_local((1,), "uint32")
+            sw[0] = T.uint32(0)
+            for j in T.unroll(E):
+                if tie[j] != T.uint32(0) and rank_t[0] + T.Cast("uint32", T.popcount(ball[j] & below)) < allowed:
+                    sel[j] = T.uint32(1)
+                rank_t[0] = rank_t[0] + T.Cast("uint32", T.popcount(ball[j]))
+                ball[j] = T.cuda.ballot_sync(T.uint32(0xFFFFFFFF), sel[j] != T.uint32(0))
+                sw[0] = sw[0] + T.Cast("uint32", T.popcount(ball[j]))
+            if lane == 0:
+                warp_b[warp] = sw[0]
+            T.evaluate(T.cuda.cta_sync())
+            pos0 = T.alloc_local((1,), "uint32")
+            ssum = T.alloc_local((1,), "uint32")
+            pos0[0] = run[0]
+            ssum[0] = T.uint32(0)
+            for w in range(warps):
+                if w < warp:
+                    pos0[0] = pos0[0] + warp_b[w]
+                ssum[0] = ssum[0] + warp_b[w]
+            run[0] = run[0] + ssum[0]
+            for j in T.unroll(E):
+                if sel[j] != T.uint32(0):
+                    pos = i64(pos0[0] + T.Cast("uint32", T.popcount(ball[j] & below)))
+                    i = t * tile + warp * (32 * E) + j * 32 + lane
+                    If[o_base + pos] = i64(lo + i)
+                    Vr[o_base + pos] = S[i]
+                pos0[0] = pos0[0] + T.Cast("uint32", T.popcount(ball[j]))
+        cl.wait()
+
+    return fast_topk_clusters
