@@ -1,0 +1,383 @@
+# SPDX-License-Identifier: Apache-2.0
+# Port of cuDNN Frontend's chunked GDN-1 backward (cudnn_sm100_gdn_bprop_f16) to Hopper.
+# Upstream: cudnn-frontend (https://github.com/NVIDIA/cudnn-frontend), python/cudnn/linear_attention/frost/kernel/
+# gdn_bprop_f16.py and frost/gdn_engine.py, release v1.28.0 (commit 1dbd2c09432dfd6cbf13a0ad85a071446398c082); the
+# chunked algorithm as fla's chunk_gated_delta_rule_bwd (fla-core 0.6.0). Read for semantics only.
+"""``gdn_bprop``: the backward of the chunked Gated DeltaNet (GDN-1) over THD-packed sequences, K = V = 128, bf16/fp16,
+from the forward's per-chunk state checkpoints: dq, dk, dv, dg (d loss / d log-gate), dbeta and the initial state's
+gradient.
+
+Registered as ``cudnn_sm90_gdn_bprop_f16`` (the seed's ``cudnn_sm100_gdn_bprop_f16``: tcgen05/TMEM on Blackwell).
+Status: the sequential step -- the reverse walk of the state gradient over chunks -- is the TIRx wgmma kernel
+``_bwd_state_kernel``; the chunk-parallel steps around it (the WY recompute from the checkpoints before, dq / dk / dv /
+dbeta / dg after) are batched torch (fp32) in ``_bwd_chunks``, processed in slabs of sequences. The fused wgmma form
+of those steps (cuDNN's one-kernel schedule) is the next step; until then this op is correct, not fast.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+
+import torch
+
+from tirx_kernels.core import checks, harness, runtime
+from tirx_kernels.ported.cudnn.linear_attention import _bwd_chunks as ch
+from tirx_kernels.ported.cudnn.linear_attention import _bwd_oracle as orc
+from tirx_kernels.ported.cudnn.linear_attention import _bwd_state_kernel as sk
+
+KERNEL_META = {
+    "name": "cudnn_sm90_gdn_bprop_f16",
+    "category": "ported.cudnn",
+    "runtime_cuda_archs": ["sm_90a"],
+    "description": "Chunked Gated DeltaNet (GDN-1) backward from per-chunk state checkpoints: dq, dk, dv, dg, dbeta, "
+                   "dstate0 (state-gradient walk on wgmma, chunk-parallel steps in torch), THD varlen, GQA/GVA, "
+                   "bf16/fp16",
+    "upstream": {
+        "project": "cudnn-frontend",
+        "url": "https://github.com/NVIDIA/cudnn-frontend",
+        "commit": "1dbd2c09432dfd6cbf13a0ad85a071446398c082",
+    },
+    "reference_requirements": [
+        {"package": "fla-core", "import": "fla", "specifier": "==0.6.0", "baseline": "fla"},
+    ],
+    "public_ops": ["gdn_bprop"],
+}
+
+# Correctness rows: ragged batches with empty and 1-token sequences, chunk-boundary lengths, GQA / GVA, fp16, an
+# initial state and a final-state gradient, int64 cu_seqlens; plus the smallest upstream perf row.
+CONFIGS = [
+    {"label": "ragged_h2_init_dfinal", "H": 2, "seqs": "70+0+1+64+129", "init": True, "dfinal": True},
+    {"label": "ragged_gva_hq1_hv2", "H": 1, "Hv": 2, "seqs": "3+200+0+65", "init": True},
+    {"label": "gqa_hq4_hv2_fp16_i64", "dtype": "float16", "H": 4, "Hv": 2, "seqs": "128+1+63", "dfinal": True,
+     "cu_dtype": "int64"},
+    {"label": "noinit_h4_s1000x3", "H": 4, "seqs": "1000x3"},
+    {"label": "perf_basic_b1_s2048_h16", "H": 16, "seqs": "2048"},
+]
+
+# cuDNN's default perf rows for the GDN bprop (catalog section 2.3).
+BENCH_CONFIGS = [
+    {"label": "perf_basic_b1_s2048_h16", "H": 16, "seqs": "2048"},
+    {"label": "perf_basic_b1_s8192_h16", "H": 16, "seqs": "8192"},
+    {"label": "perf_b4_s32768_h64", "H": 64, "seqs": "32768x4"},
+]
+
+DEFAULTS = {"dtype": "bfloat16", "Hv": None, "init": False, "dfinal": False, "cu_dtype": "int32"}
+
+# The kernel's inputs are the checkpoints rounded to the I/O dtype (the oracle differentiates the exact fp32
+# forward) and it rounds dS and Y to 16 bits inside the walk; measured on the emulated rows (tests).
+TOLERANCE = {"bfloat16": (4e-2, 4e-2), "float16": (1e-2, 1e-2), "float32": (4e-2, 4e-2)}
+OP = "gdn_bprop"
+IO = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
+INDEX = (torch.int32, torch.int64)
+_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+_SLAB_TILES = 16384  # (chunk, head) tiles a torch slab holds: 1 GiB per fp32 [V, K] tensor
+
+
+def compile_params(dtype: str = "bfloat16", **_) -> dict:
+    """Only the I/O dtype changes the code: lengths and heads are run-time arguments."""
+    return {"io": dtype}
+
+
+def get_kernel(io: str):
+    return sk.build_kernel(io)
+
+
+def artifact_params() -> list[dict]:
+    return [{"io": d} for d in sk.IO_DTYPES]
+
+
+def call_samples(rng) -> list[dict]:
+    return [{**DEFAULTS, "dtype": d, "H": rng.choice([1, 4, 16]), "seqs": str(rng.choice([1, 64, 300]))}
+            for d in _DTYPES for _ in range(3)]
+
+
+def sass_expect(io: str, **_) -> list[str]:
+    """Both walk products on the tensor cores, A from registers."""
+    return [r"HGMMA\.64x64x16\.F32", r"HGMMA\.64x128x16\.F32"]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Data, oracle, baselines
+# ---------------------------------------------------------------------------------------------------------
+
+def seq_lens(seqs: str) -> list[int]:
+    """``"70+0+1"`` -> [70, 0, 1]; ``"1024x8"`` -> eight 1024s."""
+    out = []
+    for term in seqs.split("+"):
+        length, _, count = term.partition("x")
+        out += [int(length)] * int(count or 1)
+    return out
+
+
+def prepare_data(dtype: str, H: int, seqs: str, Hv: int | None = None, init: bool = False,  # noqa: N803
+                 dfinal: bool = False, cu_dtype: str = "int32", device: str = "cuda") -> dict:
+    """q, k (L2-normalised), v, dO (normal), log gate log(U(0.9, 1)), beta U(0, 1); the checkpoints from the fp32
+    chunked forward (rounded to the I/O dtype, as the forward kernel writes them); gradients poisoned."""
+    t = _DTYPES[dtype]
+    hq = H
+    hv = H if Hv is None else Hv
+    ho = max(hq, hv)
+    lens = seq_lens(seqs)
+    total, n = sum(lens), len(lens)
+    q = torch.randn(total, hq, 128, device=device).to(t)
+    k = torch.nn.functional.normalize(torch.randn(total, hq, 128, device=device), dim=-1).to(t)
+    v = torch.randn(total, hv, 128, device=device).to(t)
+    g = torch.log(0.9 + 0.1 * torch.rand(total, ho, device=device))
+    beta = torch.rand(total, ho, device=device)
+    do = torch.randn(total, ho, 128, device=device).to(t)
+    cu = torch.tensor([0] + lens, device=device).cumsum(0).to(getattr(torch, cu_dtype))
+    h0 = torch.randn(n, ho, 128, 128, device=device) * 0.05 if init else None
+    dfs = torch.randn(n, ho, 128, 128, device=device) * 0.05 if dfinal else None
+    _, _, ckpt = orc.forward_checkpoints(q, k, v, g, beta, cu, None, h0)
+    nan = float("nan")
+    data = {"q": q, "k": k, "v": v, "g": g, "beta": beta, "do": do, "state_checkpoints": ckpt.to(t),
+            "cu_seqlens": cu, "initial_state": h0, "d_final_state": dfs,
+            "dq": torch.full_like(q, nan), "dk": torch.full_like(k, nan), "dv": torch.full_like(v, nan),
+            "dg": torch.full_like(g, nan), "dbeta": torch.full_like(beta, nan),
+            "d_initial_state": torch.full((n, ho, 128, 128), nan, device=device) if init else None}
+    return data
+
+
+def reference(q, k, v, g, beta, do, cu_seqlens, initial_state, d_final_state, **_) -> dict:
+    """Autograd of sum(o * dO) + sum(final * d_final_state) through the fp32 chunked forward (exact states)."""
+    return orc.autograd_grads(q, k, v, g, beta, do, cu_seqlens, None, initial_state, d_final_state)
+
+
+def launch(cfg: dict, data: dict) -> None:
+    gdn_bprop(data["q"], data["k"], data["v"], data["g"], data["beta"], data["do"], data["state_checkpoints"],
+              data["cu_seqlens"], initial_state=data["initial_state"], d_final_state=data["d_final_state"],
+              dq=data["dq"], dk=data["dk"], dv=data["dv"], dg=data["dg"], dbeta=data["dbeta"],
+              d_initial_state=data["d_initial_state"])
+
+
+def roofline(H: int, seqs: str, Hv: int | None = None, dtype: str = "bfloat16", **_) -> dict:  # noqa: N803
+    """FLOPs of the chunked backward per token and state head (C = 64, d = 128): the state-side products (K S^T,
+    Q S^T recomputed; dO S, dS' K_d^T, Y W / dD^T W, D dS', dH S, dO^T Q) 8 x 2 d^2 and the chunk products (K K^T,
+    Q K^T, T rhs, P D, P^T dO, Tm^T dD, dO D^T, drhs D^T, dQK K, dQK^T Q, dKK K x 2) 12 x 2 C d. Bytes: q, k, v, dO,
+    gates, the checkpoints read, dq, dk, dv, dg, dbeta written."""
+    lens = seq_lens(seqs)
+    total = sum(lens)
+    hv = H if Hv is None else Hv
+    ho = max(H, hv)
+    flops = total * ho * (16 * 128 * 128 + 24 * 64 * 128)
+    chunks = sum(-(-n // 64) for n in lens)
+    nbytes = 2 * 2 * total * 128 * (2 * H + hv + ho) // 2 + 4 * 2 * 2 * total * ho
+    nbytes += 2 * chunks * ho * 128 * 128
+    return {"bytes": nbytes, "flops": flops}
+
+
+def get_baselines(**cfg) -> dict:
+    """fla 0.6.0's chunk_gated_delta_rule backward, a reference only where it agrees with the oracle: Triton >= 3.4
+    miscompiles it on Hopper (fla issues 640, 984), so the first call on a data set checks fla's gradients against
+    the fp32 oracle and refuses the row (ImportError: skipped with the reason) where they disagree. Its forward runs
+    once per data set; the timed call is the backward (``torch.autograd.grad`` with the graph retained)."""
+    def fla():
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_gdn
+
+        if cfg.get("Hv") not in (None, cfg["H"]):
+            raise ImportError("fla's chunk_gated_delta_rule takes equal q / k / v heads here")
+        graphs: dict = {}
+
+        def forward(data):
+            leaves = [data[n].detach().clone().requires_grad_(True) for n in ("q", "k", "v", "g", "beta")]
+            h0 = data["initial_state"]
+            if h0 is not None:
+                h0 = h0.detach().clone().requires_grad_(True)
+                leaves.append(h0)
+            o, ht = fla_gdn(*(x[None] for x in leaves[:5]), scale=128 ** -0.5, initial_state=h0,
+                            output_final_state=True, state_v_first=True, cu_seqlens=data["cu_seqlens"].long())
+            loss = (o[0].float() * data["do"].float()).sum()
+            if data["d_final_state"] is not None:
+                loss = loss + (ht.float() * data["d_final_state"]).sum()
+            return loss, leaves
+
+        def grads(loss, leaves):
+            got = torch.autograd.grad(loss, leaves, retain_graph=True)
+            res = dict(zip(("dq", "dk", "dv", "dg", "dbeta"), got[:5]))
+            if len(got) > 5:
+                res["d_initial_state"] = got[5]
+            return res
+
+        def fn(data):
+            key = id(data["q"])
+            if key not in graphs:
+                loss, leaves = forward(data)
+                res = grads(loss, leaves)
+                want = reference(**data)
+                try:
+                    harness.check_outputs(sys.modules[__name__], res, want, "the fp32 oracle", cfg, data)
+                except harness.KernelCheckError as e:
+                    raise ImportError(f"fla's backward disagrees with the fp32 oracle on this row (Triton >= 3.4 "
+                                      f"on Hopper, fla issues 640 / 984): {str(e)[:300]}") from None
+                graphs.clear()
+                graphs[key] = (loss, leaves)
+                return res
+            return grads(*graphs[key])
+        return fn
+    return {"fla": fla}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Public op
+# ---------------------------------------------------------------------------------------------------------
+
+def _fail(name: str, expected: str, got: str):
+    raise checks.TirxInputError(f"{OP}: argument '{name}': expected {expected}, got {got}")
+
+
+def check_inputs(q, k, v, g, beta, do, state_checkpoints, cu_seqlens, scale, initial_state, d_final_state):
+    """Shapes, dtypes, head maps; the device last (a CPU machine exercises the rest). The checkpoint count needs
+    the lengths: checked in the op body (one host read of cu_seqlens)."""
+    io = tuple(IO)
+    checks.tensor(OP, "q", q, dtypes=io, ndim=3, contiguous=True, cuda=False)
+    total, hq, d = q.shape
+    if d != ch.DIM:
+        _fail("q", f"head size {ch.DIM}", f"shape {tuple(q.shape)}")
+    checks.tensor(OP, "k", k, shape=(total, None, ch.DIM), contiguous=True, cuda=False)
+    checks.tensor(OP, "v", v, shape=(total, None, ch.DIM), contiguous=True, cuda=False)
+    checks.same_dtype(OP, "q", q, k=k, v=v)
+    hk, hv = k.shape[1], v.shape[1]
+    ho = max(hq, hv)
+    for name, n in (("q", hq), ("k", hk), ("v", hv)):
+        if n < 1 or ho % n:
+            _fail(name, f"a head count dividing max(HQ, HV) = {ho}", f"{n} heads")
+    for name, t in (("g", g), ("beta", beta)):
+        checks.tensor(OP, name, t, dtypes=(torch.float32,), shape=(total, ho), contiguous=True, cuda=False)
+    checks.tensor(OP, "do", do, shape=(total, ho, ch.DIM), contiguous=True, cuda=False)
+    checks.same_dtype(OP, "q", q, do=do)
+    checks.tensor(OP, "state_checkpoints", state_checkpoints, shape=(None, ho, ch.DIM, ch.DIM), contiguous=True,
+                  cuda=False)
+    checks.same_dtype(OP, "q", q, state_checkpoints=state_checkpoints)
+    checks.tensor(OP, "cu_seqlens", cu_seqlens, dtypes=INDEX, ndim=1, contiguous=True, cuda=False)
+    n = cu_seqlens.shape[0] - 1
+    if n < 1:
+        _fail("cu_seqlens", "at least two entries", f"shape {tuple(cu_seqlens.shape)}")
+    for name, st in (("initial_state", initial_state), ("d_final_state", d_final_state)):
+        if st is not None:
+            checks.tensor(OP, name, st, dtypes=(torch.float32,) + io, shape=(n, ho, ch.DIM, ch.DIM),
+                          contiguous=True, cuda=False)
+    if scale is not None and not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale != 0):
+        _fail("scale", "None or a finite nonzero float", repr(scale))
+    checks.tensor(OP, "q", q, cuda=True)
+    present = {name: t for name, t in (("k", k), ("v", v), ("g", g), ("beta", beta), ("do", do),
+                                       ("state_checkpoints", state_checkpoints), ("cu_seqlens", cu_seqlens),
+                                       ("initial_state", initial_state), ("d_final_state", d_final_state))
+               if t is not None}
+    checks.same_device(OP, "q", q, **present)
+
+
+_FUNCTIONS = runtime.FunctionCache(__name__)
+_DUMMY: dict = {}
+
+
+def _dummy(device):
+    t = _DUMMY.get(device)
+    if t is None:
+        t = _DUMMY[device] = torch.zeros(4, dtype=torch.float32, device=device)
+    return t
+
+
+def kernel_scan(io: str, fn=None):
+    """The reverse state walk on the TIRx kernel, in the ``scan`` form ``_bwd_oracle.chunked_grads`` takes
+    (``fn``: the loaded / emulated function; default the runtime's artifact)."""
+    def scan(cmap, f, R, d_final_state):
+        dev = R.device
+        hs = R.shape[1]
+        if fn is None:
+            call = _FUNCTIONS.get((io, R.get_device()), lambda: {"io": io}, dev)
+        else:
+            call = fn
+        dt = _DTYPES[io]
+        kd = f["Kd"].to(dt).contiguous()
+        w = f["W"].to(dt).contiguous()
+        dS = torch.empty_like(R)
+        d0 = torch.empty(cmap.n_seqs, hs, ch.DIM, ch.DIM, dtype=torch.float32, device=dev)
+        ccu = torch.tensor(cmap.chunk_cu, dtype=torch.int32, device=dev)
+        dfs = None if d_final_state is None else d_final_state.float().contiguous()
+        if cmap.n_chunks == 0:  # every sequence empty: the gradient passes through
+            d0.copy_(dfs if dfs is not None else torch.zeros_like(d0))
+            return dS, d0
+        res = call(*sk.kernel_args(kd, w, R.contiguous(), f["gam_c"].float().contiguous(), ccu, dfs, dS, d0,
+                                   _dummy(dev)))
+        if hasattr(res, "check"):
+            res.check()
+        return dS, d0
+    return scan
+
+
+def _slabs(lens: list[int], ho: int):
+    """Runs of consecutive sequences holding at most ``_SLAB_TILES`` (chunk, head) tiles (at least one sequence)."""
+    start, tiles = 0, 0
+    for i, n in enumerate(lens):
+        t = -(-n // ch.CHUNK) * ho
+        if i > start and tiles + t > _SLAB_TILES:
+            yield start, i
+            start, tiles = i, 0
+        tiles += t
+    yield start, len(lens)
+
+
+def run(q, k, v, g, beta, do, state_checkpoints, cu_seqlens, scale, initial_state, d_final_state, dq, dk, dv, dg,
+        dbeta, d_initial_state, fn=None) -> None:
+    """Validated inputs -> the gradients written into the given buffers (``fn``: an emulated kernel for tests)."""
+    io = IO[q.dtype]
+    lens = ch.lengths(cu_seqlens)
+    counts = ch.checkpoint_counts(lens)
+    if state_checkpoints.shape[0] != sum(counts):
+        _fail("state_checkpoints", f"{sum(counts)} rows (ceil(len / 64) per sequence: the state entering each "
+              "chunk)", f"shape {tuple(state_checkpoints.shape)}")
+    cu = [0]
+    for n in lens:
+        cu.append(cu[-1] + n)
+    ck = [0]
+    for c in counts:
+        ck.append(ck[-1] + c)
+    for a, b in _slabs(lens, max(q.shape[1], v.shape[1])):
+        t0, t1 = cu[a], cu[b]
+        sub_cu = torch.tensor([x - t0 for x in cu[a:b + 1]], dtype=torch.int32, device=q.device)
+        dfs = None if d_final_state is None else d_final_state[a:b]
+        res = orc.chunked_grads(q[t0:t1], k[t0:t1], v[t0:t1], g[t0:t1], beta[t0:t1], do[t0:t1], sub_cu,
+                                state_checkpoints[ck[a]:ck[b]], scale, None, dfs, torch.float32,
+                                scan=kernel_scan(io, fn))
+        dq[t0:t1] = res["dq"].to(dq.dtype)
+        dk[t0:t1] = res["dk"].to(dk.dtype)
+        dv[t0:t1] = res["dv"].to(dv.dtype)
+        dg[t0:t1] = res["dg"]
+        dbeta[t0:t1] = res["dbeta"]
+        if d_initial_state is not None:
+            d_initial_state[a:b] = res["d_initial_state"].to(d_initial_state.dtype)
+
+
+def gdn_bprop(q, k, v, g, beta, do, state_checkpoints, cu_seqlens, scale=None, initial_state=None,
+              d_final_state=None, dq=None, dk=None, dv=None, dg=None, dbeta=None, d_initial_state=None):
+    """cuDNN's chunked GDN backward (``chunk_gdn_bwd``) on Hopper: q [T, HQ, 128], k [T, HK, 128], v [T, HV, 128],
+    dO [T, HO, 128] (bf16/fp16, THD-packed over ``cu_seqlens``; HO = max(HQ, HV), each of HQ, HK, HV dividing it),
+    g (natural-log decay) and beta fp32 [T, HO], ``state_checkpoints`` [sum ceil(len / 64), HO, V, K] in the I/O
+    dtype (the state entering every 64-token chunk, as this package's prefill / recompute write them),
+    ``d_final_state`` [N, HO, V, K]. Returns (dq, dk, dv at the q / k / v heads, dg, dbeta fp32 [T, HO],
+    d_initial_state fp32 [N, HO, V, K] or None); ``initial_state`` only asks for the last one (checkpoint 0 is the
+    state the backward reads)."""
+    check_inputs(q, k, v, g, beta, do, state_checkpoints, cu_seqlens, scale, initial_state, d_final_state)
+    scale = ch.DIM ** -0.5 if scale is None else float(scale)
+    n = cu_seqlens.shape[0] - 1
+    ho = max(q.shape[1], v.shape[1])
+    dq = torch.empty_like(q) if dq is None else dq
+    dk = torch.empty_like(k) if dk is None else dk
+    dv = torch.empty_like(v) if dv is None else dv
+    dg = torch.empty_like(g) if dg is None else dg
+    dbeta = torch.empty_like(beta) if dbeta is None else dbeta
+    if d_initial_state is None and initial_state is not None:
+        d_initial_state = torch.empty(n, ho, ch.DIM, ch.DIM, dtype=torch.float32, device=q.device)
+    for name, t, ref in (("dq", dq, q), ("dk", dk, k), ("dv", dv, v), ("dg", dg, g), ("dbeta", dbeta, beta)):
+        checks.tensor(OP, name, t, dtypes=(ref.dtype,), shape=tuple(ref.shape), contiguous=True)
+    if d_initial_state is not None:
+        checks.tensor(OP, "d_initial_state", d_initial_state, dtypes=(torch.float32,),
+                      shape=(n, ho, ch.DIM, ch.DIM), contiguous=True)
+    with torch.no_grad():
+        run(q, k, v, g, beta, do, state_checkpoints, cu_seqlens, scale, initial_state, d_final_state, dq, dk, dv,
+            dg, dbeta, d_initial_state)
+    return dq, dk, dv, dg, dbeta, d_initial_state
+
+
+run_test, run_bench = harness.bind(__name__)

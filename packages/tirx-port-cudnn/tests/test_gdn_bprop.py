@@ -1,0 +1,181 @@
+# SPDX-License-Identifier: Apache-2.0
+"""cudnn_sm90_gdn_bprop_f16 (cuDNN's chunked GDN-1 backward): the closed-form chunked backward against autograd of the
+chunked forward in fp64 (ragged, empty and 1-token sequences, GVA and GQA); the state-walk kernel run on the CPU
+(``core.emulate``) inside the op's own path (``gdn_bprop_f16.run``) against the fp32 oracle, outputs in NaN guard
+bands, inputs checked unchanged, and against a torch model of its roundings; input validation; on a GPU, every config
+through the harness (fla 0.6.0's backward as a reference where it agrees with the oracle).
+
+CI: one bf16 emulated kernel (~10-25 s of g++), one ragged batch with an initial state and a final-state gradient.
+``TIRX_EMULATE_FULL=1`` adds the fp16 GQA row and the GVA row."""
+
+import os
+import shutil
+
+import pytest
+import torch
+
+from tirx_kernels.core import harness
+from tirx_kernels.core.checks import TirxInputError
+from tirx_kernels.ported.cudnn.linear_attention import _bwd_chunks as ch
+from tirx_kernels.ported.cudnn.linear_attention import _bwd_oracle as orc
+from tirx_kernels.ported.cudnn.linear_attention import _bwd_state_kernel as sk
+from tirx_kernels.ported.cudnn.linear_attention import gdn_bprop_f16 as mod
+
+_FULL = os.environ.get("TIRX_EMULATE_FULL") == "1"
+full_only = pytest.mark.skipif(not _FULL, reason="set TIRX_EMULATE_FULL=1 (minutes of CPU on 2 cores)")
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (sm_90a)")
+GRADS = ("dq", "dk", "dv", "dg", "dbeta", "d_initial_state")
+
+
+def _inputs(lens, hq, hk, hv, dtype=torch.float64, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    total, ho = sum(lens), max(hq, hv)
+
+    def rnd(*s):
+        return torch.randn(*s, generator=gen, dtype=dtype)
+    return dict(q=rnd(total, hq, 128), k=torch.nn.functional.normalize(rnd(total, hk, 128), dim=-1),
+                v=rnd(total, hv, 128), g=torch.log(0.5 + 0.5 * torch.rand(total, ho, generator=gen, dtype=dtype)),
+                beta=torch.rand(total, ho, generator=gen, dtype=dtype), do=rnd(total, ho, 128),
+                cu=torch.tensor([0] + lens).cumsum(0).to(torch.int32),
+                h0=0.05 * rnd(len(lens), ho, 128, 128), dfs=0.1 * rnd(len(lens), ho, 128, 128))
+
+
+@pytest.mark.parametrize("heads", [(2, 2, 4), (4, 2, 2)], ids=["gva", "gqa"])
+def test_chunked_backward_matches_autograd_fp64(heads):
+    """Every gradient of the closed form (the op's math) equals autograd's to rounding, across chunk boundaries, an
+    empty and a 1-token sequence, a 129-token tail chunk, an initial state and a final-state gradient."""
+    d = _inputs([70, 0, 1, 129], *heads)
+    _, _, ckpt = orc.forward_checkpoints(d["q"], d["k"], d["v"], d["g"], d["beta"], d["cu"], None, d["h0"],
+                                         torch.float64)
+    assert ckpt.shape[0] == sum(ch.checkpoint_counts([70, 0, 1, 129])) == 2 + 0 + 1 + 3
+    want = orc.autograd_grads(d["q"], d["k"], d["v"], d["g"], d["beta"], d["do"], d["cu"], None, d["h0"], d["dfs"],
+                              torch.float64)
+    got = orc.chunked_grads(d["q"], d["k"], d["v"], d["g"], d["beta"], d["do"], d["cu"], ckpt, None, None, d["dfs"],
+                            torch.float64)
+    for name in GRADS:
+        err = (got[name] - want[name]).norm() / want[name].norm()
+        assert err < 1e-12, (name, float(err))
+
+
+@pytest.fixture(scope="module")
+def emulated():
+    pytest.importorskip("tvm", reason="apache-tvm is needed to generate the kernels")
+    if shutil.which("g++") is None:
+        pytest.skip("no g++ to compile the emulation")
+    from tirx_kernels.core import emulate
+
+    cache = {}
+
+    def get(io):
+        if io not in cache:
+            cache[io] = emulate.compile_module(mod.get_kernel(io))
+        return cache[io]
+    return get
+
+
+def _guarded(t):
+    buf = torch.full((3, *t.shape), float("nan"), dtype=t.dtype)
+    buf[1] = t
+    return buf, buf[1]
+
+
+def _run_emulated(emulated, label):
+    """A config row on the CPU: the op's path with the emulated kernel, guard bands, inputs unchanged, the oracle."""
+    cfg = harness.full_config(mod, harness.find_config(mod, label))
+    data = mod.prepare_data(**cfg, device="cpu")
+    want = mod.reference(**data)
+    originals = {k: v.clone() for k, v in data.items() if isinstance(v, torch.Tensor) and k not in want}
+    slabs = {}
+    for key in want:
+        slabs[key], data[key] = _guarded(data[key])
+    mod.run(data["q"], data["k"], data["v"], data["g"], data["beta"], data["do"], data["state_checkpoints"],
+            data["cu_seqlens"], 128 ** -0.5, data["initial_state"], data["d_final_state"], data["dq"], data["dk"],
+            data["dv"], data["dg"], data["dbeta"], data["d_initial_state"], fn=emulated(cfg["dtype"]))
+    for key, v in originals.items():
+        assert torch.equal(v.view(torch.uint8), data[key].view(torch.uint8)), f"input {key} was modified"
+    for key, slab in slabs.items():
+        assert slab[0].isnan().all() and slab[2].isnan().all(), f"written outside {key}"
+    return harness.check_outputs(mod, {k: data[k] for k in want}, want, "the fp32 oracle", cfg, originals)
+
+
+def test_ragged_batch_emulated(emulated):
+    stats = _run_emulated(emulated, "ragged_h2_init_dfinal")
+    for name in GRADS:
+        assert stats[name]["rel_fro"] < 2e-2, (name, stats[name])
+
+
+@full_only
+@pytest.mark.parametrize("label", ["ragged_gva_hq1_hv2", "gqa_hq4_hv2_fp16_i64"])
+def test_more_rows_emulated(emulated, label):
+    _run_emulated(emulated, label)
+
+
+def test_state_walk_matches_its_rounding_model(emulated):
+    """The kernel alone against torch with its roundings (dS and Y to bf16): sequences of 2, 0 and 1 chunks."""
+    gen = torch.Generator().manual_seed(1)
+    counts, heads = [2, 0, 1], 2
+    nc, n = sum(counts), len(counts)
+    kd = (0.1 * torch.randn(nc, heads, 64, 128, generator=gen)).bfloat16()
+    w = (0.1 * torch.randn(nc, heads, 64, 128, generator=gen)).bfloat16()
+    r = torch.randn(nc, heads, 128, 128, generator=gen)
+    gc = 0.5 + 0.5 * torch.rand(nc, heads, generator=gen)
+    dfs = torch.randn(n, heads, 128, 128, generator=gen)
+    cu = torch.tensor([0] + counts).cumsum(0).to(torch.int32)
+    dse = torch.full((nc, heads, 128, 128), float("nan"))
+    d0 = torch.full((n, heads, 128, 128), float("nan"))
+    emulated("bfloat16")(*sk.kernel_args(kd, w, r, gc, cu, dfs, dse, d0, torch.zeros(4)), hang_timeout=120.0).check()
+    for i in range(n):
+        ds = dfs[i].clone()
+        for c in range(int(cu[i + 1]) - 1, int(cu[i]) - 1, -1):
+            torch.testing.assert_close(dse[c], ds, atol=1e-5, rtol=1e-5)
+            y = ds.bfloat16().float() @ kd[c].float().transpose(-1, -2)
+            ds = gc[c][:, None, None] * ds + r[c] - y.bfloat16().float() @ w[c].float()
+        torch.testing.assert_close(d0[i], ds, atol=1e-3, rtol=1e-4)
+
+
+def _cpu_args(**over):
+    d = mod.prepare_data("bfloat16", 2, "3+0", device="cpu")
+    args = dict(q=d["q"], k=d["k"], v=d["v"], g=d["g"], beta=d["beta"], do=d["do"],
+                state_checkpoints=d["state_checkpoints"], cu_seqlens=d["cu_seqlens"])
+    args.update(over)
+    return args
+
+
+@pytest.mark.parametrize("over, name", [
+    ({"q": torch.zeros(3, 2, 64, dtype=torch.bfloat16)}, "q"),
+    ({"k": torch.zeros(3, 2, 128, dtype=torch.float16)}, "k"),
+    ({"v": torch.zeros(3, 3, 128, dtype=torch.bfloat16)}, "q"),
+    ({"g": torch.zeros(3, 2, dtype=torch.bfloat16)}, "g"),
+    ({"beta": torch.zeros(4, 2)}, "beta"),
+    ({"do": torch.zeros(3, 1, 128, dtype=torch.bfloat16)}, "do"),
+    ({"state_checkpoints": torch.zeros(1, 2, 128, 64, dtype=torch.bfloat16)}, "state_checkpoints"),
+    ({"cu_seqlens": torch.tensor([0.0, 3.0])}, "cu_seqlens"),
+    ({"scale": float("nan")}, "scale"),
+    ({"d_final_state": torch.zeros(1, 2, 128, 128)}, "d_final_state"),
+], ids=["head_size", "dtype_mix", "heads", "g_dtype", "beta_shape", "do_heads", "ckpt_shape", "cu_dtype", "scale",
+        "dfinal_rows"])
+def test_bad_input_names_the_argument(over, name):
+    with pytest.raises(TirxInputError, match=f"argument '{name}'"):
+        mod.gdn_bprop(**_cpu_args(**over))
+
+
+def test_cpu_tensors_refused():
+    with pytest.raises(TirxInputError, match="argument 'q'.*CUDA"):
+        mod.gdn_bprop(**_cpu_args())
+
+
+@gpu
+@pytest.mark.parametrize("label", [c["label"] for c in mod.CONFIGS])
+def test_gpu_config(label):
+    from tirx_kernels.core import testing
+
+    res = testing.check_correctness("cudnn_sm90_gdn_bprop_f16", label)
+    assert res["status"] == "passed", res
+
+
+@gpu
+def test_gpu_checkpoint_count_checked():
+    d = mod.prepare_data("bfloat16", 2, "65")
+    with pytest.raises(TirxInputError, match="argument 'state_checkpoints'"):
+        mod.gdn_bprop(d["q"], d["k"], d["v"], d["g"], d["beta"], d["do"], d["state_checkpoints"][:1],
+                      d["cu_seqlens"])
