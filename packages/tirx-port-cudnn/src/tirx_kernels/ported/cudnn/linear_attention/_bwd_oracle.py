@@ -114,7 +114,8 @@ def fold_heads(x, n_heads: int):
 def chunked_grads(q, k, v, g, beta, do, cu_seqlens, checkpoints, scale=None, initial_state=None,
                   d_final_state=None, dtype=torch.float32, scan=None) -> dict:
     """The closed-form chunked backward from the checkpoints (``scan``: the reverse state walk, default the torch
-    loop ``_bwd_chunks.state_scan``; the op passes the TIRx kernel)."""
+    loop ``_bwd_chunks.state_scan``; the op passes the TIRx kernel). ``initial_state`` is not read (checkpoint 0
+    is the state entering chunk 0); ``d_initial_state`` is always returned."""
     hs, qh, kh, vh = delta_rule_ref.head_maps(q.shape[1], k.shape[1], v.shape[1])
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     cmap = ch.ChunkMap(cu_seqlens, q.device)
@@ -130,7 +131,5 @@ def chunked_grads(q, k, v, g, beta, do, cu_seqlens, checkpoints, scale=None, ini
     res = {"dq": fold_heads(cmap.scatter(dq, total), q.shape[1]),
            "dk": fold_heads(cmap.scatter(dk, total), k.shape[1]),
            "dv": fold_heads(cmap.scatter(dv, total), v.shape[1]),
-           "dg": cmap.scatter(dg, total), "dbeta": cmap.scatter(dbeta, total)}
-    if initial_state is not None:
-        res["d_initial_state"] = d0
+           "dg": cmap.scatter(dg, total), "dbeta": cmap.scatter(dbeta, total), "d_initial_state": d0}
     return res
