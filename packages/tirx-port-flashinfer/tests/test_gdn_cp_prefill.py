@@ -4,10 +4,12 @@ both generated modules emulated (``core.emulate``: the transition kernel and gdn
 fp32 oracle, NaN guard bands around the outputs and the inputs checked unchanged; the plan and the cost model;
 the transition kernel's maps against torch; input validation; the build (no spills); on a GPU, the references.
 
-CI emulates one bf16 ragged GVA batch split in 3 segments (an empty and a 1-token sequence, a sequence shorter than
-its segments, initial and final states, int64 cu_seqlens): ~25 s of g++ for the transition module (gdn_prefill's
-is shared with test_gdn_prefill.py through the emulator's cache) and ~15 s of run. ``TIRX_EMULATE_FULL=1`` adds fp16
-GQA with pools and an output index in 4 segments, and 2 segments without gate / beta / final state."""
+CI emulates one bf16 ragged GVA batch split in 3 segments through the public op (an empty and a 1-token sequence, a
+sequence shorter than its segments, an fp16 state pool with indices, int64 cu_seqlens): ~25 s of g++ for the
+transition module (gdn_prefill's is shared with test_gdn_prefill.py through the emulator's cache) and ~15 s of run.
+``TIRX_EMULATE_FULL=1`` adds the phases called directly (fp32 states; fp16 GQA with pools and an output index in 4
+segments; 2 segments without gate / beta / final state), the transition maps against the oracle and the op's
+automatic split of a 2048-token head."""
 
 import os
 import shutil
@@ -72,10 +74,48 @@ def _run_emulated(emulated, cfg):
     return harness.check_outputs(mod, {k: data[k] for k in want}, want, "the fp32 oracle", cfg, originals)
 
 
+def _run_op_emulated(emulated, monkeypatch, cfg):
+    """One config through the public op (validation, 16-bit state conversion, dispatch, the plan) with both kernels
+    emulated: the op's device check and kernel lookup patched to the CPU ones."""
+    from tirx_kernels.core import checks
+
+    tensor = checks.tensor
+    monkeypatch.setattr(checks, "tensor", lambda *a, cuda=False, **kw: tensor(*a, cuda=False, **kw))
+    monkeypatch.setattr(mod, "_sms", lambda index: 132)
+    cfg = harness.full_config(mod, cfg)
+    monkeypatch.setattr(mod._FUNCTIONS, "get", lambda *a: emulated("transition", cfg["dtype"]))
+    monkeypatch.setattr(_op._FUNCTIONS, "get", lambda *a: emulated("prefill", cfg["dtype"]))
+    data = mod.prepare_data(**cfg, device="cpu")
+    want = mod.reference(**data)
+    originals = {k: v.clone() for k, v in data.items() if isinstance(v, torch.Tensor)}
+    mod.launch(cfg, data)
+    for key, v in originals.items():
+        if key not in want:
+            assert torch.equal(v.view(torch.uint8), data[key].view(torch.uint8)), f"input {key} was modified"
+    return harness.check_outputs(mod, {k: data[k] for k in want}, want, "the fp32 oracle", cfg, originals)
+
+
+def test_op_ragged_gva_three_segments_f16_state_pool_emulated(emulated, monkeypatch):
+    """The CI row: bf16, GVA, an empty and a 1-token sequence and one shorter than its segments, int64 cu_seqlens,
+    an fp16 state pool read and written through indices (one sequence's write slot -1)."""
+    stats = _run_op_emulated(emulated, monkeypatch, {"Hq": 1, "Hv": 2, "seqs": "300+0+1+64", "init": True,
+                                                     "cu_dtype": "int64", "pool": True, "out_index": True,
+                                                     "state_dtype": "float16", "segments": 3})
+    assert stats["output"]["rel_fro"] < 1e-2 and stats["output_state"]["rel_fro"] < 1e-2, stats
+
+
+@full_only
 def test_ragged_gva_batch_three_segments_emulated(emulated):
     stats = _run_emulated(emulated, {"Hq": 1, "Hv": 2, "seqs": "300+0+1+64", "init": True, "cu_dtype": "int64",
                                      "segments": 3})
     assert stats["output"]["rel_fro"] < 1e-2 and stats["output_state"]["rel_fro"] < 1e-2, stats
+
+
+@full_only
+def test_op_auto_split_emulated(emulated, monkeypatch):
+    """use_cp="auto" on one long head: the cost model splits it (11 segments of 3 chunks at 132 SMs)."""
+    assert _cp.segments_for([2048], 1, 132) > 2
+    _run_op_emulated(emulated, monkeypatch, {"Hq": 1, "Hv": 1, "seqs": "2048", "final": False, "gate": "log"})
 
 
 @full_only
