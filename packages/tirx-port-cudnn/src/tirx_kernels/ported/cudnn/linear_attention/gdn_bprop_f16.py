@@ -374,10 +374,33 @@ def gdn_bprop(q, k, v, g, beta, do, state_checkpoints, cu_seqlens, scale=None, i
     if d_initial_state is not None:
         checks.tensor(OP, "d_initial_state", d_initial_state, dtypes=(torch.float32,),
                       shape=(n, ho, ch.DIM, ch.DIM), contiguous=True)
-    with torch.no_grad():
-        run(q, k, v, g, beta, do, state_checkpoints, cu_seqlens, scale, initial_state, d_final_state, dq, dk, dv,
-            dg, dbeta, d_initial_state)
-    return dq, dk, dv, dg, dbeta, d_initial_state
+    outs = (dq, dk, dv, dg, dbeta, d_initial_state)
+    if runtime.direct_call(q, k, v, g, beta, do, state_checkpoints, cu_seqlens, d_final_state, *outs):
+        with torch.no_grad():
+            run(q, k, v, g, beta, do, state_checkpoints, cu_seqlens, scale, None, d_final_state, *outs)
+        for t in outs:
+            if t is not None:
+                runtime.mark_written(t)
+    else:
+        torch.ops.tirx.cudnn_sm90_gdn_bprop_f16(q, k, v, g, beta, do, state_checkpoints, cu_seqlens, scale,
+                                                d_final_state, *outs)
+    return outs
+
+
+@torch.library.custom_op("tirx::cudnn_sm90_gdn_bprop_f16",
+                         mutates_args=("dq", "dk", "dv", "dg", "dbeta", "d_initial_state"))
+def _custom_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+               do: torch.Tensor, state_checkpoints: torch.Tensor, cu_seqlens: torch.Tensor, scale: float,
+               d_final_state: torch.Tensor | None, dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor,
+               dg: torch.Tensor, dbeta: torch.Tensor, d_initial_state: torch.Tensor | None) -> None:
+    """The op's body (host reads of cu_seqlens: eager inside a compiled graph, not CUDA-graph capturable)."""
+    run(q, k, v, g, beta, do, state_checkpoints, cu_seqlens, scale, None, d_final_state, dq, dk, dv, dg, dbeta,
+        d_initial_state)
+
+
+@_custom_op.register_fake
+def _(*args) -> None:
+    return None
 
 
 run_test, run_bench = harness.bind(__name__)
