@@ -206,9 +206,9 @@ def _forced(scores: torch.Tensor, k: int, sort: bool, values: torch.Tensor, indi
 
 
 def _check(op: str, scores, k) -> None:
+    checks.tensor(op, "input", scores, dtypes=tuple(single._DTYPES.values()), ndim=(2,), cuda=False)
+    checks.in_range(op, "input", scores.shape[-1], 1, max_row(str(scores.dtype)[6:]))
     single._check_inputs(op, scores, k)
-    dtype = str(scores.dtype)[6:]
-    checks.in_range(op, "input", scores.shape[-1], 1, max_row(dtype))
 
 
 @torch.library.custom_op("tirx::flashinfer_fast_topk_clusters", mutates_args=())

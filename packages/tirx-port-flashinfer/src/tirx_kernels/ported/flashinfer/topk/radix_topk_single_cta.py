@@ -20,7 +20,10 @@ returns them (python/flashinfer/topk.py converts its kernels' int32 with ``.long
 the transforms' indices are int32, as FlashInfer's.
 
 Dispatch (``_run``): rows that do not fill the GPU by themselves (at most half as many rows as SMs) and longer than one
-4096-score tile go to ``radix_topk_multi_cta`` (a row over several CTAs, same result bit for bit); the rest run here.
+4096-score tile go to ``fast_topk_clusters`` (a cluster a row, the row read once into shared memory) where a
+cluster's shared memory holds the row (top_k: 131072 fp32 / 262144 fp16-bf16 scores), else to
+``radix_topk_multi_cta`` (a row over several CTAs, a launch a digit pass); both give this kernel's result bit for
+bit. The rest run here.
 
 ``top_k_page_table_transform`` / ``top_k_ragged_transform`` (FlashInfer's DSA indexer ops) run the same kernel in
 another mode: row r is ``input[r, :lengths[r]]`` (lengths clamped to [0, N]), the selected columns are written
@@ -416,6 +419,14 @@ def _run(scores: torch.Tensor, k: int, values, indices: torch.Tensor, mode: str 
         from . import radix_topk_multi_cta as multi
 
         chunks = multi.plan_chunks(M, N, multi.sm_count(dev))
+        if chunks > 1 and mode == "plain":
+            # ... held by a cluster: one launch, the row read once (top_k's values and int64 indices only)
+            from . import fast_topk_clusters as clusters
+
+            cluster = clusters.plan_cluster(M, N, str(scores.dtype)[6:], multi.sm_count(dev))
+            if cluster:
+                clusters.run(x, k, values, indices, cluster)
+                return
         if chunks > 1:
             multi.run(x, k, values, indices, chunks, mode, lengths, aux, aux_stride)
             return
