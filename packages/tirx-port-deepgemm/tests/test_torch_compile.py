@@ -155,3 +155,32 @@ def test_casts(cpu_ops, monkeypatch, cast):
     codes, sf = fn(x)
     assert _traced(targets, f"deepgemm_{cast}_cast_to_fp8") and len(calls) == 1
     assert codes.shape == (40, 256) and bool((sf == 0.5).all())
+
+
+def test_fp8_einsum(cpu_ops, monkeypatch):
+    from tirx_kernels.ported.deepgemm import fp8_bmm as mod
+
+    calls = []
+    _stub(monkeypatch, mod, calls, lambda x, sfx, y, sfy, z: z.fill_(5))
+    xb, yb = torch.randn(20, 2, 256).to(torch.bfloat16), torch.randn(2, 64, 256).to(torch.bfloat16)
+    x, sfx, y, sfy = mod.quantized_operands(xb, yb)
+    sfx = sfx.contiguous()  # a layout the op's body transforms (eagerly)
+    fn, targets = _compile(lambda x, sfx, y, sfy, z: mod.fp8_einsum("bhr,hdr->bhd", (x, sfx), (y, sfy), z))
+    z = torch.zeros(20, 2, 64, dtype=torch.bfloat16)
+    fn(x, sfx, y, sfy, z)
+    assert _traced(targets, "deepgemm_fp8_einsum_bhr_hdr_bhd") and len(calls) == 1 and bool((z == 5).all())
+
+
+@pytest.mark.parametrize("splits", [None, 4])
+def test_tf32_hc_prenorm_gemm(cpu_ops, monkeypatch, splits):
+    from tirx_kernels.ported.deepgemm import tf32_hc_prenorm_gemm as mod
+
+    calls = []
+    _stub(monkeypatch, mod, calls, lambda a, b, d, s, n: (d.fill_(1), s.fill_(2)))
+    lead = () if splits is None else (splits,)
+    fn, targets = _compile(lambda a, b, d, s: mod.tf32_hc_prenorm_gemm(a, b, d, s, num_splits=splits))
+    a, b = torch.randn(13, 128).to(torch.bfloat16), torch.randn(24, 128)
+    d, s = torch.zeros(*lead, 13, 24), torch.zeros(*lead, 13)
+    fn(a, b, d, s)
+    assert _traced(targets, "deepgemm_tf32_hc_prenorm_gemm") and len(calls) == 1 and calls[0][-1] == (splits or 1)
+    assert bool((d == 1).all()) and bool((s == 2).all())
