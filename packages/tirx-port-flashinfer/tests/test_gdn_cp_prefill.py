@@ -238,3 +238,38 @@ def test_gpu_split_matches_the_plain_kernel(segments):
                                         d["cu_seqlens"], gate_domain="log", use_cp=True, segments=segments)
     harness.compare("output", o2, o1, mod.TOLERANCE["bfloat16"], "gdn_prefill_sm90")
     harness.compare("output_state", s2, s1, mod.STATE_TOLERANCE["bfloat16"], "gdn_prefill_sm90")
+
+
+@gpu
+def test_gpu_torch_compile_runs_the_split():
+    d = mod.prepare_data(**harness.full_config(mod, {"Hq": 2, "Hv": 4, "seqs": "700+0+33", "init": True}))
+
+    def call(q):
+        return mod.chunk_gated_delta_rule(q, d["k"], d["v"], d["g"], d["beta"], None, d["initial_state"], True,
+                                          d["cu_seqlens"], use_cp=True, segments=3)
+    o1, s1 = call(d["q"])
+    o2, s2 = torch.compile(call, fullgraph=True)(d["q"])
+    torch.testing.assert_close(o1, o2, atol=0, rtol=0)
+    torch.testing.assert_close(s1, s2, atol=0, rtol=0)
+
+
+@gpu
+def test_gpu_graph_capture_falls_back_to_the_plain_kernel():
+    """"auto" inside a CUDA graph capture runs gdn_prefill_sm90's kernel (the plan needs the lengths on the host);
+    use_cp=True there is refused, naming the argument."""
+    d = mod.prepare_data(**harness.full_config(mod, {"Hq": 2, "Hv": 2, "seqs": "4096", "init": True}))
+    args = (d["q"], d["k"], d["v"], d["g"], d["beta"], None, d["initial_state"], True, d["cu_seqlens"])
+    want_o, want_s = base.chunk_gated_delta_rule(*args)
+    out, st = torch.empty_like(want_o), torch.empty_like(want_s)
+    mod.chunk_gated_delta_rule(*args, output=out, output_state=st)  # warm-up (loads the kernels)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        mod.chunk_gated_delta_rule(*args, output=out, output_state=st)
+    out.zero_()
+    g.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(out, want_o, atol=0, rtol=0)
+    torch.testing.assert_close(st, want_s, atol=0, rtol=0)
+    with pytest.raises(TirxInputError, match="argument 'use_cp'"):
+        with torch.cuda.graph(torch.cuda.CUDAGraph()):
+            mod.chunk_gated_delta_rule(*args, output=out, output_state=st, use_cp=True)

@@ -85,6 +85,22 @@ def plan(cu: list[int], P: int, dst: list[int] | None) -> dict:  # noqa: N803
             "cu3": cu3, "sidx3": sidx3, "oidx3": oidx3, "z_rows": (2 * P - 2) * B if P > 2 else P * B}
 
 
+_PLANS: dict = {}
+
+
+def device_plan(cu: list[int], P: int, dst: list[int] | None, device) -> tuple[dict, int]:  # noqa: N803
+    """:func:`plan`'s arrays on ``device`` and Z's row count, cached per (lengths, P, final rows, device): a repeated
+    batch costs no host work or copy."""
+    key = (tuple(cu), P, None if dst is None else tuple(dst), str(device))
+    hit = _PLANS.get(key)
+    if hit is None:
+        p = plan(cu, P, dst)
+        if len(_PLANS) >= 64:
+            _PLANS.clear()
+        hit = _PLANS[key] = (to_device(p, device), p["z_rows"])
+    return hit
+
+
 def to_device(p: dict, device) -> dict:
     """The plan's arrays in one host-to-device copy (int32 views of one buffer)."""
     keys = ("pairs", "sidx1", "oidx1", "cu3", "sidx3", "oidx3")
@@ -131,13 +147,12 @@ def run(q, k, v, g, beta, scale: float, initial_state, cu_seqlens, output, outpu
     if output_state is not None:
         rows = output_state_indices if output_state_indices is not None else state_indices
         dst = list(range(B)) if rows is None else [int(x) for x in rows.cpu()]
-    p = plan(cu_host, P, dst)
-    dev = to_device(p, q.device)
-    z = torch.empty(p["z_rows"], hs, lay.DIM, lay.DIM, dtype=torch.float32, device=q.device)
+    dev, z_rows = device_plan(cu_host, P, dst, q.device)
+    z = torch.empty(z_rows, hs, lay.DIM, lay.DIM, dtype=torch.float32, device=q.device)
     gather_initial(z, initial_state, state_indices, B)
     args = list(_op.kernel_args(q, k, v, g, beta, scale, z, dev["pairs"], output, z, dev["sidx1"], dev["oidx1"],
                                 gate_log, dummy))
-    args[11] = len(p["sidx1"])  # runs, not len(pairs) - 1
+    args[11] = dev["sidx1"].shape[0]  # runs, not len(pairs) - 1
     transition_fn(*args)
     scan(z, P, B)
     prefill_fn(*_op.kernel_args(q, k, v, g, beta, scale, z, dev["cu3"], output, output_state, dev["sidx3"],

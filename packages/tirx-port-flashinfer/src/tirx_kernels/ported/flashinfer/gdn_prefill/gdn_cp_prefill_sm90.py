@@ -186,6 +186,11 @@ def _check_states(initial_state, output_state):
 def _run(q, k, v, g, beta, scale: float, initial_state, cu_seqlens, output, output_state, state_indices,
          output_state_indices, gate_log: bool, use_cp, segments: int | None) -> None:
     """Validated inputs (fp32 states) through the plain kernel (P = 1) or the three phases."""
+    if q.is_cuda and torch.cuda.is_current_stream_capturing():
+        if use_cp is True:
+            raise checks.TirxInputError(f"{OP}: argument 'use_cp': the context-parallel form reads cu_seqlens on the "
+                                        "host (its plan), which a CUDA graph capture cannot; use 'auto' or False")
+        use_cp = False  # "auto" in a capture: the plain kernel
     if q.shape[0] == 0 or use_cp is False:
         _op.run(q, k, v, g, beta, scale, initial_state, cu_seqlens, output, output_state, state_indices,
                 output_state_indices, gate_log)
@@ -252,12 +257,33 @@ def chunk_gated_delta_rule(q, k, v, g=None, beta=None, scale=None, initial_state
             raise checks.TirxInputError(f"{OP}: argument 'output_state': expected the output pool (state_indices), "
                                         "got None")
         output_state = ht = torch.empty(n, hs, DIM, DIM, dtype=torch.float32, device=q.device)
-    _run(q, k, v, g, beta, scale, h0, cu_seqlens, output, ht, state_indices, output_state_indices,
-         gate_domain == "log", use_cp, segments)
+    args = (q, k, v, g, beta, scale, h0, cu_seqlens, output, ht, state_indices, output_state_indices,
+            gate_domain == "log")
+    if runtime.direct_call(q, k, v, g, beta, h0, cu_seqlens, output, ht, state_indices, output_state_indices):
+        _run(*args, use_cp, segments)
+        runtime.mark_written(output)
+        if ht is not None:
+            runtime.mark_written(ht)
+    else:
+        torch.ops.tirx.gdn_cp_prefill_sm90(*args, str(use_cp), segments or 0)
     if ht is not output_state:  # a 16-bit pool: only the rows the call writes change
         rows = _written(ht, cu_seqlens, state_indices, output_state_indices)
         output_state[rows] = ht[rows].to(output_state.dtype)
     return (output, output_state) if output_final_state else output
+
+
+@torch.library.custom_op("tirx::gdn_cp_prefill_sm90", mutates_args=("output", "output_state"))
+def _custom_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None, beta: torch.Tensor | None,
+               scale: float, initial_state: torch.Tensor | None, cu_seqlens: torch.Tensor, output: torch.Tensor,
+               output_state: torch.Tensor | None, state_indices: torch.Tensor | None,
+               output_state_indices: torch.Tensor | None, gate_log: bool, use_cp: str, segments: int) -> None:
+    _run(q, k, v, g, beta, scale, initial_state, cu_seqlens, output, output_state, state_indices,
+         output_state_indices, gate_log, {"True": True, "False": False}.get(use_cp, "auto"), segments or None)
+
+
+@_custom_op.register_fake
+def _(*args) -> None:
+    return None
 
 
 def _written(ht, cu_seqlens, state_indices, output_state_indices):
