@@ -460,3 +460,27 @@ def test_fp8_ceiling_is_measured_with_scaled_mm():
             pytest.skip(str(e))
         raise
     assert tflops > bench.ceilings()["bf16_tflop_s"]
+
+
+def test_compare_to_low_precision_bounds_the_error_by_the_plain_computation():
+    """Passes at the low-precision computation's own error; refuses twice past it (max or Frobenius), NaN, shapes."""
+    g = torch.Generator().manual_seed(3)
+    ref = torch.randn(64, 96, generator=g, dtype=torch.float64).float()
+    lowp = ref.bfloat16().float()
+    stats = harness.compare_to_low_precision("x", lowp, ref, lowp, "the oracle")
+    assert stats["max_abs"] == stats["max_abs_low_precision"] > 0
+    spike = lowp.clone()
+    spike[5, 7] += 3 * stats["max_abs_low_precision"] + 0.01
+    with pytest.raises(KernelCheckError, match="max_abs"):
+        harness.compare_to_low_precision("x", spike, ref, lowp, "the oracle")
+    with pytest.raises(KernelCheckError, match="max_abs"):  # 2.2x the error everywhere
+        harness.compare_to_low_precision("x", ref + 2.2 * (lowp - ref), ref, lowp, "the oracle", floor=0.0)
+    flat = ref + 1.9 * stats["max_abs_low_precision"] * torch.sign(lowp - ref)  # within the max, not on the whole
+    with pytest.raises(KernelCheckError, match="rel_fro"):
+        harness.compare_to_low_precision("x", flat, ref, lowp, "the oracle", floor=0.0)
+    nan = lowp.clone()
+    nan[0, 0] = float("nan")
+    with pytest.raises(KernelCheckError, match="not finite"):
+        harness.compare_to_low_precision("x", nan, ref, lowp, "the oracle")
+    with pytest.raises(KernelCheckError, match="shapes"):
+        harness.compare_to_low_precision("x", lowp[:, :5], ref, lowp, "the oracle")

@@ -15,7 +15,7 @@ import re
 import pytest
 import torch
 
-from tirx_kernels.core import checks
+from tirx_kernels.core import checks, harness
 from tirx_kernels.ported.flashattention import _bwd_kernel, _bwd_kernel_wide
 from tirx_kernels.ported.flashattention import flash_attention4 as fwd
 from tirx_kernels.ported.flashattention import flash_attention_backward as mod
@@ -109,6 +109,31 @@ def test_oracle_autograd_matches_the_closed_form(sq, sk, hq, hkv, causal, with_d
     want = _closed_form(q, k, v, out, dout, dlse, scale, causal)
     for g, w in zip(got, want):
         torch.testing.assert_close(g.double(), w, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("sq, sk, hq, hkv, causal, with_dlse",
+                         [(37, 37, 4, 1, True, True), (50, 20, 2, 2, True, False)])
+def test_low_precision_yardstick_is_the_oracle_in_fp32_and_bf16_sized_in_bf16(sq, sk, hq, hkv, causal, with_dlse):
+    """The yardstick the gradient comparators use: in fp32 it is the oracle (dlse, GQA, causal rows that see no key
+    included); in bf16 its error is of bf16 size, and the comparator refuses a gradient with one element off."""
+    torch.manual_seed(1)
+    q, k, v, dout = (_t(*shape).float() for shape in ((2, sq, hq, 64), (2, sk, hkv, 64), (2, sk, hkv, 64),
+                                                       (2, sq, hq, 64)))
+    dlse = torch.randn(2, hq, sq) if with_dlse else None
+    exact = fwd.attention_fp32(q, k, v, 0.125, causal)[0]
+    want = mod.attention_grads_fp32(q, k, v, dout, 0.125, causal, dlse, out=exact)
+    for g, w in zip(mod.attention_grads_low_precision(q, k, v, dout, 0.125, causal, dlse), want):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
+    qb, kb, vb, db = (x.bfloat16() for x in (q, k, v, dout))
+    lowp = mod.attention_grads_low_precision(qb, kb, vb, db, 0.125, causal, dlse)
+    want = mod.attention_grads_fp32(qb, kb, vb, db, 0.125, causal, dlse, out=exact.bfloat16())
+    for name, lp, w in zip(("dq", "dk", "dv"), lowp, want):
+        stats = harness.compare_to_low_precision(name, w.bfloat16(), w, lp, "the oracle")  # the oracle, rounded
+        assert 1e-4 < stats["rel_fro_low_precision"] < 2e-2
+        bad = w.contiguous().clone()
+        bad.view(-1)[7] += 10 * stats["max_abs_low_precision"] + 1.0
+        with pytest.raises(harness.KernelCheckError, match="max_abs"):
+            harness.compare_to_low_precision(name, bad, w, lp, "the oracle")
 
 
 # ------------------------------------------------------------------------------------------------ the schedule

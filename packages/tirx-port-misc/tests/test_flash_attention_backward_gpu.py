@@ -32,17 +32,18 @@ def _inputs(m, dtype, B, sq, sk, hq, hkv, d, causal, seed=0, dv=None):  # noqa: 
 
 
 def _check_oracle(m, q, k, v, out, dout, scale, causal, grads, dlse=None):
+    """Each gradient against the fp32 oracle's autograd, at most twice the error of plain attention done in the
+    inputs' dtype (flash-attn's criterion: ``harness.compare_to_low_precision``, which the module's COMPARATORS use)."""
     want = m.attention_grads_fp32(q, k, v, dout, scale, causal, dlse, out=out)
-    tol = m.TOLERANCE[str(q.dtype)[6:]]
+    lowp = m.attention_grads_low_precision(q, k, v, dout, scale, causal, dlse)
     dv_rms = want[2].float().pow(2).mean().sqrt().item()
-    for name, g, w in zip(("dq", "dk", "dv"), grads, want):
+    for name, g, w, lp in zip(("dq", "dk", "dv"), grads, want, lowp):
         if not w.any():
             # Exactly zero where every row sees one key (softmax constant, dS = 0): the kernel's dP - delta leaves
-            # rounding noise (~1e-7 on the H100, 2026-12-06), which an RMS-relative atol of 0 refused; judged
-            # against dv's scale instead.
-            assert g.float().abs().max().item() <= tol[0] * dv_rms, f"{name}: not zero where the oracle is"
+            # rounding noise (~1e-7 on the H100, 2026-12-06); judged against dv's scale.
+            assert g.float().abs().max().item() <= 1e-3 * dv_rms, f"{name}: not zero where the oracle is"
             continue
-        harness.compare(name, g, w, tol, "the fp32 oracle's autograd")
+        harness.compare_to_low_precision(name, g, w, lp, "the fp32 oracle's autograd")
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
