@@ -118,7 +118,7 @@ def test_state_walk_matches_its_rounding_model(emulated):
     kd = (0.1 * torch.randn(nc, heads, 64, 128, generator=gen)).bfloat16()
     w = (0.1 * torch.randn(nc, heads, 64, 128, generator=gen)).bfloat16()
     r = torch.randn(nc, heads, 128, 128, generator=gen)
-    gc = 0.5 + 0.5 * torch.rand(nc, heads, generator=gen)
+    gc = 0.5 + 0.5 * torch.rand(nc, heads, 128, generator=gen)  # per key channel (GDN-1 repeats its scalar)
     dfs = torch.randn(n, heads, 128, 128, generator=gen)
     cu = torch.tensor([0] + counts).cumsum(0).to(torch.int32)
     dse = torch.full((nc, heads, 128, 128), float("nan"))
@@ -129,7 +129,7 @@ def test_state_walk_matches_its_rounding_model(emulated):
         for c in range(int(cu[i + 1]) - 1, int(cu[i]) - 1, -1):
             torch.testing.assert_close(dse[c], ds, atol=1e-5, rtol=1e-5)
             y = ds.bfloat16().float() @ kd[c].float().transpose(-1, -2)
-            ds = gc[c][:, None, None] * ds + r[c] - y.bfloat16().float() @ w[c].float()
+            ds = ds * gc[c][:, None, :] + r[c] - y.bfloat16().float() @ w[c].float()
         torch.testing.assert_close(d0[i], ds, atol=1e-3, rtol=1e-4)
 
 

@@ -7,15 +7,18 @@
 
     dS_end[c] = dS                                   (stored: the chunk's dS', fp32)
     Y         = bf16(dS) K_d^T                       [V, C]   (RS wgmma: dS's fragment is the A operand)
-    dS        = gamma_C dS + R_c - bf16(Y) W         [V, K]   (RS wgmma, W MN-major)
+    dS        = dS diag(gamma_C) + R_c - bf16(Y) W   [V, K]   (RS wgmma, W MN-major)
+
+with C = 64 (GDN-1) or 16 (GDN-2) tokens a chunk and gamma_C the chunk's decay per key channel (GDN-1's scalar
+decay repeated over the keys).
 
 and ``dstate0[n, h] = dS`` at the end (the gradient of the initial state). dS starts from ``d_final_state[n, h]``
-(flag HAS_DFINAL) or zero. K_d and W ([C, K] 16-bit, zero past a chunk's end), R_c ([V, K] fp32) and gamma_C come
+(flag HAS_DFINAL) or zero. K_d and W ([C, K] 16-bit, zero past a chunk's end), R_c ([V, K] fp32) and gamma_C ([K]) come
 from the chunk-parallel stage (``_bwd_chunks``), chunk ``c`` of sequence ``n`` being row ``chunk_cu[n] + j``.
 
 Two warpgroups; warpgroup w holds dS rows (values) 64 w .. 64 w + 63 in registers (an m64n128 fp32 accumulator).
 K_d is read K-major (rows = chunk positions = the N of Y, columns = keys = its K), W MN-major (rows = chunk positions
-= the K of the update, columns = keys = its N): two 64 x 64 SW128 boxes each, filled by 16-byte loads of all 256
+= the K of the update, columns = keys = its N): two C x 64 SW128 boxes each, filled by 16-byte loads of all 256
 threads at the swizzled offsets TMA would write.
 """
 
@@ -24,26 +27,31 @@ from __future__ import annotations
 from tirx_kernels.ported.flashinfer.gdn_prefill import _layout as lay
 
 IO_DTYPES = ("bfloat16", "float16")
+CHUNKS = (64, 16)
 HAS_DFINAL = 1
 THREADS = 256
 DIM = lay.DIM
-CHUNK = lay.CHUNK
-KD_BOX = 0  # two boxes: keys 0-63, 64-127
-W_BOX = 2 * lay.BOX
-TILE_BYTES = 4 * lay.BOX
 
 
-def build_kernel(io: str):
+def build_kernel(io: str, chunk: int = 64):
     from tvm.script import tirx as T
 
     from tirx_kernels.core.lang import tma, vector, wgmma
-    from tirx_kernels.ported.flashinfer.gdn_prefill import _wy
 
     if io not in IO_DTYPES:
         raise ValueError(f"gdn bprop state walk: io dtype {io!r} is not one of {IO_DTYPES}")
+    if chunk not in CHUNKS:
+        raise ValueError(f"gdn bprop state walk: chunk {chunk} is not one of {CHUNKS}")
     cvt = {"bfloat16": T.ptx.cvt.rn.bf16x2.f32, "float16": T.ptx.cvt.rn.f16x2.f32}[io]
-    vec_per_tile = CHUNK * DIM * 2 // 16  # 16-byte vectors of one [C, K] 16-bit tile
-    trips = vec_per_tile // THREADS
+    box = chunk * 128  # bytes of a C x 64 16-bit SW128 box
+    kd_box, w_box = 0, 2 * box
+    tile_bytes = 4 * box
+    trips = chunk * DIM * 2 // 16 // THREADS  # 16-byte vectors of one [C, K] tile a thread
+    steps = chunk // 16  # k16 steps of the update
+    mnmaj = wgmma.desc_offsets(wgmma.MN_MAJOR, wgmma.SWIZZLE_128B, mn_chunk_bytes=box)
+
+    def kmajor_step(kk):
+        return kd_box + (kk // 4) * box + (kk % 4) * 32
 
     def i64(x):
         return T.Cast("int64", x)
@@ -59,7 +67,7 @@ def build_kernel(io: str):
                       flags: T.int32):
         n_kd = T.int64()
         n_r = T.int64()
-        n_gc = T.int32()
+        n_gc = T.int64()
         n_cu = T.int32()
         n_dfs = T.int64()
         n_dse = T.int64()
@@ -79,10 +87,10 @@ def build_kernel(io: str):
         tid = T.thread_id([THREADS])
 
         pool = T.SMEMPool()
-        tiles = pool.alloc((TILE_BYTES // 4,), "uint32", align=1024)
+        tiles = pool.alloc((tile_bytes // 4,), "uint32", align=1024)
         pool.commit()
         s_acc = T.alloc_local((64,), "float32")
-        y_acc = T.alloc_local((32,), "float32")
+        y_acc = T.alloc_local((chunk // 2,), "float32")
         afrag = T.alloc_local((32,), "uint32")
         vw = T.alloc_local((4,), "uint32")
         kd0 = T.alloc_local((1,), "uint64")
@@ -95,7 +103,7 @@ def build_kernel(io: str):
         c1 = CCU[n + 1]
         seq_head = i64(n) * n_heads + h
         wgmma.encode_desc(kd0.ptr_to([0]), tiles.ptr_to([0]), lay.KMAJ[0], lay.KMAJ[1], wgmma.SWIZZLE_128B)
-        wgmma.encode_desc(md0.ptr_to([0]), tiles.ptr_to([0]), lay.MNMAJ[0], lay.MNMAJ[1], wgmma.SWIZZLE_128B)
+        wgmma.encode_desc(md0.ptr_to([0]), tiles.ptr_to([0]), mnmaj[0], mnmaj[1], wgmma.SWIZZLE_128B)
         for j in T.unroll(16):
             for r in T.unroll(2):
                 for e in T.unroll(2):
@@ -111,12 +119,12 @@ def build_kernel(io: str):
                 q = i * THREADS + tid
                 tr = q // (DIM // 8)
                 col = (q % (DIM // 8)) * 8
-                off = (col // 64) * lay.BOX + 2 * tma.sw128_offset(tr, col % 64, io)
-                src = row * (CHUNK * DIM) + i64(tr * DIM + col)
+                off = (col // 64) * box + 2 * tma.sw128_offset(tr, col % 64, io)
+                src = row * (chunk * DIM) + i64(tr * DIM + col)
                 vector.load_v4(vw, 0, KD.ptr_to([src]))
-                vector.store_shared_v4(tiles.ptr_to([(KD_BOX + off) // 4]), vw, 0)
+                vector.store_shared_v4(tiles.ptr_to([(kd_box + off) // 4]), vw, 0)
                 vector.load_v4(vw, 0, W.ptr_to([src]))
-                vector.store_shared_v4(tiles.ptr_to([(W_BOX + off) // 4]), vw, 0)
+                vector.store_shared_v4(tiles.ptr_to([(w_box + off) // 4]), vw, 0)
             tma.fence_proxy_async()
             T.cuda.cta_sync()
             # This chunk's dS' (the gradient at its end) -> dS_end; dS as the RS A operand of Y.
@@ -130,24 +138,25 @@ def build_kernel(io: str):
                                    s_acc[wgmma.acc_as_rs_a(kk, i, 0)]))
             wgmma.fence()
             for kk in range(8):
-                wgmma.mma(64, y_acc, [afrag[kk * 4 + i] for i in range(4)],
-                          wgmma.desc_advance(kd0[0], lay.kmajor_step(KD_BOX, kk)), io, scale_d=kk > 0)
+                wgmma.mma(chunk, y_acc, [afrag[kk * 4 + i] for i in range(4)],
+                          wgmma.desc_advance(kd0[0], kmajor_step(kk)), io, scale_d=kk > 0)
             wgmma.commit()
             wgmma.wait(0)
-            # dS = gamma_C dS + R_c - Y W
-            gc = GC[row]
+            # dS = dS diag(gamma_C) + R_c - Y W
             for j in T.unroll(16):
-                for r in T.unroll(2):
-                    for e in T.unroll(2):
+                for e in T.unroll(2):
+                    gc = GC[row * DIM + wgmma.acc_col(lane, j) + e]
+                    for r in T.unroll(2):
                         s_acc[j * 4 + r * 2 + e] = gc * s_acc[j * 4 + r * 2 + e] + R[
                             state_offset(row, wg, warp, lane, j, r) + e]
-            for i in T.unroll(32):
-                y_acc[i] = T.float32(0) - y_acc[i]
-            _wy.rs_frag(afrag, y_acc, io)
+            for kk in T.unroll(steps):
+                for i in T.unroll(4):
+                    T.evaluate(cvt(afrag[kk * 4 + i], T.float32(0) - y_acc[wgmma.acc_as_rs_a(kk, i, 1)],
+                                   T.float32(0) - y_acc[wgmma.acc_as_rs_a(kk, i, 0)]))
             wgmma.fence()
-            for kk in range(4):
+            for kk in range(steps):
                 wgmma.mma(128, s_acc, [afrag[kk * 4 + i] for i in range(4)],
-                          wgmma.desc_advance(md0[0], W_BOX + kk * lay.MN_KSTEP), io, b_major=wgmma.MN_MAJOR)
+                          wgmma.desc_advance(md0[0], w_box + kk * lay.MN_KSTEP), io, b_major=wgmma.MN_MAJOR)
             wgmma.commit()
             wgmma.wait(0)
         for j in T.unroll(16):
@@ -159,9 +168,9 @@ def build_kernel(io: str):
 
 
 def kernel_args(kd, w, r, gamma_c, chunk_cu, d_final_state, dstate_end, dstate0, dummy) -> tuple:
-    """Arguments in the PrimFunc's order: kd, w [NC, H, C, K] 16-bit; r [NC, H, V, K], gamma_c [NC, H] fp32;
+    """Arguments in the PrimFunc's order: kd, w [NC, H, C, K] 16-bit; r [NC, H, V, K], gamma_c [NC, H, K] fp32;
     chunk_cu [N + 1] int32; d_final_state (or None), dstate_end [NC, H, V, K], dstate0 [N, H, V, K] fp32."""
-    n_heads = gamma_c.shape[1] if gamma_c.dim() == 2 else dstate0.shape[1]
+    n_heads = dstate0.shape[1]
     flags = HAS_DFINAL if d_final_state is not None else 0
     dfs = dummy if d_final_state is None else d_final_state.reshape(-1)
     return (kd.reshape(-1), w.reshape(-1), r.reshape(-1), gamma_c.reshape(-1), chunk_cu, dfs,

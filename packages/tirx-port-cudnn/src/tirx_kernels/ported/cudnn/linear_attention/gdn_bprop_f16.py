@@ -80,7 +80,7 @@ def compile_params(dtype: str = "bfloat16", **_) -> dict:
 
 
 def get_kernel(io: str):
-    return sk.build_kernel(io)
+    return sk.build_kernel(io, ch.CHUNK)
 
 
 def artifact_params() -> list[dict]:
@@ -298,8 +298,9 @@ def kernel_scan(io: str, fn=None):
         if cmap.n_chunks == 0:  # every sequence empty: the gradient passes through
             d0.copy_(dfs if dfs is not None else torch.zeros_like(d0))
             return dS, d0
-        res = call(*sk.kernel_args(kd, w, R.contiguous(), f["gam_c"].float().contiguous(), ccu, dfs, dS, d0,
-                                   _dummy(dev)))
+        gc = f["gam_c"].float()
+        gc = (gc[..., None].expand(*gc.shape, ch.DIM) if gc.dim() == 2 else gc).contiguous()  # per key channel
+        res = call(*sk.kernel_args(kd, w, R.contiguous(), gc, ccu, dfs, dS, d0, _dummy(dev)))
         if hasattr(res, "check"):
             res.check()
         return dS, d0
