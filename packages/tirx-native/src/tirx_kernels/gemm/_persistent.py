@@ -87,6 +87,12 @@ Variants (compile parameters; the defaults build exactly the plain kernel above)
   mbarrier) and reads its own elements back from there; ``beta == 0`` never reads C (BLAS semantics:
   ``out`` may hold NaN).
   The kernel's arguments are ``(a, b, c[, bias][, alpha, beta])``.
+- ``sync`` (plain unclustered NT only; ``core.lang.peer``; the distributed GEMMs of this folder): the M-tile order
+  rotated by the argument ``m_rotate`` (M-tile ``(m + m_rotate) % num_m``). ``"wait_rows"`` (``allgather_gemm``, args
+  ``(a, b, c, sync, sync_rows, sync_chunk, m_rotate)``): before a tile's first A load the producer waits for the int32
+  flag (>= 1) of every chunk of rows it covers (row g: chunk ``g // sync_rows * ceil(sync_rows / sync_chunk) +
+  g % sync_rows // sync_chunk``). ``"publish_tiles"`` (``gemm_reduce_scatter``, args ``(a, b, c, sync, m_rotate)``):
+  once a tile's stores are written, each consumer warpgroup adds 1 to ``sync[m_tile * num_n + n_tile]`` (system scope).
 """
 
 from __future__ import annotations
@@ -100,6 +106,7 @@ LAYOUTS = ("nt", "nn")
 EPILOGUES = ("none", "bias", "alpha_beta", "alpha_beta_bias")
 # How C leaves the staging tile: TMA stores, or (C rows not 16-byte aligned, e.g. odd N) per-element st.global.
 C_STORES = ("tma", "stg")
+SYNCS = (None, "wait_rows", "publish_tiles")  # cross-GPU hooks (``sync``); None: the plain kernel, unchanged
 
 
 def has_bias(epilogue: str) -> bool:
@@ -243,10 +250,10 @@ def build_persistent_kernel(dtype: str, block_m: int, block_n: int, block_k: int
                             out_dtype: str | None = None, epilogue: str = "none", bias_dtype: str | None = None,
                             epi_cols: int | None = None, pdl: str | None = None, cluster_n: int = 1,
                             release: str = "warp", stream_k: bool = False, load_priority: str | None = None,
-                            c_store: str = "tma"):
+                            c_store: str = "tma", sync: str | None = None):
     from tvm.script import tirx as T
 
-    from tirx_kernels.core.lang import grid_flags, mbarrier, roles, tma, vector, wgmma
+    from tirx_kernels.core.lang import grid_flags, mbarrier, peer, roles, tma, vector, wgmma
     from tirx_kernels.core.lang import pdl as pdl_launch
 
     elem = tma.elem_bytes(dtype)
@@ -326,6 +333,9 @@ def build_persistent_kernel(dtype: str, block_m: int, block_n: int, block_k: int
     # statement (one round when epi_cols is None).
     out_elem = tma.elem_bytes(out_dtype)
     plain = epilogue == "none" and out_elem == 2
+    if sync not in SYNCS or sync and (cluster_size > 1 or stream_k or not plain or tail_cols or stg or layout != "nt"):
+        raise ValueError(f"persistent gemm: sync={sync!r} must be one of {SYNCS}; a hook builds only the plain "
+                         "unclustered NT kernel")
     reads_c = has_alpha_beta(epilogue)
     add_bias = has_bias(epilogue)
     pass_cols = epi * 2 // out_elem  # the staging tile holds epi 16-bit columns = epi / 2 fp32 columns
@@ -475,6 +485,16 @@ def build_persistent_kernel(dtype: str, block_m: int, block_n: int, block_k: int
         """Element offset of consumer thread (cw, ct)'s i-th 16-byte vector in CTA c's partial."""
         return c * ws_per_cta + ((cw * vec_per_thread + i) * 128 + ct) * 4
 
+    def tile_m0(tile, M, N, rank, m_rotate):  # noqa: N803
+        """The tile's first row (M-tile rotated by ``m_rotate`` with ``sync``)."""
+        if sync is None:
+            return tiles.tile_mn(tile, M, N, rank)[0] * block_m
+        return (tiles.tile_mn(tile, M, N, rank)[0] + m_rotate) % scheduler.ceil_div(M, block_m) * block_m
+
+    def sync_chunk_of(row, rows, chunk):
+        """The flag of A row ``row`` (``sync="wait_rows"``: shards of ``rows`` rows, chunks of ``chunk``)."""
+        return row // rows * scheduler.ceil_div(rows, chunk) + row % rows // chunk
+
     hint = {}  # load_priority: the producer thread's L2 policy, bound while the kernel is parsed
 
     def bind_load_policy():
@@ -498,7 +518,8 @@ def build_persistent_kernel(dtype: str, block_m: int, block_n: int, block_k: int
 
     @T.prim_func
     def fp16_bf16_gemm_persistent(a_ptr: T.handle, b_ptr: T.handle, c_ptr: T.handle, bias_ptr: T.handle,
-                                  alpha: T.float32, beta: T.float32, ws_ptr: T.handle, flags_ptr: T.handle):
+                                  alpha: T.float32, beta: T.float32, ws_ptr: T.handle, flags_ptr: T.handle,
+                                  sync_ptr: T.handle, sync_rows: T.int32, sync_chunk: T.int32, m_rotate: T.int32):
         M = T.int32()
         N = T.int32()
         K = T.int32()
@@ -514,6 +535,8 @@ def build_persistent_kernel(dtype: str, block_m: int, block_n: int, block_k: int
         n_flags = T.int32()
         WS = T.match_buffer(ws_ptr, (ws_len,), "float32", align=16)
         Flags = T.match_buffer(flags_ptr, (n_flags,), "int32", align=4)
+        n_sync = T.int32()
+        Sync = T.match_buffer(sync_ptr, (n_sync,), "int32", align=4)  # sync: the cross-GPU flags
         # Host: tensor maps with this call's dims (rows/cols past the edge: zero-fill on load, clip on store).
         a_map = T.Bind(T.tvm_stack_alloca("tensormap", 1))
         b_map = T.Bind(T.tvm_stack_alloca("tensormap", 1))
@@ -558,6 +581,8 @@ def build_persistent_kernel(dtype: str, block_m: int, block_n: int, block_k: int
         remote = T.alloc_local((1,), "uint32")
         cursor = T.alloc_local((2,), "int32")  # the consumer's ring position (stage, phase)
         prev = T.alloc_local((1,), "int32")  # the stage of the previous use, released after the next one
+        if sync == "wait_rows":
+            seen = T.alloc_local((3,), "int32")  # a flag read; the tile's first and last chunk of rows
         if stream_k:
             flag = T.alloc_local((1,), "int32")  # a flag read
             part = T.alloc_local((4,), "float32")  # one 16-byte vector of a partial
@@ -586,8 +611,16 @@ def build_persistent_kernel(dtype: str, block_m: int, block_n: int, block_k: int
                 for t in range(units(my_tiles, k_tiles)):
                     bind_unit(t, cta, grid, k_tiles)
                     tile = unit_tile(t, cluster, grid)
-                    m0 = tiles.tile_mn(tile, M, N, rank)[0] * block_m
+                    m0 = tile_m0(tile, M, N, rank, m_rotate)
                     n0 = tiles.tile_mn(tile, M, N, rank)[1] * block_n
+                    if sync == "wait_rows":
+                        # Every chunk of A rows the tile covers has arrived (flags set after the copies).
+                        # (registers: two inline divisions in one loop header fail codegen, "Let cannot bind ...")
+                        seen[1] = sync_chunk_of(m0, sync_rows, sync_chunk)
+                        seen[2] = sync_chunk_of(T.min(m0 + block_m, M) - 1, sync_rows, sync_chunk)
+                        for chunk in range(seen[1], seen[2] + 1):
+                            peer.wait_geq(Sync.ptr_to([chunk]), 1, seen)
+                        peer.async_writes_to_generic()  # the generic acquire before the TMA loads of the rows
                     for k in range(k_begin(), k_end(k_tiles)):
                         it = use_count(t, k, k_tiles)  # the ring's use count: continues across tiles
                         s = ring.stage(it)
@@ -623,7 +656,7 @@ def build_persistent_kernel(dtype: str, block_m: int, block_n: int, block_k: int
             for t in range(units(my_tiles, k_tiles)):
                 bind_unit(t, cta, grid, k_tiles)
                 tile = unit_tile(t, cluster, grid)
-                m0 = tiles.tile_mn(tile, M, N, rank)[0] * block_m
+                m0 = tile_m0(tile, M, N, rank, m_rotate)
                 n0 = tiles.tile_mn(tile, M, N, rank)[1] * block_n
                 for k in range(k_begin(), k_end(k_tiles)):
                     s = cursor[0]
@@ -706,6 +739,13 @@ def build_persistent_kernel(dtype: str, block_m: int, block_n: int, block_k: int
                                         tma.store_2d(c_map, n0 + q * epi + box * store_cols, row0,
                                                      Cs.ptr_to([(cs_base + box * store_rows * store_cols) // 2]))
                                 tma.store_commit()
+                        if sync == "publish_tiles":
+                            # The tile's stores written (not only read), then its flag (one per warpgroup).
+                            if ct == 0:
+                                tma.store_wait(0)
+                                peer.async_writes_to_generic()
+                                peer.signal_add(Sync.ptr_to([(m0 // block_m) * scheduler.ceil_div(N, block_n)
+                                                             + n0 // block_n]))
                         if tail_cols > 0:
                             # The last tail_cols columns (block_n % 64 = 16, 32 or 48): pairs straight from the
                             # registers. Only built for such tiles: no C word view otherwise.
@@ -754,5 +794,7 @@ def build_persistent_kernel(dtype: str, block_m: int, block_n: int, block_k: int
         pdl_launch.end(pdl)
 
     unused = ((() if add_bias else ("bias_ptr", "Bias")) + (() if reads_c else ("alpha", "beta"))
-              + (() if stream_k else ("ws_ptr", "WS", "flags_ptr", "Flags")))
+              + (() if stream_k else ("ws_ptr", "WS", "flags_ptr", "Flags"))
+              + (("sync_ptr", "Sync", "m_rotate") if sync is None else ())
+              + (() if sync == "wait_rows" else ("sync_rows", "sync_chunk")))
     return pdl_launch.launch(_drop_params(fp16_bf16_gemm_persistent, unused), pdl, cluster=cluster_size > 1)

@@ -1,0 +1,109 @@
+# SPDX-License-Identifier: Apache-2.0
+"""CPU tests of the distributed GEMMs (``allgather_gemm``, ``gemm_reduce_scatter``): the schedules (which rows a
+rank's GEMM reads first, the copy and flag order), the hooks' argument lists, and the CPU emulator running the
+kernels for several simulated ranks in one process (every "peer" buffer in one allocation): the producers of every
+rank first (copies and flags for the all-gather; the partial GEMMs for the reduce-scatter), then the consumers, which
+is a valid order for flag protocols (a consumer finds its flags set). GPU runs: tests/test_distributed_gemm_gpu.py.
+"""
+
+import shutil
+
+import pytest
+import torch
+
+from tirx_kernels.core.lang import scheduler
+from tirx_kernels.gemm import _dist
+from tirx_kernels.gemm import allgather_gemm as ag
+
+
+def _rank_tile_order(rank, world, M, N, tile):  # noqa: N803
+    """The M-tiles rank ``rank``'s GEMM starts, in launch order (CTA c's first tile is linear tile c; the m-rotation of
+    gemm/_persistent.py's sync hooks)."""
+    p = ag._tile_params(tile)
+    num_m, num_n = scheduler.num_tiles(M, N, p["block_m"], p["block_n"])
+    rotate = rank * (M // world) // p["block_m"]
+    grid = min(num_m * num_n, p["num_sms"])
+    return [(scheduler.tile_coords(c, num_m, num_n, p["group_m"])[0] + rotate) % num_m for c in range(grid)]
+
+
+@pytest.mark.parametrize("world, n", [(4, 24576), (8, 57344)])
+def test_allgather_first_wave_reads_the_own_shard_first(world, n):
+    """At M = 8192 the first tiles every rank launches lie in its own shard (no wait), and the first M-tile that
+    needs a peer shard needs rank + 1's, the first one copied."""
+    M, tile = 8192, ag.choose_tile(n // world)  # noqa: N806
+    shard_tiles = M // world // 128
+    for rank in range(world):
+        order = _rank_tile_order(rank, world, M, n // world, tile)
+        shards = [m // shard_tiles for m in order]
+        assert shards[0] == rank
+        foreign = [s for s in shards if s != rank]
+        assert not foreign or foreign[0] == (rank + 1) % world
+
+
+def test_chunks_are_whole_m_tiles():
+    for shard in (100, 128, 1024, 2048, 8192, 1000):
+        c = _dist.chunk_rows(shard, 128)
+        assert c % 128 == 0 and c >= 128 and -(-shard // c) <= 4
+
+
+def test_tile_choice_and_params():
+    assert ag.compile_params(dtype="float16", M=8192, N=57344, K=8192, world_size=8)["tile"] == ag.WIDE_TILE
+    assert ag.compile_params(dtype="bfloat16", M=300, N=600, K=136, world_size=3)["tile"] == ag.NARROW_TILE
+    with pytest.raises(ValueError, match="tile"):
+        ag.get_kernel("float16", "persistent_128x256x64_s3_c2_g8")
+
+
+needs_tvm = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not installed")
+
+
+@needs_tvm
+def test_sync_hooks_take_their_arguments():
+    pytest.importorskip("tvm", reason="apache-tvm is needed to trace kernels")
+    from tirx_kernels.gemm import _persistent
+
+    f = ag.get_kernel("bfloat16", ag.NARROW_TILE)
+    assert [p.name for p in f.params] == ["A", "B", "C", "Sync", "sync_rows", "sync_chunk", "m_rotate"]
+    g = _persistent.build_persistent_kernel("bfloat16", 128, 128, 64, 6, 1, 8, 132, sync="publish_tiles")
+    assert [p.name for p in g.params] == ["A", "B", "C", "Sync", "m_rotate"]
+    with pytest.raises(ValueError, match="sync"):
+        _persistent.build_persistent_kernel("bfloat16", 128, 128, 64, 6, 2, 8, 132, sync="wait_rows")
+
+
+@needs_tvm
+def test_allgather_gemm_emulated_three_ranks():
+    """3 ranks of 100 rows (M = 300: shard boundaries inside M-tiles 0 and 1, so a tile waits for two shards' flags),
+    N / W = 200 (2 N-tiles of 128, the second ragged), K = 136 (3 K-tiles): each rank's rotated GEMM over the gathered
+    A, after the copies and flags (producers first), equals the fp32 oracle of its column shard."""
+    pytest.importorskip("tvm", reason="apache-tvm is needed to generate the kernels")
+    from tirx_kernels.core import build, emulate
+
+    world, M, N, K = 3, 300, 600, 136  # noqa: N806
+    mod = emulate.compile_module(build.codegen(ag.get_kernel("bfloat16", ag.NARROW_TILE)))
+    g = torch.Generator().manual_seed(7)
+    a = torch.randn(M, K, generator=g).bfloat16()
+    w = (torch.randn(N, K, generator=g) / K ** 0.5).bfloat16()
+    shard = M // world
+    chunk = _dist.chunk_rows(shard, 128)
+    per_shard = -(-shard // chunk)
+    for rank in range(world):
+        gathered = torch.cat([a[p * shard:(p + 1) * shard] for p in range(world)])  # the copies (producers)
+        flags = torch.ones(world * per_shard, dtype=torch.int32)  # and their flags
+        w_r = w[rank * 200:(rank + 1) * 200].contiguous()
+        out = torch.full((M, 200), float("nan")).bfloat16()
+        mod(gathered, w_r, out, flags, shard, chunk, rank * shard // 128, hang_timeout=120.0).check()
+        want = a.float() @ w_r.float().T
+        torch.testing.assert_close(out.float(), want, atol=2e-2 * want.abs().max().item(), rtol=1.6e-2)
+        assert torch.equal(gathered, a)
+
+
+@pytest.mark.parametrize("kernel, params", [
+    ("allgather_gemm", {"dtype": "float16", "tile": "persistent_128x256x64_s4_e128_g8"}),
+])
+def test_distributed_gemm_builds_without_spills(kernel, params):
+    """CI's one representative artifact per kernel: nvcc for sm_90a, no spills or local memory, the expected SASS."""
+    pytest.importorskip("tvm", reason="apache-tvm is needed to build kernels")
+    import importlib
+
+    from tirx_kernels.core import testing
+
+    testing.build_and_check_sass(importlib.import_module(f"tirx_kernels.gemm.{kernel}"), kernel, params)
