@@ -99,12 +99,12 @@ def emulation():
 
 
 def test_emulated_against_the_oracle(emulation):
-    """b = 129 (a tile whose second slab holds one real row), 3 heads, r = 272 (a K tail), d = 136 (an N tail), 3
-    CTAs for 12 tiles (the ring wraps across tiles and heads); x strided inside a wider [b, h, r + 16] buffer (the
-    TMA map reads its strides), z inside a NaN band (the [b, h, d] strides, guard columns and rows)."""
+    """b = 129 (a tile whose second slab holds one real row), 2 heads, r = 272 (a K tail), d = 72 (an N tail), 3
+    CTAs for 8 tiles of 128 x 64 (the ring wraps across tiles and heads); x strided inside a wider [b, h, r + 16]
+    buffer (the TMA map reads its strides), z inside a NaN band (the [b, h, d] strides, guard columns and rows)."""
     from tirx_kernels.core import emulate
 
-    b, h, r, d = 129, 3, 272, 136
+    b, h, r, d = 129, 2, 272, 72
     x, sfx, y, sfy = _operands(b, h, r, d, seed=7)
     xw = torch.zeros(b, h, r + 16, dtype=torch.uint8).view(E4M3)
     xw[:, :, :r] = x
@@ -144,6 +144,14 @@ def test_gpu_config(label):
     res = mod.run_test(**next(c for c in mod.CONFIGS if c["label"] == label))
     failed = {n: r for n, r in res["references"].items() if r["status"] == "failed"}
     assert not failed, failed
+
+
+@gpu
+def test_gpu_graph_replay():
+    """Captured once, replayed with new inputs and checked."""
+    from tirx_kernels.core import harness
+
+    harness.check_replay(mod, harness.full_config(mod, next(c for c in mod.CONFIGS if c["label"].startswith("b17"))))
 
 
 @gpu

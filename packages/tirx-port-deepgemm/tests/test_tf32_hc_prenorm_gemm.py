@@ -138,6 +138,15 @@ def test_gpu_config(label):
 
 
 @gpu
+@pytest.mark.parametrize("label", ["m137_k7680_s16", "m13_k7168_nosplit"])
+def test_gpu_graph_replay(label):
+    """Captured once, replayed with new inputs and checked."""
+    from tirx_kernels.core import harness
+
+    harness.check_replay(mod, harness.full_config(mod, next(c for c in mod.CONFIGS if c["label"] == label)))
+
+
+@gpu
 @pytest.mark.parametrize("M, K, splits", [(13, 28672, None), (137, 7680, 16), (4096, 7168, 16)])
 def test_gpu_deepgemm_check(M, K, splits):  # noqa: N803
     """DeepGEMM's own test: the partials' sums against torch's TF32 matmul and fp32 square sums, calc_diff < 1e-8

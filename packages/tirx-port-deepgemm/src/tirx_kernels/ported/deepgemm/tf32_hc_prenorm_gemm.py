@@ -49,6 +49,7 @@ KERNEL_META = {
 CONFIGS = [
     {"label": "m13_k7168_nosplit", "M": 13, "K": 7168, "num_splits": None},
     {"label": "m13_k28672_s112", "M": 13, "K": 28672, "num_splits": 112},
+    {"label": "m137_k7168_s1", "M": 137, "K": 7168, "num_splits": 1},
     {"label": "m137_k7680_s16", "M": 137, "K": 7680, "num_splits": 16},
     {"label": "m137_k28672_s64", "M": 137, "K": 28672, "num_splits": 64},
     {"label": "m4096_k7168_nosplit", "M": 4096, "K": 7168, "num_splits": None},
