@@ -36,10 +36,10 @@ def lengths(cu_seqlens) -> list[int]:
     return [cu[i + 1] - cu[i] for i in range(len(cu) - 1)]
 
 
-def checkpoint_counts(lens: list[int]) -> list[int]:
+def checkpoint_counts(lens: list[int], chunk: int = CHUNK) -> list[int]:
     """Checkpoints a sequence has: the states entering each of its chunks (checkpoint 0 = the initial state), as the
     forward / recompute kernels of this package write them (``_fwd_kernel``: cuDNN's pre-chunk indexing)."""
-    return [-(-n // CHUNK) for n in lens]
+    return [-(-n // chunk) for n in lens]
 
 
 def n_checkpoints(cu_seqlens) -> int:
@@ -50,7 +50,7 @@ class ChunkMap:
     """Where every chunk of a packed batch sits: chunk c covers tokens ``tok[c, :len[c]]`` of sequence ``seq[c]``
     (position ``pos[c]`` in it); chunks of a sequence are consecutive, first to last."""
 
-    def __init__(self, cu_seqlens, device):
+    def __init__(self, cu_seqlens, device, chunk: int = CHUNK):
         lens = lengths(cu_seqlens)
         cu = [0]
         for n in lens:
@@ -59,21 +59,21 @@ class ChunkMap:
         ck_base = 0
         self.chunk_cu = [0]
         for n, length in enumerate(lens):
-            nc = -(-length // CHUNK)
+            nc = -(-length // chunk)
             for j in range(nc):
                 seq.append(n)
                 pos.append(j)
-                start.append(cu[n] + j * CHUNK)
-                ln.append(min(CHUNK, length - j * CHUNK))
+                start.append(cu[n] + j * chunk)
+                ln.append(min(chunk, length - j * chunk))
                 ck.append(ck_base + j)
-            ck_base += checkpoint_counts([length])[0]
+            ck_base += nc
             self.chunk_cu.append(self.chunk_cu[-1] + nc)
         self.n_seqs = len(lens)
         self.n_chunks = len(seq)
         self.total = cu[-1]
         self.seq = torch.tensor(seq, dtype=torch.long, device=device)
         self.ckpt = torch.tensor(ck, dtype=torch.long, device=device)
-        ar = torch.arange(CHUNK, device=device)
+        ar = torch.arange(chunk, device=device)
         st = torch.tensor(start, dtype=torch.long, device=device)
         ln_t = torch.tensor(ln, dtype=torch.long, device=device)
         self.valid = ar[None, :] < ln_t[:, None]  # [NC, C]
@@ -147,7 +147,9 @@ def state_scan(cmap: ChunkMap, f: dict, R, d_final_state, hs: int, dtype):
               else torch.zeros(hs, DIM, DIM, dtype=dtype, device=dev))
         for c in range(cmap.chunk_cu[n + 1] - 1, cmap.chunk_cu[n] - 1, -1):
             dS_end[c] = ds
-            ds = f["gam_c"][c][:, None, None] * ds - (ds @ f["Kd"][c].transpose(-1, -2)) @ f["W"][c] + R[c]
+            gc = f["gam_c"][c]  # [H] (GDN-1) or [H, K] (GDN-2: per key channel)
+            gc = gc[:, None, None] if gc.dim() == 1 else gc[:, None, :]
+            ds = ds * gc - (ds @ f["Kd"][c].transpose(-1, -2)) @ f["W"][c] + R[c]
         d0[n] = ds
     return dS_end, d0
 
