@@ -105,6 +105,13 @@ class Mainloop:
         self.q_box_bytes = tma.check_box(dtype, [CHUNK, 1, self.block_m, 1])
         self.kv_tile_bytes = tma.check_box(dtype, [CHUNK, 1, block_n, 1])  # one 64-column chunk of a key tile
         self.cvt_pack = {"bfloat16": T.ptx.cvt.rn.bf16x2.f32, "float16": T.ptx.cvt.rn.f16x2.f32}[dtype]
+        # What an 8-bit subclass (``_fwd_fp8``) changes: the wgmma input type (``dtype`` is the smem tiles'),
+        # elements per 128-byte row, the bytes each ring stage completes, and V's swizzle.
+        self.mma_dtype = dtype
+        self.chunk = CHUNK
+        self.k_stage_bytes = self.q_chunks * self.kv_tile_bytes
+        self.v_stage_bytes = self.v_chunks * self.kv_tile_bytes
+        self.v_swizzle = wgmma.SWIZZLE_128B
 
     # ------------------------------------------------------------------------------------------- storage
 
@@ -156,14 +163,14 @@ class Mainloop:
 
     def q_dst(self, sm, c):
         """Where 64-column chunk ``c`` of the Q tile lands (block_m rows of 128 bytes, SW128)."""
-        return sm.q.ptr_to([c * self.block_m * CHUNK])
+        return sm.q.ptr_to([c * self.block_m * self.chunk])
 
     def k_dst(self, sm, s, c, row=0):
         """Row ``row`` of 64-column chunk ``c`` of K stage ``s`` (``row`` a multiple of 8: a box may start there)."""
-        return sm.k.ptr_to([s * self.k_tile + c * self.block_n * CHUNK + row * CHUNK])
+        return sm.k.ptr_to([s * self.k_tile + c * self.block_n * self.chunk + row * self.chunk])
 
     def v_dst(self, sm, s, c, row=0):
-        return sm.v.ptr_to([s * self.v_tile + c * self.block_n * CHUNK + row * CHUNK])
+        return sm.v.ptr_to([s * self.v_tile + c * self.block_n * self.chunk + row * self.chunk])
 
     # ------------------------------------------------------------------------------------------- producer
 
@@ -185,10 +192,10 @@ class Mainloop:
         with T.serial(0, T.max(n_end - n_begin, 0)) as it:
             s = self.k_ring.stage(it)
             self.k_ring.producer_acquire(sm.k_empty, it)
-            self.k_ring.producer_expect(sm.k_full, it, self.q_chunks * self.kv_tile_bytes)
+            self.k_ring.producer_expect(sm.k_full, it, self.k_stage_bytes)
             load_k(n_begin + it, s, sm.k_full.ptr_to([s]))
             self.v_ring.producer_acquire(sm.v_empty, it)
-            self.v_ring.producer_expect(sm.v_full, it, self.v_chunks * self.kv_tile_bytes)
+            self.v_ring.producer_expect(sm.v_full, it, self.v_stage_bytes)
             load_v(n_begin + it, s, sm.v_full.ptr_to([s]))
 
     # ------------------------------------------------------------------------------------------- consumer
@@ -222,10 +229,10 @@ class Mainloop:
 
         wgmma.fence()
         for kk in range(self.qk_steps):
-            q_off = ((kk // 4) * self.block_m * CHUNK + cw * 64 * CHUNK) * self.elem + (kk % 4) * 32
-            k_off = (s * self.k_tile + (kk // 4) * self.block_n * CHUNK) * self.elem + (kk % 4) * 32
+            q_off = ((kk // 4) * self.block_m * self.chunk + cw * 64 * self.chunk) * self.elem + (kk % 4) * 32
+            k_off = (s * self.k_tile + (kk // 4) * self.block_n * self.chunk) * self.elem + (kk % 4) * 32
             wgmma.mma(self.block_n, rg.s_acc, wgmma.desc_advance(rg.desc_q[0], q_off),
-                      wgmma.desc_advance(rg.desc_k[0], k_off), self.dtype, scale_d=kk > 0)
+                      wgmma.desc_advance(rg.desc_k[0], k_off), self.mma_dtype, scale_d=kk > 0)
 
     def _issue_pv(self, rg, s):
         """O += P V of the tile in stage ``s`` (RS: P from registers; V MN-major), uncommitted."""
@@ -233,7 +240,7 @@ class Mainloop:
 
         for kk in range(self.pv_steps):
             wgmma.mma(self.dvp, rg.o_acc, [rg.p_frag[kk * 4 + i] for i in range(4)],
-                      wgmma.desc_advance(rg.desc_v[0], s * self.v_tile * self.elem + kk * self.v_kstep), self.dtype,
+                      wgmma.desc_advance(rg.desc_v[0], s * self.v_tile * self.elem + kk * self.v_kstep), self.mma_dtype,
                       b_major=wgmma.MN_MAJOR)
 
     def _release(self, ring, empty, s, cw, warp, lane):
@@ -244,6 +251,12 @@ class Mainloop:
         # never emitted (a bare T.cuda.warpgroup_sync in a traced helper is dropped: 2026-12-06, no 128-thread
         # bar.sync in the generated CUDA), and the emulated and H200 runs passed without it, so none is added.
         ring.consumer_release_warpgroup(empty, s, warp, lane)
+
+    def _pack_p(self, rg):
+        """The exp2 weights of S as the RS A operand of the PV wgmma (16-bit pairs, no shuffle)."""
+        from tirx_kernels.core.lang import softmax
+
+        softmax.pack_p(rg.p_frag, rg.s_acc, self.block_n, self.cvt_pack)
 
     def _softmax_tile(self, rg, n0, mask_from, lane, scale_log2):
         """Mask (edge tiles only) and online softmax of one S tile; each row half's O rescale left in ``corr``."""
@@ -313,7 +326,7 @@ class Mainloop:
         block_n, k_ring, v_ring = self.block_n, self.k_ring, self.v_ring
         wgmma.encode_desc_kmajor_sw128(rg.desc_q.ptr_to([0]), sm.q.ptr_to([0]))
         wgmma.encode_desc_kmajor_sw128(rg.desc_k.ptr_to([0]), sm.k.ptr_to([0]))
-        wgmma.encode_desc(rg.desc_v.ptr_to([0]), sm.v.ptr_to([0]), self.v_lbo, self.v_sbo, wgmma.SWIZZLE_128B)
+        wgmma.encode_desc(rg.desc_v.ptr_to([0]), sm.v.ptr_to([0]), self.v_lbo, self.v_sbo, self.v_swizzle)
         for i in range(self.o_regs):
             T.buffer_store(rg.o_acc, T.float32(0), [i])
         softmax.init(rg.row_max, rg.row_sum)
@@ -341,7 +354,7 @@ class Mainloop:
                     wgmma.wait(0)
                     self._release(k_ring, sm.k_empty, 0, cw, warp, lane)
                     self._softmax_tile(rg, n_begin * block_n, mask_from, lane, scale_log2)
-                    softmax.pack_p(rg.p_frag, rg.s_acc, block_n, self.cvt_pack)
+                    self._pack_p(rg)
                     with T.serial(1, n_tiles) as it:
                         s = k_ring.stage(it)
                         sp = v_ring.stage(it - 1)
@@ -361,7 +374,7 @@ class Mainloop:
                         self._release(v_ring, sm.v_empty, sp, cw, warp, lane)
                         for r in range(2):
                             softmax.rescale(rg.o_acc, self.dvp, r, rg.corr[r])
-                        softmax.pack_p(rg.p_frag, rg.s_acc, block_n, self.cvt_pack)
+                        self._pack_p(rg)
                     # The last tile's PV.
                     sl = v_ring.stage(n_tiles - 1)
                     v_ring.consumer_wait(sm.v_full, n_tiles - 1)
@@ -387,7 +400,7 @@ class Mainloop:
                 self._softmax_tile(rg, (n_begin + it) * block_n, mask_from, lane, scale_log2)
                 for r in range(2):
                     softmax.rescale(rg.o_acc, self.dvp, r, rg.corr[r])
-                softmax.pack_p(rg.p_frag, rg.s_acc, block_n, self.cvt_pack)
+                self._pack_p(rg)
                 v_ring.consumer_wait(sm.v_full, it)
                 clear(s, n_begin + it)
                 self._turn_wait(cw, T.bool(False))

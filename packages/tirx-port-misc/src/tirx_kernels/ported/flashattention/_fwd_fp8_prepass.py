@@ -1,0 +1,77 @@
+# SPDX-License-Identifier: Apache-2.0
+# FP8 K/V preparation for flash_attention4_fp4 (FA3's FP8 path, arXiv 2407.08608 sec. 3.3, transposes V inside the
+# kernel; https://github.com/Dao-AILab/flash-attention commit 0251105a2fb19d2957484b7f023cd8c115286ced hopper/): read,
+# not copied. The NVFP4 / MXFP8 decode follows tirx_kernels.core.quant_ref.
+"""The pre-pass of ``flash_attention4_fp4`` (torch ops on the GPU, before the attention kernel):
+
+- ``transpose_v``: V e4m3 [B, Sk, Hkv, D] -> V^T [B, Hkv, D, Sk16] (``Sk16`` = Sk rounded up to 16, zero keys
+  past Sk), because 8-bit wgmma takes its B operand K-major only; inside each group of 16 keys the columns are in
+  ``V_KEY_ORDER`` (the kernel's P registers hold the keys in that order: ``_fwd_fp8`` module docstring).
+- ``dequantize_kv``: NVFP4 (packed e2m1 + e4m3 scale per 16 + a global scale) and MXFP8 (e4m3 + ue8m0 per 32)
+  K/V, decoded to fp32 and requantized to e4m3 with one fp32 descale per (batch, kv head) (amax / 448).
+
+Cost: the e4m3 path reads and writes V once (1 B/element each way); the NVFP4/MXFP8 path decodes K and V in fp32
+temporaries (several torch kernels: ~20 B of traffic per element) -- a fused TIRx pre-pass, or the decode inside the
+producer warpgroup, is the next step (the bench rows of both formats measure what it costs now)."""
+
+from __future__ import annotations
+
+import torch
+
+from tirx_kernels.core import quant_ref
+
+E4M3_MAX = 448.0
+KEY_GROUP = 16
+# Position p of a 16-key group in V^T holds key V_KEY_ORDER[p]: p = 4 t + e (t = lane % 4 of the quad, e the byte of
+# the P register) takes accumulator column 8 (e // 2) + 2 t + e % 2.
+V_KEY_ORDER = tuple(8 * (e // 2) + 2 * t + e % 2 for t in range(4) for e in range(4))
+KV_FORMATS = ("e4m3", "nvfp4", "mxfp8")
+
+
+def transpose_v(v: torch.Tensor) -> torch.Tensor:
+    """V [B, Sk, Hkv, D] float8_e4m3fn -> V^T [B, Hkv, D, Sk16] float8_e4m3fn, contiguous (module docstring)."""
+    B, Sk, H, D = v.shape
+    sk16 = (Sk + KEY_GROUP - 1) // KEY_GROUP * KEY_GROUP
+    padded = torch.zeros((B, sk16, H, D), dtype=torch.uint8, device=v.device)
+    padded[:, :Sk] = v.view(torch.uint8)
+    order = torch.tensor(V_KEY_ORDER, device=v.device)
+    grouped = padded.view(B, sk16 // KEY_GROUP, KEY_GROUP, H, D).index_select(2, order)
+    return grouped.permute(0, 3, 4, 1, 2).contiguous().view(B, H, D, sk16).view(torch.float8_e4m3fn)
+
+
+def quantize_per_head(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 [B, S, H, D] -> (e4m3 [B, S, H, D], descale fp32 [B, H]) with x ~ e4m3 * descale, descale = amax / 448
+    of each (batch, head) (1 where the head is all zeros); RNE, clamped to +-448."""
+    amax = x.abs().amax(dim=(1, 3))
+    descale = torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
+    q = (x / descale[:, None, :, None]).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+    return q, descale.float().contiguous()
+
+
+def decode_nvfp4(packed: torch.Tensor, scale: torch.Tensor, global_scale) -> torch.Tensor:
+    """[..., D/2] uint8 (element 2i in the low nibble), [..., D/16] e4m3 scales (uint8 or float8_e4m3fn) and the
+    global scale -> fp32 [..., D] = e2m1 * scale / global_scale (``quant_ref.nvfp4_dequantize``'s rule)."""
+    vals = quant_ref.e2m1_decode(quant_ref.unpack_e2m1(packed))
+    sf = quant_ref.fp8_decode(scale.view(torch.uint8), "e4m3")
+    gs = torch.as_tensor(global_scale, dtype=torch.float32, device=packed.device)
+    return (vals.unflatten(-1, (-1, quant_ref.NVFP4_BLOCK)) * (sf / gs)[..., None]).flatten(-2)
+
+
+def decode_mxfp8(data: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """[..., D] e4m3 and [..., D/32] ue8m0 codes (uint8) -> fp32 [..., D] = e4m3 * 2**(code - 127)."""
+    x = quant_ref.fp8_decode(data.view(torch.uint8), "e4m3")
+    s = quant_ref.ue8m0_decode(scale.view(torch.uint8))
+    return (x.unflatten(-1, (-1, quant_ref.MX_BLOCK)) * s[..., None]).flatten(-2)
+
+
+def dequantize_kv(x: torch.Tensor, kv_format: str, scale=None, global_scale=None) -> tuple[torch.Tensor,
+                                                                                              torch.Tensor | None]:
+    """One of K / V in ``kv_format`` -> (e4m3 [B, S, Hkv, D], descale [B, Hkv] or None for e4m3 input, whose
+    descale is the caller's)."""
+    if kv_format == "e4m3":
+        return x, None
+    if kv_format == "nvfp4":
+        return quantize_per_head(decode_nvfp4(x, scale, global_scale))
+    if kv_format == "mxfp8":
+        return quantize_per_head(decode_mxfp8(x, scale))
+    raise ValueError(f"dequantize_kv: kv_format {kv_format!r} is not one of {KV_FORMATS}")
