@@ -273,3 +273,9 @@ def test_gpu_graph_capture_falls_back_to_the_plain_kernel():
     with pytest.raises(TirxInputError, match="argument 'use_cp'"):
         with torch.cuda.graph(torch.cuda.CUDAGraph()):
             mod.chunk_gated_delta_rule(*args, output=out, output_state=st, use_cp=True)
+
+
+def test_plain_op_hands_use_cp_to_the_split():
+    """gdn_prefill_sm90's op with use_cp=True is this op (on the CPU: refused at the device check, naming q)."""
+    with pytest.raises(TirxInputError, match="argument 'q'"):
+        base.chunk_gated_delta_rule(**_cpu_inputs(), use_cp=True)

@@ -168,7 +168,7 @@ def test_gqa_head_map_is_checked():
 
 
 @pytest.mark.parametrize("kw, arg", [({"checkpoint_every_n_tokens": 64}, "state_checkpoints"),
-                                     ({"use_cp": True}, "use_cp"), ({"backend": "cudnn"}, "backend")])
+                                     ({"backend": "cudnn"}, "backend")])
 def test_not_implemented_names_the_argument(kw, arg):
     with pytest.raises(NotImplementedError, match=f"argument '{arg}'"):
         mod.chunk_gated_delta_rule(**_cpu_inputs(), **kw)

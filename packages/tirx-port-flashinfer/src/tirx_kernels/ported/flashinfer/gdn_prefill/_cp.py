@@ -29,7 +29,10 @@ import torch
 
 from tirx_kernels.ported.flashinfer.gdn_prefill import _layout as lay
 
-PHASE1_COST = 0.7  # a transition chunk's time in chunks of the prefill kernel (no Q, no output products)
+# A transition chunk's time in chunks of the prefill kernel: it skips Q, QK^T, Q S^T and the output (12 of the
+# consumers' 28 k16 steps) but not the aux warpgroup's inverse; a guess between the two bounds until measured (the
+# bench's forced-split rows, ``_p<P>``, time the candidates).
+PHASE1_COST = 0.85
 FIXED_COST = 2.0  # the form's fixed cost (two more launches, the plan's host copy), in chunk times (~10 us each)
 SCAN_COST = 0.5  # one scan step (a batched 128 x 128 x 128 fp32 matmul launch), in chunk times
 MAX_SEGMENTS = 128

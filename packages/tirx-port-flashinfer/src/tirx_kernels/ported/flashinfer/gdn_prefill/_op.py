@@ -6,7 +6,8 @@
 Validation names the argument; what FlashInfer's sm90 path does outside its kernel is done here the same way:
 ``use_qk_l2norm_in_kernel`` normalises q and k first (fp32 sums, eps 1e-6, rounded back to the input dtype), the
 raw gate of ``use_gate_in_kernel`` (-exp(A_log) softplus(g + dt_bias), a log gate) and ``beta_is_logit`` (sigmoid,
-rounded to beta's dtype) are materialised in torch. Checkpoints and the context-parallel form are not implemented.
+rounded to beta's dtype) are materialised in torch. Checkpoints are not implemented; the context-parallel form is
+``gdn_cp_prefill_sm90`` (``use_cp=True``).
 """
 
 from __future__ import annotations

@@ -58,9 +58,17 @@ CONFIGS = [
      "init": True, "state_dtype": "bfloat16", "segments": 2},
 ]
 
+# The seed's rows and issue 26's, and forced splits of the latter (the cost model's candidates: _cp.PHASE1_COST is
+# calibrated from them).
 BENCH_CONFIGS = [
     {"label": "hq2_hv8_s1x65536", "Hq": 2, "Hv": 8, "seqs": "65536"},
+    {"label": "hq2_hv8_s1x65536_p8", "Hq": 2, "Hv": 8, "seqs": "65536", "segments": 8},
+    {"label": "hq2_hv8_s1x65536_p16", "Hq": 2, "Hv": 8, "seqs": "65536", "segments": 16},
+    {"label": "hq2_hv8_s1x65536_p32", "Hq": 2, "Hv": 8, "seqs": "65536", "segments": 32},
     {"label": "hq16_hv16_s1x8192", "Hq": 16, "Hv": 16, "seqs": "8192"},
+    {"label": "hq16_hv16_s1x8192_p4", "Hq": 16, "Hv": 16, "seqs": "8192", "segments": 4},
+    {"label": "hq16_hv16_s1x8192_p8", "Hq": 16, "Hv": 16, "seqs": "8192", "segments": 8},
+    {"label": "hq16_hv16_s1x8192_p16", "Hq": 16, "Hv": 16, "seqs": "8192", "segments": 16},
     {"label": "fp16_q1_k1_v1_s2048_none_i32", "dtype": "float16", "Hq": 1, "Hv": 1, "seqs": "2048", "final": False},
     {"label": "fp16_q16_k16_v16_s4096+4096_init_f16_i64", "dtype": "float16", "Hq": 16, "Hv": 16, "seqs": "4096x2",
      "init": True, "final": False, "state_dtype": "float16", "cu_dtype": "int64"},

@@ -10,7 +10,8 @@ bf16/fp16, GQA/GVA, linear or log decay, fp32 initial / final states (optionally
 Registered as ``gdn_prefill_sm90``: the seed's ``gdn_prefill_sm100`` (FlashInfer's Blackwell chunked prefill,
 tcgen05/TMEM) redesigned for sm_90a on wgmma. Its correctness rows keep the seed's labels where the seed has them
 (``hq{Hq}_hv{Hv}_s{len}x{count}``: GVA, Hk = Hq). One CTA per (state head, sequence): rows with few sequences and
-heads leave SMs idle (the context-parallel form, ``gdn_cp_prefill``, is the later step for them)."""
+heads leave SMs idle: ``use_cp=True`` hands the call to the context-parallel form (``gdn_cp_prefill_sm90``, whose
+op also splits under "auto"); "auto" here is this kernel unsplit, the non-context-parallel baseline."""
 
 from __future__ import annotations
 
@@ -318,8 +319,14 @@ def chunk_gated_delta_rule(q, k, v, g=None, beta=None, scale=None, initial_state
         raise checks.TirxInputError(f"{OP}: argument 'cu_seqlens': expected the cumulative sequence lengths, got None")
     if checkpoint_every_n_tokens or state_checkpoints is not None or checkpoint_cu_starts is not None:
         raise NotImplementedError(f"{OP}: argument 'state_checkpoints': checkpoints are not implemented yet")
-    if use_cp is True:
-        raise NotImplementedError(f"{OP}: argument 'use_cp': the context-parallel form is not implemented yet")
+    if use_cp is True:  # the context-parallel form: gdn_cp_prefill_sm90 ("auto" here: this kernel, unsplit)
+        from tirx_kernels.ported.flashinfer.gdn_prefill import gdn_cp_prefill_sm90
+
+        return gdn_cp_prefill_sm90.chunk_gated_delta_rule(
+            q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, use_qk_l2norm_in_kernel, output,
+            output_state, state_checkpoints, checkpoint_cu_starts, checkpoint_every_n_tokens, True, state_indices,
+            backend, max_seqlen, gate_domain=gate_domain, use_gate_in_kernel=use_gate_in_kernel, A_log=A_log,
+            dt_bias=dt_bias, beta_is_logit=beta_is_logit, output_state_indices=output_state_indices)
     if backend not in ("auto", "flashinfer"):
         raise NotImplementedError(f"{OP}: argument 'backend': only the native kernel ('auto'), got {backend!r}")
     del max_seqlen  # a launch-size hint of the context-parallel path
