@@ -78,6 +78,11 @@ BENCH_CONFIGS = [
     {"label": "e4m3_b2_h16_s8192_d256", "B": 2, "Sq": 8192, "Sk": 8192, "Hq": 16, "Hkv": 16, "D": 256},
     {"label": "e4m3_b2_h16_s8192_d256_causal", "B": 2, "Sq": 8192, "Sk": 8192, "Hq": 16, "Hkv": 16, "D": 256,
      "causal": True},
+    # hd256's other spill-free variant: 64-key tiles (4 stages) with the intra-warpgroup overlap, vs 128 x pingpong.
+    {"label": "e4m3_b2_h16_s8192_d256_bn64_overlap", "B": 2, "Sq": 8192, "Sk": 8192, "Hq": 16, "Hkv": 16, "D": 256,
+     "block_n": 64, "schedule": "overlap"},
+    {"label": "e4m3_b2_h16_s8192_d128_pingpong", "B": 2, "Sq": 8192, "Sk": 8192, "Hq": 16, "Hkv": 16, "D": 128,
+     "schedule": "pingpong"},
     {"label": "nvfp4_b2_h16_s8192_d128", "B": 2, "Sq": 8192, "Sk": 8192, "Hq": 16, "Hkv": 16, "D": 128,
      "kv_format": "nvfp4"},
     {"label": "mxfp8_b2_h16_s8192_d128", "B": 2, "Sq": 8192, "Sk": 8192, "Hq": 16, "Hkv": 16, "D": 128,

@@ -1,0 +1,103 @@
+# SPDX-License-Identifier: Apache-2.0
+"""flash_attention4_fp4 on the GPU (sm_90a): the issue's odd shapes (ragged 1, 17, 127, 8193; GQA ratios 1..16; every
+K/V format; both head dims) against the fp32 oracle with the FP8 bounds (``_fwd_fp8_check``), torch SDPA (bf16 on the
+dequantized inputs) as a second opinion, empty keys, given outputs, and the pre-pass's cost at s8192 (printed: run with
+-s). The registered CONFIGS run through test_gpu.py's harness checks. Skips with the reason elsewhere."""
+
+import math
+
+import pytest
+import torch
+
+from tirx_kernels.core import testing
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (sm_90a)")
+
+
+def _mod():
+    testing.load_or_skip("flash_attention4_fp4")
+    from tirx_kernels.ported.flashattention import flash_attention4_fp4 as m
+
+    return m
+
+
+def _call(m, data, **kw):
+    keys = ("q_descale", "k_descale", "v_descale", "kv_format", "k_scale", "v_scale", "k_global_scale",
+            "v_global_scale")
+    return m.flash_attn_fp8_func(data["q"], data["k"], data["v"], causal=data["causal"],
+                                 softmax_scale=data["softmax_scale"], **{n: data[n] for n in keys}, **kw)
+
+
+def _check(m, data, out, lse):
+    from tirx_kernels.ported.flashattention import _fwd_fp8_check
+
+    return _fwd_fp8_check.check_outputs(out, lse, m.kernel_inputs(**data), data["softmax_scale"], data["causal"])
+
+
+@pytest.mark.parametrize("d", [128, 256])
+@pytest.mark.parametrize("kv_format", ["e4m3", "nvfp4", "mxfp8"])
+@pytest.mark.parametrize("sq, sk", [(1, 1), (17, 17), (127, 127), (1, 8193), (17, 127), (127, 17), (8193, 8193)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_odd_lengths_against_the_oracle(d, kv_format, sq, sk, causal):
+    m = _mod()
+    torch.manual_seed(sq * 31 + sk)
+    data = m.prepare_data(B=1, Sq=sq, Sk=sk, Hq=4, Hkv=2, D=d, causal=causal, kv_format=kv_format)
+    out, lse = _call(m, data)
+    _check(m, data, out, lse)
+
+
+@pytest.mark.parametrize("ratio", [1, 2, 3, 4, 8, 16])
+@pytest.mark.parametrize("causal", [False, True])
+def test_gqa_ratios_against_sdpa(ratio, causal):
+    """The oracle's bounds, and torch SDPA in bf16 on the same dequantized inputs within the P rounding's average."""
+    m = _mod()
+    torch.manual_seed(ratio)
+    data = m.prepare_data(B=2, Sq=300, Sk=300, Hq=2 * ratio, Hkv=2, D=128, causal=causal)
+    out, lse = _call(m, data)
+    stats = _check(m, data, out, lse)
+    assert stats["out"]["rel_fro"] < 0.03, stats
+    fn = m.get_baselines(B=2, Sq=300, Sk=300, Hq=2 * ratio, Hkv=2, D=128, causal=causal)["sdpa_flash"]()
+    ref = fn(data)["out"].float()
+    assert ((out.float() - ref).norm() / ref.norm()).item() < 0.03
+
+
+def test_given_outputs_and_empty_keys():
+    m = _mod()
+    data = m.prepare_data(B=2, Sq=130, Sk=130, Hq=4, Hkv=4, D=128, causal=True)
+    out, lse = torch.empty_like(data["out"]), torch.empty_like(data["lse"])
+    got = _call(m, data, out=(out, lse))
+    assert got[0] is out and got[1] is lse
+    _check(m, data, out, lse)
+    q, k = data["q"][:1, :5], data["k"][:1, :0]  # no key: out 0, lse -inf, no launch
+    o, l_ = m.flash_attn_fp8_func(q, k, k, q_descale=data["q_descale"][:1], k_descale=data["k_descale"][:1],
+                                  v_descale=data["v_descale"][:1])
+    assert (o == 0).all() and torch.isinf(l_).all() and (l_ < 0).all()
+
+
+def test_prepass_cost_at_s8192():
+    """Times (printed) the pre-pass at b2 h16 s8192 hd128 against the attention it feeds: the V transpose of the e4m3
+    path, and the NVFP4 / MXFP8 decode + requantize of K and V."""
+    m = _mod()
+    from tirx_kernels.ported.flashattention import _fwd_fp8_prepass as prepass
+
+    def ms(fn, reps=10):
+        fn()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(reps):
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        return start.elapsed_time(end) / reps
+
+    lines = []
+    for fmt in ("e4m3", "nvfp4", "mxfp8"):
+        data = m.prepare_data(B=2, Sq=8192, Sk=8192, Hq=16, Hkv=16, D=128, kv_format=fmt)
+        t_pre = ms(lambda d=data: m.kernel_inputs(**d))
+        t_all = ms(lambda d=data: _call(m, d))
+        lines.append(f"{fmt}: pre-pass {t_pre:.3f} ms of {t_all:.3f} ms (attention + pre-pass)")
+        if fmt == "e4m3":
+            lines.append(f"  of which transpose_v {ms(lambda d=data: prepass.transpose_v(d['v'])):.3f} ms; "
+                         f"{4 * 2 * 16 * 8192 * 8192 * 128 / (t_all - t_pre) / 1e9:.0f} TFLOP/s for the kernel alone")
+    print("\n" + "\n".join(lines))
+    assert all(math.isfinite(float(x.split()[2])) for x in lines if x.startswith(("e4m3", "nv", "mx")))
