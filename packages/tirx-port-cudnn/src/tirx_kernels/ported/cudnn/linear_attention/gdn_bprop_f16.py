@@ -278,14 +278,15 @@ def _dummy(device):
     return t
 
 
-def kernel_scan(io: str, fn=None):
+def kernel_scan(io: str, fn=None, functions=None):
     """The reverse state walk on the TIRx kernel, in the ``scan`` form ``_bwd_oracle.chunked_grads`` takes
-    (``fn``: the loaded / emulated function; default the runtime's artifact)."""
+    (``fn``: the loaded / emulated function; default the runtime's artifact from ``functions``, this module's
+    function cache unless given)."""
     def scan(cmap, f, R, d_final_state):
         dev = R.device
         hs = R.shape[1]
         if fn is None:
-            call = _FUNCTIONS.get((io, R.get_device()), lambda: {"io": io}, dev)
+            call = (functions or _FUNCTIONS).get((io, R.get_device()), lambda: {"io": io}, dev)
         else:
             call = fn
         dt = _DTYPES[io]
@@ -307,12 +308,12 @@ def kernel_scan(io: str, fn=None):
     return scan
 
 
-def _slabs(lens: list[int], ho: int):
-    """Runs of consecutive sequences holding at most ``_SLAB_TILES`` (chunk, head) tiles (at least one sequence)."""
+def slabs(lens: list[int], ho: int, chunk: int = ch.CHUNK, max_tiles: int = _SLAB_TILES):
+    """Runs of consecutive sequences holding at most ``max_tiles`` (chunk, head) tiles (at least one sequence)."""
     start, tiles = 0, 0
     for i, n in enumerate(lens):
-        t = -(-n // ch.CHUNK) * ho
-        if i > start and tiles + t > _SLAB_TILES:
+        t = -(-n // chunk) * ho
+        if i > start and tiles + t > max_tiles:
             yield start, i
             start, tiles = i, 0
         tiles += t
@@ -334,7 +335,7 @@ def run(q, k, v, g, beta, do, state_checkpoints, cu_seqlens, scale, initial_stat
     ck = [0]
     for c in counts:
         ck.append(ck[-1] + c)
-    for a, b in _slabs(lens, max(q.shape[1], v.shape[1])):
+    for a, b in slabs(lens, max(q.shape[1], v.shape[1])):
         t0, t1 = cu[a], cu[b]
         sub_cu = torch.tensor([x - t0 for x in cu[a:b + 1]], dtype=torch.int32, device=q.device)
         dfs = None if d_final_state is None else d_final_state[a:b]

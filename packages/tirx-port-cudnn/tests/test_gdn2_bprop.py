@@ -1,0 +1,170 @@
+# SPDX-License-Identifier: Apache-2.0
+"""cudnn_sm90_gdn2_bprop_f16 (cuDNN's chunked GDN-2 backward): the chunked backward against autograd of GDN-2's token
+recurrence in fp64 (ragged, empty and 1-token sequences, GVA / GQA); the 16-token state walk run on the CPU
+(``core.emulate``) inside the op's path against the fp32 oracle (guard bands, inputs unchanged) and against its
+rounding model; input validation; on a GPU, every config through the harness (the oracle is the only reference: fla
+has no GDN-2).
+
+CI: one bf16 emulated kernel, one ragged batch. ``TIRX_EMULATE_FULL=1`` adds the fp16 GQA and GVA rows."""
+
+import os
+import shutil
+
+import pytest
+import torch
+
+from tirx_kernels.core import harness
+from tirx_kernels.core.checks import TirxInputError
+from tirx_kernels.ported.cudnn.linear_attention import _bwd2_chunks as c2
+from tirx_kernels.ported.cudnn.linear_attention import _bwd_state_kernel as sk
+from tirx_kernels.ported.cudnn.linear_attention import gdn2_bprop_f16 as mod
+
+_FULL = os.environ.get("TIRX_EMULATE_FULL") == "1"
+full_only = pytest.mark.skipif(not _FULL, reason="set TIRX_EMULATE_FULL=1 (minutes of CPU on 2 cores)")
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (sm_90a)")
+GRADS = ("dq", "dk", "dv", "dg", "dbeta", "dw", "d_initial_state")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """The token recurrence is thousands of tiny ops: one intra-op thread (CI's 2 shared cores) is much faster."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("heads", [(2, 2, 4), (4, 2, 2)], ids=["gva", "gqa"])
+def test_chunked_backward_matches_autograd_fp64(heads):
+    gen = torch.Generator().manual_seed(0)
+    dt = torch.float64
+    lens = [20, 0, 1, 17]
+    hq, hk, hv = heads
+    total, ho = sum(lens), max(hq, hv)
+
+    def rnd(*s):
+        return torch.randn(*s, generator=gen, dtype=dt)
+    q, k, v = rnd(total, hq, 128), torch.nn.functional.normalize(rnd(total, hk, 128), dim=-1), rnd(total, hv, 128)
+    g = torch.log(0.5 + 0.5 * torch.rand(total, ho, 128, generator=gen, dtype=dt))
+    beta, w = (torch.rand(total, ho, 128, generator=gen, dtype=dt) for _ in range(2))
+    do, h0, dfs = rnd(total, ho, 128), 0.05 * rnd(len(lens), ho, 128, 128), 0.1 * rnd(len(lens), ho, 128, 128)
+    cu = torch.tensor([0] + lens).cumsum(0).to(torch.int32)
+    ckpt = c2.checkpoints_from_recurrence(q, k, v, g, beta, w, cu, None, h0, dt)
+    assert ckpt.shape[0] == 2 + 0 + 1 + 2
+    want = c2.autograd_grads(q, k, v, g, beta, w, do, cu, None, h0, dfs, dt)
+    got = c2.chunked_grads(q, k, v, g, beta, w, do, cu, ckpt, None, dfs, dt)
+    for name in GRADS:
+        err = (got[name] - want[name]).norm() / want[name].norm()
+        assert err < 1e-12, (name, float(err))
+
+
+@pytest.fixture(scope="module")
+def emulated():
+    pytest.importorskip("tvm", reason="apache-tvm is needed to generate the kernels")
+    if shutil.which("g++") is None:
+        pytest.skip("no g++ to compile the emulation")
+    from tirx_kernels.core import emulate
+
+    cache = {}
+
+    def get(io):
+        if io not in cache:
+            cache[io] = emulate.compile_module(mod.get_kernel(io))
+        return cache[io]
+    return get
+
+
+def _guarded(t):
+    buf = torch.full((3, *t.shape), float("nan"), dtype=t.dtype)
+    buf[1] = t
+    return buf, buf[1]
+
+
+def _run_emulated(emulated, label):
+    cfg = harness.full_config(mod, harness.find_config(mod, label))
+    data = mod.prepare_data(**cfg, device="cpu")
+    want = mod.reference(**data)
+    originals = {k: v.clone() for k, v in data.items() if isinstance(v, torch.Tensor) and k not in want}
+    slabs = {}
+    for key in want:
+        slabs[key], data[key] = _guarded(data[key])
+    mod.run(data["q"], data["k"], data["v"], data["g"], data["beta"], data["w"], data["do"],
+            data["state_checkpoints"], data["cu_seqlens"], 128 ** -0.5, data["d_final_state"], data["dq"],
+            data["dk"], data["dv"], data["dg"], data["dbeta"], data["dw"], data["d_initial_state"],
+            fn=emulated(cfg["dtype"]))
+    for key, v in originals.items():
+        assert torch.equal(v.view(torch.uint8), data[key].view(torch.uint8)), f"input {key} was modified"
+    for key, slab in slabs.items():
+        assert slab[0].isnan().all() and slab[2].isnan().all(), f"written outside {key}"
+    return harness.check_outputs(mod, {k: data[k] for k in want}, want, "the fp32 oracle", cfg, originals)
+
+
+def test_ragged_batch_emulated(emulated):
+    stats = _run_emulated(emulated, "ragged_h2_init_dfinal")
+    for name in GRADS:
+        assert stats[name]["rel_fro"] < 2e-2, (name, stats[name])
+
+
+@full_only
+@pytest.mark.parametrize("label", ["ragged_gva_hq1_hv2_i64", "gqa_hq4_hv2_fp16"])
+def test_more_rows_emulated(emulated, label):
+    _run_emulated(emulated, label)
+
+
+def test_state_walk_matches_its_rounding_model(emulated):
+    """The 16-token walk alone (per-key-channel decay) against torch with its roundings."""
+    gen = torch.Generator().manual_seed(1)
+    counts, heads = [3, 0, 1], 2
+    nc, n = sum(counts), len(counts)
+    kd = (0.1 * torch.randn(nc, heads, 16, 128, generator=gen)).bfloat16()
+    w = (0.1 * torch.randn(nc, heads, 16, 128, generator=gen)).bfloat16()
+    r = torch.randn(nc, heads, 128, 128, generator=gen)
+    gc = 0.5 + 0.5 * torch.rand(nc, heads, 128, generator=gen)
+    dfs = torch.randn(n, heads, 128, 128, generator=gen)
+    cu = torch.tensor([0] + counts).cumsum(0).to(torch.int32)
+    dse = torch.full((nc, heads, 128, 128), float("nan"))
+    d0 = torch.full((n, heads, 128, 128), float("nan"))
+    emulated("bfloat16")(*sk.kernel_args(kd, w, r, gc, cu, dfs, dse, d0, torch.zeros(4)), hang_timeout=120.0).check()
+    for i in range(n):
+        ds = dfs[i].clone()
+        for c in range(int(cu[i + 1]) - 1, int(cu[i]) - 1, -1):
+            torch.testing.assert_close(dse[c], ds, atol=1e-5, rtol=1e-5)
+            y = ds.bfloat16().float() @ kd[c].float().transpose(-1, -2)
+            ds = ds * gc[c][:, None, :] + r[c] - y.bfloat16().float() @ w[c].float()
+        torch.testing.assert_close(d0[i], ds, atol=1e-3, rtol=1e-4)
+
+
+def _cpu_args(**over):
+    d = mod.prepare_data("bfloat16", 2, "3+0", device="cpu")
+    args = {k: d[k] for k in ("q", "k", "v", "g", "beta", "w", "do", "state_checkpoints", "cu_seqlens")}
+    args.update(over)
+    return args
+
+
+@pytest.mark.parametrize("over, name", [
+    ({"q": torch.zeros(3, 2, 64, dtype=torch.bfloat16)}, "q"),
+    ({"k": torch.zeros(3, 2, 128, dtype=torch.float16)}, "k"),
+    ({"g": torch.zeros(3, 2)}, "g"),
+    ({"beta": torch.zeros(3, 2, 128)}, "beta"),
+    ({"w": torch.zeros(3, 2, 64, dtype=torch.bfloat16)}, "w"),
+    ({"state_checkpoints": torch.zeros(1, 2, 128, 128)}, "state_checkpoints"),
+    ({"cu_seqlens": torch.tensor([3], dtype=torch.int32)}, "cu_seqlens"),
+    ({"scale": 0.0}, "scale"),
+], ids=["head_size", "dtype_mix", "g_shape", "beta_dtype", "w_shape", "ckpt_dtype", "cu_short", "scale"])
+def test_bad_input_names_the_argument(over, name):
+    with pytest.raises(TirxInputError, match=f"argument '{name}'"):
+        mod.gdn2_bprop(**_cpu_args(**over))
+
+
+def test_cpu_tensors_refused():
+    with pytest.raises(TirxInputError, match="argument 'q'.*CUDA"):
+        mod.gdn2_bprop(**_cpu_args())
+
+
+@gpu
+@pytest.mark.parametrize("label", [c["label"] for c in mod.CONFIGS])
+def test_gpu_config(label):
+    from tirx_kernels.core import testing
+
+    res = testing.check_correctness("cudnn_sm90_gdn2_bprop_f16", label)
+    assert res["status"] == "passed", res
