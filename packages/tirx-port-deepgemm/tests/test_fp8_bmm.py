@@ -15,6 +15,7 @@ import torch
 
 from tirx_kernels.core import artifacts, runtime
 from tirx_kernels.core.checks import TirxInputError
+from tirx_kernels.ported.deepgemm import _fp8_cast as C
 from tirx_kernels.ported.deepgemm import _fp8_gemm_kernel as G
 from tirx_kernels.ported.deepgemm import _fp8_gemm_op as O
 from tirx_kernels.ported.deepgemm import fp8_bmm as mod
@@ -56,8 +57,8 @@ def _args(b=4, h=2, r=256, d=136):
 
 
 @pytest.mark.parametrize("change, arg, what", [
-    (lambda e, a, b, z: ("bhd,hdr->bhr", a, b, z), "equation", "SM100"),
     (lambda e, a, b, z: ("bhd,bhr->hdr", a, b, z), "equation", "SM100"),
+    (lambda e, a, b, z: ("bhd,hdr->bhr", a, b, z), "b\\[0\\]", "d=256, r"),
     (lambda e, a, b, z: ("bmk,bnk->mn", a, b, z), "equation", "bhr,hdr->bhd"),
     (lambda e, a, b, z: (e, (a[0].float(), a[1]), b, z), "a\\[0\\]", "dtype"),
     (lambda e, a, b, z: (e, (a[0].transpose(1, 2).contiguous().transpose(1, 2), a[1]), b, z), "a\\[0\\]",
@@ -80,6 +81,34 @@ def test_rejected_c_and_recipe():
         mod.fp8_einsum(mod.EQUATION, a, b, z, c=z)
     with pytest.raises(TirxInputError, match="argument 'recipe'"):
         mod.fp8_einsum(mod.EQUATION, a, b, z, recipe=(1, 1, 128))
+
+
+def test_transposed_y_form(monkeypatch):
+    """'bhd,hdr->bhr': the launch receives y as a K-major [h, r, d] copy and its block scales transposed; the
+    product it computes from them is the einsum of the dequantized operands."""
+    from tirx_kernels.core import checks
+
+    real = checks.tensor
+    monkeypatch.setattr(checks, "tensor", lambda *a, cuda=False, **k: real(*a, cuda=False, **k))
+    seen = []
+
+    def run(x, sfx, y, sfy, z):
+        seen.append((y, sfy))
+        z.copy_(mod.reference(x, sfx, y, sfy)["z"])
+
+    monkeypatch.setattr(mod, "_run", run)
+    b, h, dd, r = 5, 2, 256, 136
+    g = torch.Generator().manual_seed(1)
+    x, sfx, _, _ = _operands(b, h, dd, 8, seed=2)  # x [b, h, d], per-token scales over d
+    heads = [C.per_block_ref(torch.randn(dd, r, generator=g).to(torch.bfloat16)) for _ in range(h)]
+    y, sfy = torch.stack([p[0] for p in heads]), torch.stack([p[1] for p in heads])  # per 128 x 128 block of (d, r)
+    z = torch.empty(b, h, r, dtype=torch.bfloat16)
+    mod.fp8_einsum("bhd,hdr->bhr", (x, sfx), (y, sfy), z)
+    (yt, sfyt), = seen
+    assert yt.is_contiguous() and yt.shape == (h, r, dd) and sfyt.shape == (h, 2, 2)
+    want = torch.einsum("bhd,hdr->bhr", O.dequantize_a(x, sfx), torch.stack([O.dequantize_b(y[i], sfy[i])
+                                                                            for i in range(h)]))
+    assert O.calc_diff(z, want) < 1e-5
 
 
 def test_kernel_args_read_x_in_place():
@@ -170,6 +199,23 @@ def test_gpu_end_to_end_from_bf16(b):
     z = torch.empty(b, h, d, device="cuda", dtype=torch.bfloat16)
     mod.fp8_einsum(mod.EQUATION, (xq.view(b, h, r), sx.view(b, h, -1)), (yq, sy), z)
     assert O.calc_diff(z, torch.einsum("bhr,hdr->bhd", x.float(), y.float())) < O.CALC_DIFF_MAX
+
+
+@gpu
+def test_gpu_transposed_y_form_from_bf16():
+    """DeepGEMM's test_fp8_bhd_hdr_bhr (SM100 there): x [b, h, d] per-token cast, y [h, d, r] per-block cast per
+    head, against the bf16 inputs' fp32 einsum (calc_diff < 1e-3)."""
+    from tirx_kernels.ported.deepgemm import per_block_cast_to_fp8, per_token_cast_to_fp8
+
+    b, h, r, d = 300, 8, 4096, 1024
+    x = torch.randn(b, h, d, device="cuda", dtype=torch.bfloat16)
+    y = torch.randn(h, d, r, device="cuda", dtype=torch.bfloat16)
+    xq, sx = per_token_cast_to_fp8.per_token_cast_to_fp8(x.view(-1, d))
+    heads = [per_block_cast_to_fp8.per_block_cast_to_fp8(y[i]) for i in range(h)]
+    yq, sy = torch.stack([p[0] for p in heads]), torch.stack([p[1] for p in heads])
+    z = torch.empty(b, h, r, device="cuda", dtype=torch.bfloat16)
+    mod.fp8_einsum("bhd,hdr->bhr", (xq.view(b, h, d), sx.view(b, h, -1)), (yq, sy), z)
+    assert O.calc_diff(z, torch.einsum("bhd,hdr->bhr", x.float(), y.float())) < O.CALC_DIFF_MAX
 
 
 @gpu

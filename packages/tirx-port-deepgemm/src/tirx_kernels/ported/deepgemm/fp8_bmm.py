@@ -2,22 +2,27 @@
 # Port of DeepGEMM's fp8_einsum / fp8_bmm on SM90 (csrc/apis/einsum.hpp: fp8_einsum, fp8_bmm;
 # tests/test_einsum.py: test_fp8_bhr_hdr_bhd) at deepseek-ai/DeepGEMM 54e22612409371d6364144b69086735beb54e98b.
 # Written anew in TIRx (kernel: _fp8_gemm_kernel.py with the batched schedule of _fp8_gemm_sched.py).
-"""``fp8_einsum('bhr,hdr->bhd', (x, sfx), (y, sfy), z)``: a per-head batched FP8 GEMM, ``z[:, h] = (x[:, h] * sfx[:,
-h]) @ (y[h] * sfy[h]).T`` in bf16 for every head h, with x [b, h, r] float8_e4m3fn (1x128 per-token fp32 scales
-``sfx`` [b, h, ceil(r/128)]), y [h, d, r] float8_e4m3fn (128x128 block scales ``sfy`` [h, ceil(d/128),
-ceil(r/128)]) and z [b, h, d] bf16: DeepGEMM's SM90 recipe (1, 128, 128) and its permutation (batch, m, n, k) = (h,
-b, d, r). The mainloop is the 1d2d GEMM's; the ``batched`` schedule walks h x ceil(b/128) x N-tiles, and A is read
-through a rank-3 tensor map of x's own strides (the heads of x are strided rows: never copied). z is written
-through its strides (unit stride along d). ``sfx`` in the layout the kernel reads (per head, MN-major TMA-aligned:
-``[h, b, kb]`` with strides ``(kb * align(b, 4), 1, align(b, 4))``, permuted to ``[b, h, kb]``) is read in place;
-any other layout is copied so first (DeepGEMM's ``transform_sf_pair_into_required_layout`` does the same).
+"""``fp8_einsum('bhr,hdr->bhd', (x, sfx), (y, sfy), z)`` (and ``'bhd,hdr->bhr'``, below): a per-head batched FP8
+GEMM, ``z[:, h] = (x[:, h] * sfx[:, h]) @ (y[h] * sfy[h]).T`` in bf16 for every head h, with x [b, h, r]
+float8_e4m3fn (1x128 per-token fp32 scales ``sfx`` [b, h, ceil(r/128)]), y [h, d, r] float8_e4m3fn (128x128 block
+scales ``sfy`` [h, ceil(d/128), ceil(r/128)]) and z [b, h, d] bf16: DeepGEMM's SM90 recipe (1, 128, 128) and its
+permutation (batch, m, n, k) = (h, b, d, r). The mainloop is the 1d2d GEMM's; the ``batched`` schedule walks h x
+ceil(b/128) x N-tiles, and A is read through a rank-3 tensor map of x's own strides (the heads of x are strided rows:
+never copied). z is written through its strides (unit stride along d). ``sfx`` in the layout the kernel reads (per
+head, MN-major TMA-aligned: ``[h, b, kb]`` with strides ``(kb * align(b, 4), 1, align(b, 4))``, permuted to ``[b, h,
+kb]``) is read in place; any other layout is copied so first (DeepGEMM's ``transform_sf_pair_into_required_layout``
+does the same).
 
-Equations: ``bhr,hdr->bhd`` only, as DeepGEMM on SM90 (its ``bhd,hdr->bhr`` and ``bhd,bhr->hdr`` are SM100's: they
-contract over an MN-major operand, which SM90 FP8 wgmma cannot read); the others raise naming the equation. ``c``
-is rejected (bf16 D; DeepGEMM's SM90 1d2d kernel takes no C either).
+Equations: ``bhr,hdr->bhd`` (DeepGEMM's SM90 form), and ``bhd,hdr->bhr`` (SM100-only in DeepGEMM: y [h, d, r] is
+contracted over d, its MN dimension, and SM90 FP8 wgmma reads K-major operands only): here through a K-major copy of
+the weight, ``y.transpose(1, 2).contiguous()`` [h, r, d] (h d r bytes, once per call: cache it for a fixed weight
+by passing it as the first form's y), and its 128x128 block scales transposed alike (a 128x128 block is its own
+transpose); x keeps its per-token scales over d. ``bhd,bhr->hdr`` (contracted over b, the outer dimension of both
+operands, with 1x128 scales along b: the wgrad form) raises naming the equation. ``c`` is rejected (bf16 D;
+DeepGEMM's SM90 1d2d kernel takes no C either).
 
-Artifacts: one per tile (``_fp8_gemm_op.TILES``), b, h, r, d at run time (r % 16 == 0, d % 8 == 0; x's b and h
-strides multiples of 16 elements; z's b and h strides even).
+Artifacts: one per tile (``_fp8_gemm_op.TILES``), b, h, r, d at run time (r % 16 == 0, d % 8 == 0, z's b and h
+strides even; x is read in place where its base and b / h strides are 16-byte multiples, else copied contiguous).
 """
 
 from __future__ import annotations
@@ -34,7 +39,8 @@ KERNEL_META = {
     "category": "ported.deepgemm",
     "runtime_cuda_archs": ["sm_90a"],
     "description": "DeepGEMM fp8_einsum 'bhr,hdr->bhd' (SM90 fp8_bmm, 1d2d): per-head e4m3 x [b, h, r] (1x128 "
-                   "scales, read in place through a rank-3 TMA map) x e4m3 y [h, d, r] (128x128 scales), bf16 out",
+                   "scales, read in place through a rank-3 TMA map) x e4m3 y [h, d, r] (128x128 scales), bf16 out; "
+                   "also 'bhd,hdr->bhr' through a K-major copy of y",
     "upstream": {"project": "DeepGEMM", "url": "https://github.com/deepseek-ai/DeepGEMM",
                  "commit": "54e22612409371d6364144b69086735beb54e98b"},
     "public_ops": ["fp8_einsum"],
@@ -45,7 +51,8 @@ KERNEL_META = {
 }
 
 EQUATION = "bhr,hdr->bhd"
-SM100_EQUATIONS = ("bhd,hdr->bhr", "bhd,bhr->hdr")
+TRANSPOSED_Y = "bhd,hdr->bhr"  # y contracted over its MN dimension: a K-major copy of y first
+SM100_EQUATIONS = ("bhd,bhr->hdr",)
 # DeepGEMM's test shapes (tests/test_einsum.py: test_fp8_bhr_hdr_bhd: h 8, r 4096, d 1024, b in 4 .. 8192), ragged b,
 # and a small ragged case (b, r and d off the tile).
 CONFIGS = [
@@ -187,22 +194,29 @@ def _fail(name: str, expected: str, got) -> None:
 
 
 def check_inputs(equation, a, b, d, c=None, recipe=(1, 128, 128), cuda: bool = True):
-    """Validate the call; returns ``(x, sfx, y, sfy)``."""
-    if equation != EQUATION:
-        why = (" (SM100 only in DeepGEMM: it contracts over an MN-major FP8 operand, which SM90 wgmma cannot read)"
-               if equation in SM100_EQUATIONS else "")
-        _fail("equation", f"'{EQUATION}' on SM90", f"{equation!r}{why}")
+    """Validate the call; returns ``(x, sfx, y, sfy)`` as given."""
+    if equation not in (EQUATION, TRANSPOSED_Y):
+        why = (" (SM100 only in DeepGEMM: it contracts over b, the outer dimension of both FP8 operands, with 1x128 "
+               "scales along b)" if equation in SM100_EQUATIONS else "")
+        _fail("equation", f"'{EQUATION}' or '{TRANSPOSED_Y}' on SM90", f"{equation!r}{why}")
     (x, sfx), (y, sfy) = O.pair(_OP, "a", a), O.pair(_OP, "b", b)
     O.check_operand(_OP, "a[0]", x, 3)
-    O.check_operand(_OP, "b[0]", y, 3)
-    nb, h, r = x.shape
-    n = y.shape[1]
-    if y.shape[0] != h or y.shape[2] != r:
-        _fail("b[0]", f"[h={h}, d, r={r}] (a[0] is {tuple(x.shape)})", f"shape {tuple(y.shape)}")
+    nb, h, r = x.shape  # r: the contracted dimension (d in the second form)
+    if equation == EQUATION:
+        O.check_operand(_OP, "b[0]", y, 3)
+        n = y.shape[1]
+        if y.shape[0] != h or y.shape[2] != r:
+            _fail("b[0]", f"[h={h}, d, r={r}] (a[0] is {tuple(x.shape)})", f"shape {tuple(y.shape)}")
+        sfy_shape = (h, C.ceil_div(n, C.GRAN), C.ceil_div(r, C.GRAN))
+    else:
+        checks.tensor(_OP, "b[0]", y, dtypes=(O.E4M3,), ndim=3, inner_contiguous=False, cuda=False)
+        n = y.shape[2]
+        if y.shape[0] != h or y.shape[1] != r:
+            _fail("b[0]", f"[h={h}, d={r}, r] (a[0] is {tuple(x.shape)})", f"shape {tuple(y.shape)}")
+        sfy_shape = (h, C.ceil_div(r, C.GRAN), C.ceil_div(n, C.GRAN))
     kb = C.ceil_div(r, C.GRAN)
     checks.tensor(_OP, "a[1]", sfx, dtypes=(torch.float32,), shape=(nb, h, kb), inner_contiguous=False, cuda=False)
-    checks.tensor(_OP, "b[1]", sfy, dtypes=(torch.float32,), shape=(h, C.ceil_div(n, C.GRAN), kb),
-                  inner_contiguous=False, cuda=False)
+    checks.tensor(_OP, "b[1]", sfy, dtypes=(torch.float32,), shape=sfy_shape, inner_contiguous=False, cuda=False)
     checks.tensor(_OP, "d", d, dtypes=(torch.bfloat16,), shape=(nb, h, n), inner_contiguous=True, cuda=False)
     if c is not None:
         _fail("c", "None (bf16 D; DeepGEMM's SM90 fp8_bmm accumulates no C)", type(c).__name__)
@@ -242,12 +256,16 @@ def _run(x, sfx, y, sfy, z, tile: str | None = None) -> None:
 
 def fp8_einsum(equation: str, a, b, d: torch.Tensor, c: torch.Tensor | None = None,
                recipe=(1, 128, 128)) -> None:
-    """DeepGEMM's ``fp8_einsum(expr, a, b, d, c=None, recipe=(1, 128, 128))`` on SM90: ``'bhr,hdr->bhd'``, ``d =
-    einsum(a[0] * a[1], b[0] * b[1])`` in bf16, in place; ``a = (x [b, h, r] e4m3, sfx [b, h, ceil(r/128)] fp32)``,
-    ``b = (y [h, d, r] e4m3, sfy [h, ceil(d/128), ceil(r/128)] fp32)``."""
+    """DeepGEMM's ``fp8_einsum(expr, a, b, d, c=None, recipe=(1, 128, 128))`` on SM90: ``d = einsum(expr, a[0] *
+    a[1], b[0] * b[1])`` in bf16, in place. ``'bhr,hdr->bhd'``: ``a = (x [b, h, r] e4m3, sfx [b, h, ceil(r/128)]
+    fp32)``, ``b = (y [h, d, r] e4m3, sfy [h, ceil(d/128), ceil(r/128)] fp32)``. ``'bhd,hdr->bhr'``: ``a = (x [b, h,
+    d], sfx [b, h, ceil(d/128)])``, ``b = (y [h, d, r], sfy [h, ceil(d/128), ceil(r/128)])`` (y copied K-major
+    first)."""
     x, sfx, y, sfy = check_inputs(equation, a, b, d, c, recipe)
     if d.numel() == 0:
         return
+    if equation == TRANSPOSED_Y:  # y [h, d, r] -> [h, r, d] K-major (SM90 FP8 wgmma), its block scales alike
+        y, sfy = y.transpose(1, 2).contiguous(), sfy.transpose(1, 2)
     if runtime.direct_call(x, sfx, y, sfy, d):
         _run(x, sfx, y, sfy, d)
     else:
