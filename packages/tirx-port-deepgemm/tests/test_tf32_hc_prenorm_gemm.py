@@ -7,6 +7,7 @@ the 2-D unsplit form, D through a row stride inside a NaN guard band, A and B un
 harness's configs (fp64 oracle at calc_diff < 1e-8, DeepGEMM where installed), DeepGEMM's own check against torch's
 tf32 matmul, and torch.compile."""
 
+import os
 import random
 import shutil
 
@@ -115,6 +116,22 @@ def test_emulated_against_the_oracle(emulated, M, K, splits):  # noqa: N803
     guard[:, 1:M + 1, :24] = False
     assert dbuf[guard].isnan().all() and sbuf[:4].isnan().all() and sbuf[4 + s * M:].isnan().all(), "store outside"
     assert torch.equal(a, before[0]) and torch.equal(b, before[1])
+
+
+@pytest.mark.skipif(os.environ.get("TIRX_EMULATE_FULL") != "1", reason="TIRX_EMULATE_FULL=1: the other N")
+@pytest.mark.parametrize("n", [8, 32])
+def test_emulated_other_n(n):
+    """N = 8 (one B core-matrix group) and 32 (DeepGEMM's largest), 2 stages, 3 uneven splits over 5 K blocks."""
+    pytest.importorskip("tvm", reason="apache-tvm is needed to generate the kernels")
+    from tirx_kernels.core import emulate
+
+    kern = emulate.compile_module(H.build_kernel(n, 2))
+    a = torch.randn(9, 320).to(torch.bfloat16)
+    b = torch.randn(n, 320)
+    d, sq = torch.full((3, 9, n), float("nan")), torch.full((3, 9), float("nan"))
+    kern(*mod.kernel_args(a, b, d, sq, 3)).check()
+    want = mod.reference(a, b, 3)
+    assert O.calc_diff(d, want["d"]) < 1e-12 and O.calc_diff(sq, want["sqr_sum"]) < 1e-12
 
 
 def test_sass():
