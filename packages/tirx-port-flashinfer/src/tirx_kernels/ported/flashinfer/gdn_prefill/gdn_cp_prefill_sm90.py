@@ -147,8 +147,9 @@ def _fp32_states(data: dict) -> dict:
 
 
 def get_baselines(**cfg) -> dict:
-    """fla and FlashInfer (gdn_prefill_sm90's references, on fp32 copies of the states), and gdn_prefill_sm90: the
-    non-context-parallel kernel of this package."""
+    """fla and FlashInfer (auto: its context-parallel form where it picks it; nocp: never), gdn_prefill_sm90's
+    references on fp32 copies of the states, and gdn_prefill_sm90: the non-context-parallel kernel of this
+    package."""
     refs = base.get_baselines(**cfg)
 
     def wrap(build):
@@ -170,7 +171,8 @@ def get_baselines(**cfg) -> dict:
             return res
         return fn
 
-    return {"fla": wrap(refs["fla"]), "flashinfer": wrap(refs["flashinfer"]), "gdn_prefill_sm90": plain}
+    return {"fla": wrap(refs["fla"]), "flashinfer": wrap(refs["flashinfer"]),
+            "flashinfer_nocp": wrap(refs["flashinfer_nocp"]), "gdn_prefill_sm90": plain}
 
 
 # ---------------------------------------------------------------------------------------------------------
