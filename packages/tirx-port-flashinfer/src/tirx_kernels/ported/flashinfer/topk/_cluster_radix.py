@@ -7,13 +7,14 @@
 from __future__ import annotations
 
 R = 256  # bins of an 8-bit digit
+PIECES = 4  # bulk copies a slice loads in
 
 
 def build_kernel(dtype: str, C: int, cap: int, threads: int, U: int, E: int):  # noqa: N803
     from tvm.script import tirx as T
 
+    from tirx_kernels.core.lang import bulk, mbarrier
     from tirx_kernels.core.lang import cluster as cl
-    from tirx_kernels.core.lang import vector
 
     from . import _radix as rx
 
@@ -21,18 +22,14 @@ def build_kernel(dtype: str, C: int, cap: int, threads: int, U: int, E: int):  #
     key_bits = rx.KEY_BITS[dtype]
     P = key_bits // 8  # noqa: N806
     vec = 4 if key_bits == 32 else 8  # scores a 16-byte vector holds
+    elem = key_bits // 8
     warps = threads // 32
     tile = threads * E
-    assert threads >= R and cap % vec == 0
+    piece = cap // PIECES  # scores a bulk copy (and its mbarrier) brings
+    assert threads >= R and piece % vec == 0
 
     def i64(v):
         return T.Cast("int64", v)
-
-    def score_of(words, base, e):
-        """Raw bits (uint32) of score ``e`` of the 16-byte vector in ``words[base:base+4]``."""
-        if vec == 4:
-            return words[base + e]
-        return (words[base + e // 2] >> T.uint32(16 * (e % 2))) & T.uint32(0xFFFF)
 
     @T.prim_func
     def fast_topk_clusters(x_ptr: T.handle, v_ptr: T.handle, i_ptr: T.handle, vec_ok: T.int32):
@@ -64,9 +61,10 @@ def build_kernel(dtype: str, C: int, cap: int, threads: int, U: int, E: int):  #
         scan_tot = pool.alloc((rx.SCAN_WARPS,), "uint32", align=16)
         warp_a = pool.alloc((warps,), "uint32", align=16)
         warp_b = pool.alloc((warps,), "uint32", align=16)
+        bars = pool.alloc((PIECES,), "uint64", align=8)
         pool.commit()
 
-        words = T.alloc_local((4 * U,), "uint32")
+        words = T.alloc_local((U,), "uint32")
         part = T.alloc_local((4,), "float32")
         remote = T.alloc_local((1,), "uint32")
         acc = T.alloc_local((4,), "uint32")
@@ -89,24 +87,32 @@ def build_kernel(dtype: str, C: int, cap: int, threads: int, U: int, E: int):  #
         if tid < R:
             hist[tid] = T.uint32(0)
             hist[R + tid] = T.uint32(0)
+        if tid == 0:
+            for q in range(PIECES):
+                mbarrier.init(bars.ptr_to([q]), 1)
+            mbarrier.fence_init()
         T.evaluate(T.cuda.cta_sync())
 
         # -- 1. The slice into shared memory, once; the first digit's histogram on the way.
         if vec_ok != 0:
-            nv = (ln + (vec - 1)) // vec
-            for it in T.serial((nv + (threads * U - 1)) // (threads * U)):
-                for u in T.unroll(U):
-                    v = it * (threads * U) + u * threads + tid
-                    vector.load_v4(words, 4 * u, Xr.ptr_to([x_base + i64(lo + v * vec)]), pred=v < nv,
-                                   cache="nc_stream")
-                for u in T.unroll(U):
-                    v = it * (threads * U) + u * threads + tid
-                    if v < nv:
-                        vector.store_shared_v4(S.ptr_to([v * vec]), words, 4 * u)
-                        for e in range(vec):
-                            if v * vec + e < ln:
-                                key = rx.key_of(score_of(words, 4 * u, e), dtype)
-                                rx.count(hist, T.uint32(255) - (key >> shift0))
+            # Rows on 16 bytes: PIECES bulk copies (the whole slice in flight at once, no registers), each
+            # histogrammed as soon as its mbarrier completes. The last piece ends on a whole vector (bytes past
+            # the row stay in its 16-byte granule; they are never counted).
+            if tid == 0:
+                for q in range(PIECES):
+                    a = q * piece
+                    if a < ln:
+                        nbytes = T.Cast("uint32", (T.min(a + piece, (ln + (vec - 1)) // vec * vec) - a) * elem)
+                        T.evaluate(T.ptx.mbarrier.arrive.expect_tx.shared__cta.b64(bars.ptr_to([q]), nbytes))
+                        bulk.load(S.ptr_to([a]), Xr.ptr_to([x_base + i64(lo + a)]), nbytes, bars.ptr_to([q]))
+            for q in range(PIECES):
+                a = q * piece
+                if a < ln:
+                    mbarrier.wait(bars.ptr_to([q]), 0)
+                    for it in T.serial((T.min(piece, ln - a) + (threads - 1)) // threads):
+                        j = a + it * threads + tid
+                        if j < T.min(a + piece, ln):
+                            rx.count(hist, T.uint32(255) - (rx.key_of(S[j], dtype) >> shift0))
         else:
             for it in T.serial((ln + (threads * U - 1)) // (threads * U)):
                 for u in T.unroll(U):
