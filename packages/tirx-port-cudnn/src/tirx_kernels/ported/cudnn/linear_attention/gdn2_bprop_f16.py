@@ -141,6 +141,11 @@ def roofline(H: int, seqs: str, Hv: int | None = None, **_) -> dict:  # noqa: N8
     return {"bytes": nbytes, "flops": flops}
 
 
+def get_baselines(**cfg) -> dict:
+    """None runnable: fla has no GDN-2 and cuDNN's GDN-2 backward is Blackwell-only (the oracle is the check)."""
+    return {}
+
+
 def _fail(name: str, expected: str, got: str):
     raise checks.TirxInputError(f"{OP}: argument '{name}': expected {expected}, got {got}")
 
