@@ -114,6 +114,17 @@ def test_ragged_batch_emulated(emulated):
         assert stats[name]["rel_fro"] < 2e-2, (name, stats[name])
 
 
+def test_all_empty_batch_passes_the_state_gradient():
+    """No token at all: the kernel is not launched, dstate0 is d_final_state, the token gradients are empty."""
+    data = mod.prepare_data("bfloat16", 2, "0+0", init=True, dfinal=True, device="cpu")
+    want = mod.reference(**data)
+    mod.run(data["q"], data["k"], data["v"], data["g"], data["beta"], data["do"], data["state_checkpoints"],
+            data["cu_seqlens"], 128 ** -0.5, data["initial_state"], data["d_final_state"], data["dq"], data["dk"],
+            data["dv"], data["dg"], data["dbeta"], data["d_initial_state"], fn=lambda *a: pytest.fail("launched"))
+    assert torch.equal(data["d_initial_state"], data["d_final_state"])
+    torch.testing.assert_close(want["d_initial_state"], data["d_final_state"])
+
+
 @full_only
 @pytest.mark.parametrize("label", ["ragged_gva_hq1_hv2", "gqa_hq4_hv2_fp16_i64"])
 def test_more_rows_emulated(emulated, label):
