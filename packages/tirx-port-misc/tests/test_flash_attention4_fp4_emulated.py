@@ -4,8 +4,8 @@ with TMA zero fill, e4m3 wgmma SS/RS, the mbarrier rings, ping-pong turns) on th
 oracle with the FP8 bounds of ``_fwd_fp8_check`` (out and LSE), guard bands around the outputs, inputs unchanged.
 
 CI emulates the hd128 kernel twice: non-causal with GQA 2:1 and ragged tiles, and causal with Sq > Sk (rows that see
-no key: out 0, lse -inf). ``TIRX_EMULATE_FULL=1`` adds hd256 (its pingpong schedule), NVFP4 / MXFP8 K/V, the ragged
-lengths 1, 17, 127 and the plain schedule (each kernel ~10-40 s of g++ on the 2-core machine)."""
+no key: out 0, lse -inf). ``TIRX_EMULATE_FULL=1`` adds hd256 (its pingpong schedule), hd64 (SW64 Q/K rows), NVFP4 /
+MXFP8 K/V, the ragged lengths 1, 17, 127 and the plain schedule (each kernel ~10-40 s of g++ on the 2-core machine)."""
 
 import os
 import re
@@ -87,6 +87,8 @@ def test_causal_more_queries_than_keys_leaves_rows_empty():
     (128, False, 2, 1, 127, 2, 2, "nvfp4", None),
     (128, True, 1, 17, 1, 2, 2, "e4m3", None),
     (128, True, 1, 200, 260, 2, 1, "e4m3", "plain"),
+    (64, True, 1, 200, 230, 2, 1, "e4m3", None),
+    (64, False, 1, 130, 70, 2, 2, "nvfp4", None),
 ])
 def test_more_shapes_formats_and_schedules(d, causal, B, Sq, Sk, Hq, Hkv, kv_format, schedule):  # noqa: N803
     _run(d, causal, B, Sq, Sk, Hq, Hkv, kv_format, schedule)

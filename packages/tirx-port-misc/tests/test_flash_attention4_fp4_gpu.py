@@ -34,7 +34,7 @@ def _check(m, data, out, lse):
     return _fwd_fp8_check.check_outputs(out, lse, m.kernel_inputs(**data), data["softmax_scale"], data["causal"])
 
 
-@pytest.mark.parametrize("d", [128, 256])
+@pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("kv_format", ["e4m3", "nvfp4", "mxfp8"])
 @pytest.mark.parametrize("sq, sk", [(1, 1), (17, 17), (127, 127), (1, 8193), (17, 127), (127, 17), (8193, 8193)])
 @pytest.mark.parametrize("causal", [False, True])
@@ -72,6 +72,15 @@ def test_given_outputs_and_empty_keys():
     o, l_ = m.flash_attn_fp8_func(q, k, k, q_descale=data["q_descale"][:1], k_descale=data["k_descale"][:1],
                                   v_descale=data["v_descale"][:1])
     assert (o == 0).all() and torch.isinf(l_).all() and (l_ < 0).all()
+
+
+def test_torch_compile_fullgraph():
+    """The pre-pass traces as torch ops, the kernel as the ``tirx::flash_attention4_fp4`` custom op."""
+    m = _mod()
+    data = m.prepare_data(B=1, Sq=200, Sk=300, Hq=4, Hkv=2, D=128, causal=True, kv_format="nvfp4")
+    eager = _call(m, data)
+    compiled = torch.compile(lambda d: _call(m, d), fullgraph=True)(data)
+    assert torch.equal(eager[0], compiled[0]) and torch.equal(eager[1], compiled[1])
 
 
 def test_prepass_cost_at_s8192():

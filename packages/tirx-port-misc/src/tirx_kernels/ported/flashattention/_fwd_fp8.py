@@ -31,14 +31,19 @@ from tirx_kernels.ported.flashattention._fwd_mainloop import FRAGMENT_REGS, SMEM
 
 E4M3 = "float8_e4m3fn"
 STORAGE = "uint8"  # how Q, K, V^T and their smem tiles are typed (the ops pass byte views of the e4m3 tensors)
-FP8_CHUNK = 128  # e4m3 elements of one 128-byte SW128 row: the Q/K box's inner extent
+FP8_CHUNK = 128  # e4m3 elements of one 128-byte SW128 row: the Q/K box's inner extent (64 / SW64 for hd <= 64)
 BLOCK_M = _fwd_kernel.BLOCK_M
 NUM_CONSUMERS = _fwd_kernel.NUM_CONSUMERS
 
 
+def row_bytes(d: int) -> int:
+    """Bytes of one swizzled Q/K row: 64 (SW64) for head dims up to 64, else 128 (SW128)."""
+    return 64 if d <= 64 else FP8_CHUNK
+
+
 def padded(d: int) -> int:
-    """Head dim rounded up to whole 128-byte rows (TMA zero-fills the columns past d)."""
-    return (d + FP8_CHUNK - 1) // FP8_CHUNK * FP8_CHUNK
+    """Head dim rounded up to whole swizzled rows (TMA zero-fills the columns past d)."""
+    return (d + row_bytes(d) - 1) // row_bytes(d) * row_bytes(d)
 
 
 def smem_bytes(head_dim: int, block_n: int, num_stages: int, block_m: int = BLOCK_M) -> int:
@@ -87,9 +92,10 @@ class FP8Mainloop(Mainloop):
         self.block_n, self.num_stages, self.num_consumers = block_n, num_stages, num_consumers
         self.pingpong = num_consumers == 2 and schedule in ("pingpong", "overlap")
         self.overlap = schedule == "overlap"
-        self.chunk = FP8_CHUNK
+        self.chunk = row_bytes(head_dim)
+        self.qk_swizzle = wgmma.SWIZZLE_64B if self.chunk == 64 else wgmma.SWIZZLE_128B
         self.dp = self.dvp = padded(head_dim)
-        self.q_chunks, self.v_chunks = self.dp // FP8_CHUNK, 1
+        self.q_chunks, self.v_chunks = self.dp // self.chunk, 1
         self.elem = 1
         self.q_tile = self.block_m * self.dp
         self.k_tile = block_n * self.dp
@@ -104,8 +110,8 @@ class FP8Mainloop(Mainloop):
         self.v_kstep = wgmma.k_step_bytes(wgmma.K_MAJOR, self.v_swizzle, E4M3)
         self.k_ring = mbarrier.Ring.for_warpgroups(num_stages, num_consumers, "warpgroup")
         self.v_ring = mbarrier.Ring.for_warpgroups(num_stages, num_consumers, "warpgroup")
-        self.q_box_bytes = tma.check_box(STORAGE, [FP8_CHUNK, 1, self.block_m, 1])
-        self.kv_tile_bytes = tma.check_box(STORAGE, [FP8_CHUNK, 1, block_n, 1])
+        self.q_box_bytes = tma.check_box(STORAGE, [self.chunk, 1, self.block_m, 1], self.qk_swizzle)
+        self.kv_tile_bytes = tma.check_box(STORAGE, [self.chunk, 1, block_n, 1], self.qk_swizzle)
         self.k_stage_bytes = self.q_chunks * self.kv_tile_bytes
         self.v_box = [block_n, self.dvp, 1, 1]
         self.v_stage_bytes = tma.check_box(STORAGE, self.v_box, self.v_swizzle)
@@ -148,11 +154,11 @@ def _produce(ml, sm, q_map, k_map, v_map, m0, h, hk, b, n_blocks):
     tile n (keys n block_n.., every head-dim row in one box) of kv head ``hk``."""
     from tirx_kernels.core.lang import tma
 
-    ml.load_q_tma(sm, q_map, lambda c: [c * FP8_CHUNK, h, m0, b])
+    ml.load_q_tma(sm, q_map, lambda c: [c * ml.chunk, h, m0, b])
 
     def load_k(n, s, bar):
         for c in range(ml.q_chunks):
-            tma.load(ml.k_dst(sm, s, c), k_map, [c * FP8_CHUNK, hk, n * ml.block_n, b], bar)
+            tma.load(ml.k_dst(sm, s, c), k_map, [c * ml.chunk, hk, n * ml.block_n, b], bar)
 
     def load_v(n, s, bar):
         tma.load(ml.v_dst(sm, s, 0), v_map, [n * ml.block_n, 0, hk, b], bar)
@@ -199,8 +205,10 @@ def build_fp8_fwd_kernel(head_dim: int, causal: bool, block_n: int, num_stages: 
         q_map = T.Bind(T.tvm_stack_alloca("tensormap", 1))
         k_map = T.Bind(T.tvm_stack_alloca("tensormap", 1))
         v_map = T.Bind(T.tvm_stack_alloca("tensormap", 1))
-        tma.encode(q_map, Q.data, [head_dim, Hq, Sq, B], [q_sh, q_ss, q_sb], [FP8_CHUNK, 1, BLOCK_M, 1], STORAGE)
-        tma.encode(k_map, K.data, [head_dim, Hkv, Sk, B], [k_sh, k_ss, k_sb], [FP8_CHUNK, 1, block_n, 1], STORAGE)
+        tma.encode(q_map, Q.data, [head_dim, Hq, Sq, B], [q_sh, q_ss, q_sb], [ml.chunk, 1, BLOCK_M, 1], STORAGE,
+                   swizzle=ml.qk_swizzle)
+        tma.encode(k_map, K.data, [head_dim, Hkv, Sk, B], [k_sh, k_ss, k_sb], [ml.chunk, 1, block_n, 1], STORAGE,
+                   swizzle=ml.qk_swizzle)
         tma.encode(v_map, Vt.data, [Sk16, head_dim, Hkv, B], [vt_sd, vt_sh, vt_sb], ml.v_box, STORAGE,
                    swizzle=ml.v_swizzle)
         T.device_entry()

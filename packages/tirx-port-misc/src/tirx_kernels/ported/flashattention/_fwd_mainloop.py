@@ -106,9 +106,10 @@ class Mainloop:
         self.kv_tile_bytes = tma.check_box(dtype, [CHUNK, 1, block_n, 1])  # one 64-column chunk of a key tile
         self.cvt_pack = {"bfloat16": T.ptx.cvt.rn.bf16x2.f32, "float16": T.ptx.cvt.rn.f16x2.f32}[dtype]
         # What an 8-bit subclass (``_fwd_fp8``) changes: the wgmma input type (``dtype`` is the smem tiles'),
-        # elements per 128-byte row, the bytes each ring stage completes, and V's swizzle.
+        # elements per swizzled Q/K row and that swizzle, the bytes each ring stage completes, and V's swizzle.
         self.mma_dtype = dtype
         self.chunk = CHUNK
+        self.qk_swizzle = wgmma.SWIZZLE_128B
         self.k_stage_bytes = self.q_chunks * self.kv_tile_bytes
         self.v_stage_bytes = self.v_chunks * self.kv_tile_bytes
         self.v_swizzle = wgmma.SWIZZLE_128B
@@ -324,8 +325,9 @@ class Mainloop:
         from tirx_kernels.core.lang import mbarrier, softmax, wgmma
 
         block_n, k_ring, v_ring = self.block_n, self.k_ring, self.v_ring
-        wgmma.encode_desc_kmajor_sw128(rg.desc_q.ptr_to([0]), sm.q.ptr_to([0]))
-        wgmma.encode_desc_kmajor_sw128(rg.desc_k.ptr_to([0]), sm.k.ptr_to([0]))
+        qk_lbo, qk_sbo = wgmma.desc_offsets(wgmma.K_MAJOR, self.qk_swizzle)
+        wgmma.encode_desc(rg.desc_q.ptr_to([0]), sm.q.ptr_to([0]), qk_lbo, qk_sbo, self.qk_swizzle)
+        wgmma.encode_desc(rg.desc_k.ptr_to([0]), sm.k.ptr_to([0]), qk_lbo, qk_sbo, self.qk_swizzle)
         wgmma.encode_desc(rg.desc_v.ptr_to([0]), sm.v.ptr_to([0]), self.v_lbo, self.v_sbo, self.v_swizzle)
         for i in range(self.o_regs):
             T.buffer_store(rg.o_acc, T.float32(0), [i])

@@ -5,7 +5,7 @@
 # @5aa37a96, an sm_103a FP4-MMA kernel) arrive here as NVFP4 / MXFP8 K/V inputs, dequantized to FP8 (Hopper has no
 # FP4 MMA). The kernel is the TIRx generator in _fwd_fp8.py, the K/V preparation in _fwd_fp8_prepass.py.
 """``flash_attn_fp8_func``: attention forward for Hopper with Q, K, V in FP8 e4m3 (FA3's FP8 path), or K/V in NVFP4 /
-MXFP8 (``kv_format``), head dims 128 and 256, causal (bottom-right aligned when Sq != Sk) or not, MHA/GQA/MQA,
+MXFP8 (``kv_format``), head dims 64, 128 and 256, causal (bottom-right aligned when Sq != Sk) or not, MHA/GQA/MQA,
 batch-padded [B, S, H, D]; returns (out bf16 [B, Sq, Hq, D], lse fp32 [B, Hq, Sq], natural log; -inf and a zero
 output for a row that sees no key).
 
@@ -40,7 +40,7 @@ KERNEL_META = {
     "public_ops": ["flash_attn_fp8_func"],
 }
 
-# Correctness rows (GPU tests): ragged lengths (1, 17, 127, 8193), GQA 1..16, Sq != Sk both ways, both head dims,
+# Correctness rows (GPU tests): ragged lengths (1, 17, 127, 8193), GQA 1..16, Sq != Sk both ways, every head dim,
 # every K/V format.
 CONFIGS = [
     {"label": "e4m3_b2_h4_s1000_d128", "B": 2, "Sq": 1000, "Sk": 1000, "Hq": 4, "Hkv": 4, "D": 128},
@@ -54,6 +54,9 @@ CONFIGS = [
     {"label": "e4m3_b2_h16kv1_sq17_sk127_d128", "B": 2, "Sq": 17, "Sk": 127, "Hq": 16, "Hkv": 1, "D": 128},
     {"label": "e4m3_b1_h4_s8193_d128_causal", "B": 1, "Sq": 8193, "Sk": 8193, "Hq": 4, "Hkv": 4, "D": 128,
      "causal": True},
+    {"label": "e4m3_b2_h4kv2_s1000_d64", "B": 2, "Sq": 1000, "Sk": 1000, "Hq": 4, "Hkv": 2, "D": 64},
+    {"label": "mxfp8_b1_h4_sq127_sk333_d64_causal", "B": 1, "Sq": 127, "Sk": 333, "Hq": 4, "Hkv": 4, "D": 64,
+     "causal": True, "kv_format": "mxfp8"},
     {"label": "e4m3_b2_h4_s333_d256", "B": 2, "Sq": 333, "Sk": 333, "Hq": 4, "Hkv": 4, "D": 256},
     {"label": "e4m3_b1_h4kv1_s1000_d256_causal", "B": 1, "Sq": 1000, "Sk": 1000, "Hq": 4, "Hkv": 1, "D": 256,
      "causal": True},
@@ -75,6 +78,7 @@ BENCH_CONFIGS = [
     {"label": "e4m3_b2_h16_s8192_d128", "B": 2, "Sq": 8192, "Sk": 8192, "Hq": 16, "Hkv": 16, "D": 128},
     {"label": "e4m3_b2_h16_s8192_d128_causal", "B": 2, "Sq": 8192, "Sk": 8192, "Hq": 16, "Hkv": 16, "D": 128,
      "causal": True},
+    {"label": "e4m3_b2_h16_s8192_d64", "B": 2, "Sq": 8192, "Sk": 8192, "Hq": 16, "Hkv": 16, "D": 64},
     {"label": "e4m3_b2_h16_s8192_d256", "B": 2, "Sq": 8192, "Sk": 8192, "Hq": 16, "Hkv": 16, "D": 256},
     {"label": "e4m3_b2_h16_s8192_d256_causal", "B": 2, "Sq": 8192, "Sk": 8192, "Hq": 16, "Hkv": 16, "D": 256,
      "causal": True},
@@ -96,7 +100,7 @@ COMPARATORS = _fwd_fp8_check.COMPARATORS
 # block_n bytes (a swizzle span), so block_n is 64 or 128 here (FA3 takes 224 keys at hd128 with an in-kernel
 # transpose). hd256 x 128 keys under "overlap" (P of tile n - 1, S of tile n and O live together: 208 fragment
 # registers) spilled 48 bytes (ptxas, 2026-12-06); "pingpong" builds spill-free.
-TILES = {128: (128, 2, "overlap"), 256: (128, 2, "pingpong")}
+TILES = {64: (128, 2, "overlap"), 128: (128, 2, "overlap"), 256: (128, 2, "pingpong")}
 SCHEDULE = "overlap"  # the mainloop's default; TILES names each head dim's
 _INT32_MAX = 2**31 - 1
 _OP = "flash_attn_fp8_func"
@@ -366,7 +370,7 @@ def flash_attn_fp8_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_des
                         variant: tuple = (None, None)) -> tuple[torch.Tensor, torch.Tensor]:
     """FP8 attention forward with flash-attn's FP8 conventions (FA3's ``flash_attn_func`` with e4m3 inputs).
 
-    - q: float8_e4m3fn [B, Sq, Hq, D], D in (128, 256); ``q_descale``, ``k_descale``, ``v_descale``: fp32 [B, Hkv]
+    - q: float8_e4m3fn [B, Sq, Hq, D], D in (64, 128, 256); ``q_descale``, ``k_descale``, ``v_descale``: fp32 [B, Hkv]
       (None: 1): the true Q of head h is ``q[:, :, h] * q_descale[:, h // (Hq // Hkv)]``, likewise K and V.
     - ``kv_format="e4m3"``: k, v float8_e4m3fn [B, Sk, Hkv, D].
     - ``kv_format="nvfp4"``: k, v uint8 [B, Sk, Hkv, D / 2] packed e2m1 (element 2i in the low nibble), ``k_scale`` /
@@ -385,14 +389,56 @@ def flash_attn_fp8_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_des
     scale = 1.0 / math.sqrt(q.shape[3]) if softmax_scale is None else float(softmax_scale)
     inp = kernel_inputs(q, k, v, q_descale, k_descale, v_descale, kv_format, k_scale, v_scale, k_global_scale,
                         v_global_scale)
+    causal, variant = bool(causal), tuple(variant)
+    args = [inp[n] for n in ("q", "k", "vt", "q_descale", "k_descale", "v_descale")]
+    if runtime.direct_call(*args, *(out or ())):
+        dst = out if out is not None else _new_out(q)
+        _run(inp, scale, causal, dst[0], dst[1], variant)
+        if out is not None:
+            runtime.mark_written(out[0])
+            runtime.mark_written(out[1])
+        return tuple(dst)
+    # torch.compile / export: the pre-pass above is traced as torch ops; the kernel is the custom op.
+    if out is None:
+        return tuple(torch.ops.tirx.flash_attention4_fp4(*args, scale, causal))
+    torch.ops.tirx.flash_attention4_fp4_out(*args, scale, causal, out[0], out[1])
+    return tuple(out)
+
+
+def _new_out(q):
     B, Sq, Hq, D = q.shape
-    dst = out if out is not None else (torch.empty((B, Sq, Hq, D), dtype=torch.bfloat16, device=q.device),
-                                       torch.empty((B, Hq, Sq), dtype=torch.float32, device=q.device))
-    _run(inp, scale, bool(causal), dst[0], dst[1], tuple(variant))
-    if out is not None:
-        runtime.mark_written(out[0])
-        runtime.mark_written(out[1])
-    return tuple(dst)
+    return (torch.empty((B, Sq, Hq, D), dtype=torch.bfloat16, device=q.device),
+            torch.empty((B, Hq, Sq), dtype=torch.float32, device=q.device))
+
+
+def _prepared(q, k, vt, q_descale, k_descale, v_descale) -> dict:
+    return {"q": q, "k": k, "vt": vt, "q_descale": q_descale, "k_descale": k_descale, "v_descale": v_descale}
+
+
+@torch.library.custom_op("tirx::flash_attention4_fp4", mutates_args=())
+def _attention_op(q: torch.Tensor, k: torch.Tensor, vt: torch.Tensor, q_descale: torch.Tensor,
+                  k_descale: torch.Tensor, v_descale: torch.Tensor, softmax_scale: float,
+                  causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    o, lse = _new_out(q)
+    _run(_prepared(q, k, vt, q_descale, k_descale, v_descale), softmax_scale, causal, o, lse)
+    return o, lse
+
+
+@_attention_op.register_fake
+def _(q, k, vt, q_descale, k_descale, v_descale, softmax_scale, causal):
+    return _new_out(q)
+
+
+@torch.library.custom_op("tirx::flash_attention4_fp4_out", mutates_args=("out", "lse"))
+def _attention_out_op(q: torch.Tensor, k: torch.Tensor, vt: torch.Tensor, q_descale: torch.Tensor,
+                      k_descale: torch.Tensor, v_descale: torch.Tensor, softmax_scale: float, causal: bool,
+                      out: torch.Tensor, lse: torch.Tensor) -> None:
+    _run(_prepared(q, k, vt, q_descale, k_descale, v_descale), softmax_scale, causal, out, lse)
+
+
+@_attention_out_op.register_fake
+def _(q, k, vt, q_descale, k_descale, v_descale, softmax_scale, causal, out, lse):
+    return None
 
 
 run_test, run_bench = harness.bind(__name__)
