@@ -201,3 +201,23 @@ def test_gpu_checkpoint_count_checked():
     with pytest.raises(TirxInputError, match="argument 'state_checkpoints'"):
         mod.gdn_bprop(d["q"], d["k"], d["v"], d["g"], d["beta"], d["do"], d["state_checkpoints"][:1],
                       d["cu_seqlens"])
+
+
+@gpu
+@pytest.mark.parametrize("recompute", [False, True], ids=["kept_checkpoints", "recomputed"])
+def test_gpu_training_step_through_forward_and_backward(recompute):
+    """chunk_gdn_train: this package's forward kernel writes the checkpoints (or its recompute kernel regenerates
+    them in the backward) and gdn_bprop consumes them; every gradient against the fp32 oracle."""
+    from tirx_kernels.ported.cudnn.linear_attention._bwd_autograd import chunk_gdn_train
+
+    cfg = harness.full_config(mod, harness.find_config(mod, "ragged_h2_init_dfinal"))
+    data = mod.prepare_data(**cfg)
+    want = mod.reference(**data)
+    leaves = {n: data[n].detach().clone().requires_grad_(True) for n in ("q", "k", "v", "g", "beta", "initial_state")}
+    o, final = chunk_gdn_train(leaves["q"], leaves["k"], leaves["v"], leaves["g"], leaves["beta"],
+                               data["cu_seqlens"], initial_state=leaves["initial_state"], output_final_state=True,
+                               recompute=recompute)
+    loss = (o.float() * data["do"].float()).sum() + (final * data["d_final_state"]).sum()
+    loss.backward()
+    got = {"d" + n if n != "initial_state" else "d_initial_state": leaves[n].grad for n in leaves}
+    harness.check_outputs(mod, got, want, "the fp32 oracle", cfg, data)

@@ -12,6 +12,9 @@ Status: the sequential step -- the reverse walk of the state gradient over chunk
 ``_bwd_state_kernel``; the chunk-parallel steps around it (the WY recompute from the checkpoints before, dq / dk / dv /
 dbeta / dg after) are batched torch (fp32) in ``_bwd_chunks``, processed in slabs of sequences. The fused wgmma form
 of those steps (cuDNN's one-kernel schedule) is the next step; until then this op is correct, not fast.
+
+Training: ``_bwd_autograd.chunk_gdn_train`` ties this package's forward (checkpoints every 64 tokens, or the recompute
+kernel in the backward) to this op in a ``torch.autograd.Function``.
 """
 
 from __future__ import annotations
