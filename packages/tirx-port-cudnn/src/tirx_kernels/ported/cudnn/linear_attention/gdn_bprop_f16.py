@@ -172,9 +172,10 @@ def roofline(H: int, seqs: str, Hv: int | None = None, dtype: str = "bfloat16", 
 
 def get_baselines(**cfg) -> dict:
     """fla 0.6.0's chunk_gated_delta_rule backward, a reference only where it agrees with the oracle: Triton >= 3.4
-    miscompiles it on Hopper (fla issues 640, 984), so the first call on a data set checks fla's gradients against
-    the fp32 oracle and refuses the row (ImportError: skipped with the reason) where they disagree. Its forward runs
-    once per data set; the timed call is the backward (``torch.autograd.grad`` with the graph retained)."""
+    miscompiles it on Hopper (fla issues 640, 984), so the builder checks fla's gradients on a small probe and the
+    first call on a data set checks them on the row, against the fp32 oracle; a disagreement refuses the reference
+    (ImportError: skipped with the reason). Its forward runs once per data set; the timed call is the backward
+    (``torch.autograd.grad`` with the graph retained)."""
     def fla():
         from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_gdn
 
@@ -202,17 +203,24 @@ def get_baselines(**cfg) -> dict:
                 res["d_initial_state"] = got[5]
             return res
 
+        def agree(data, res, what):
+            try:
+                harness.check_outputs(sys.modules[__name__], res, reference(**data), "the fp32 oracle", cfg, data)
+            except harness.KernelCheckError as e:
+                raise ImportError(f"fla's backward disagrees with the fp32 oracle {what} (Triton >= 3.4 on Hopper, "
+                                  f"fla issues 640 / 984): {str(e)[:300]}") from None
+
+        # A small ragged probe of this row's dtype and heads first: a miscompiled fla is refused at build time (the
+        # bench's warm-up would not survive an error raised inside the timed function).
+        probe = prepare_data(cfg.get("dtype", "bfloat16"), cfg["H"], "100+37", init=True, dfinal=True)
+        agree(probe, grads(*forward(probe)), "on a 100+37-token probe")
+
         def fn(data):
             key = id(data["q"])
             if key not in graphs:
                 loss, leaves = forward(data)
                 res = grads(loss, leaves)
-                want = reference(**data)
-                try:
-                    harness.check_outputs(sys.modules[__name__], res, want, "the fp32 oracle", cfg, data)
-                except harness.KernelCheckError as e:
-                    raise ImportError(f"fla's backward disagrees with the fp32 oracle on this row (Triton >= 3.4 "
-                                      f"on Hopper, fla issues 640 / 984): {str(e)[:300]}") from None
+                agree(data, res, "on this row")
                 graphs.clear()
                 graphs[key] = (loss, leaves)
                 return res
