@@ -17,7 +17,8 @@ Design (DeepGEMM's SM90 recipe):
 - Math, per stage: each thread reads its 32 A elements of the 8 wgmma k8 steps from the swizzled tile (the RS
   fragment: row ``16 warp + lane/4 (+8)``, K ``8 kk + lane%4 (+4)``), widens bf16 to fp32 bits (``<< 16``: bf16 is
   exact in tf32), adds their squares to its two row sums, then issues 8 ``wgmma m64nNk8 tf32`` RS (A from those
-  registers, B from the stage by descriptor) into the fp32 accumulator, waits, and gives the stage back.
+  registers, B from the stage by descriptor) into the fp32 accumulator. One group stays in flight: the next stage's
+  loads run under it (two register buffers, alternating), and a stage goes back once its group has completed.
 - NOTES: memory-bound on A (N = 24: 48 FLOP per A element of 2 bytes); B is re-read per stage from L2 (N x 256 bytes
   per 8 KB of A). CUDA-core FMA would need 25 FMA per A element: 132 SMs x 128 FMA x 1.98 GHz = 33.5 T FMA/s against
   1.5 T A elements/s at 3 TB/s (37.5 T FMA/s) leaves no headroom, hence the tensor cores.
@@ -102,7 +103,8 @@ def build_kernel(n: int, num_stages: int):
         empty = pool.alloc((num_stages,), "uint64", align=8)
         pool.commit()
         acc = T.alloc_local((nacc,), "float32")
-        areg = T.alloc_local((k_steps * 4,), "uint32")  # the stage's RS A fragments: fp32 bits of bf16
+        areg = T.alloc_local((2 * k_steps * 4,), "uint32")  # two K blocks' RS A fragments: fp32 bits of bf16
+        prev = T.alloc_local((1,), "int32")  # stage of the wgmma group still in flight
         sq = T.alloc_local((2,), "float32")  # sums of squares of this thread's two rows
         tot = T.alloc_local((2,), "float32")
         desc_b = T.alloc_local((1,), "uint64")
@@ -141,29 +143,40 @@ def build_kernel(n: int, num_stages: int):
                 acc[i] = T.float32(0)
             for r in T.unroll(2):
                 sq[r] = T.float32(0)
-            for _kb in range(k_count):
-                s = cursor[0]
-                ring.consumer_wait_at(full, cursor)
-                for kk in T.unroll(k_steps):
-                    for i in T.unroll(4):
-                        # RS fragment of k8 step kk: register i at row 16 warp + lane/4 + 8 (i % 2), K 4 (i / 2)
-                        # + lane % 4; bf16 widened to fp32 bits (exact in tf32).
-                        areg[kk * 4 + i] = T.Cast("uint32", As[s * a_elems + tma.sw128_offset(
-                            wgmma.a_frag_row(warp, lane, i), kk * 8 + wgmma.a_frag_col(lane, i, 0, "float32"),
-                            "bfloat16")]) << T.uint32(16)
-                        sq[i % 2] = sq[i % 2] + (T.cuda.uint_as_float(areg[kk * 4 + i])
-                                                 * T.cuda.uint_as_float(areg[kk * 4 + i]))
-                wgmma.fence()
-                for kk in T.unroll(k_steps):
-                    wgmma.mma(n, acc, [areg[kk * 4 + i] for i in range(4)],
-                              wgmma.desc_advance(desc_b[0], s * (b_elems * 4) + (kk // 4) * (n * B_CHUNK * 4)
-                                                 + (kk % 4) * 32), "float32")
-                wgmma.commit()
-                wgmma.wait(0)
-                # The stage's smem has been read (the A loads fed the wgmma, which has completed): give it back.
+            # Two K blocks per trip, one A fragment buffer each: a block's A loads and squares run while the previous
+            # block's wgmma group is still in flight (wait(1)), whose registers are the other buffer.
+            for kb2 in range((k_count + 1) // 2):
+                for half in T.unroll(2):
+                    if kb2 * 2 + half < k_count:
+                        s = cursor[0]
+                        ring.consumer_wait_at(full, cursor)
+                        for kk in T.unroll(k_steps):
+                            for i in T.unroll(4):
+                                # RS fragment of k8 step kk: register i at row 16 warp + lane/4 + 8 (i % 2), K 4 (i / 2)
+                                # + lane % 4; bf16 widened to fp32 bits (exact in tf32).
+                                q = half * (k_steps * 4) + kk * 4 + i
+                                areg[q] = T.Cast("uint32", As[s * a_elems + tma.sw128_offset(
+                                    wgmma.a_frag_row(warp, lane, i), kk * 8 + wgmma.a_frag_col(lane, i, 0, "float32"),
+                                    "bfloat16")]) << T.uint32(16)
+                                sq[i % 2] = sq[i % 2] + (T.cuda.uint_as_float(areg[q]) * T.cuda.uint_as_float(areg[q]))
+                        wgmma.fence()
+                        for kk in T.unroll(k_steps):
+                            wgmma.mma(n, acc, [areg[half * (k_steps * 4) + kk * 4 + i] for i in range(4)],
+                                      wgmma.desc_advance(desc_b[0], s * (b_elems * 4) + (kk // 4) * (n * B_CHUNK * 4)
+                                                         + (kk % 4) * 32), "float32")
+                        wgmma.commit()
+                        wgmma.wait(1)
+                        # The previous block's group has completed: its stage (A read by this warpgroup's loads, B by
+                        # that group) goes back to the producer.
+                        if kb2 * 2 + half > 0:
+                            T.evaluate(T.call_extern("void", "__syncwarp"))
+                            ring.release_slot(empty, prev[0], warp, lane, remote[0])
+                        prev[0] = s
+                        ring.cursor_advance(cursor)
+            wgmma.wait(0)
+            if k_count > 0:
                 T.evaluate(T.call_extern("void", "__syncwarp"))
-                ring.release_slot(empty, s, warp, lane, remote[0])
-                ring.cursor_advance(cursor)
+                ring.release_slot(empty, prev[0], warp, lane, remote[0])
             # Epilogue: row sums over the 4 lanes of a row, then this split's partials.
             for r in T.unroll(2):
                 tot[r] = softmax.quad_reduce(sq[r], lambda x, y: x + y)
