@@ -14,6 +14,7 @@ import torch
 from tirx_kernels.core.lang import scheduler
 from tirx_kernels.gemm import _dist
 from tirx_kernels.gemm import allgather_gemm as ag
+from tirx_kernels.gemm import gemm_reduce_scatter as rs
 
 
 def _rank_tile_order(rank, world, M, N, tile):  # noqa: N803
@@ -69,16 +70,24 @@ def test_sync_hooks_take_their_arguments():
         _persistent.build_persistent_kernel("bfloat16", 128, 128, 64, 6, 2, 8, 132, sync="wait_rows")
 
 
-@needs_tvm
-def test_allgather_gemm_emulated_three_ranks():
-    """3 ranks of 100 rows (M = 300: shard boundaries inside M-tiles 0 and 1, so a tile waits for two shards' flags),
-    N / W = 200 (2 N-tiles of 128, the second ragged), K = 136 (3 K-tiles): each rank's rotated GEMM over the gathered
-    A, after the copies and flags (producers first), equals the fp32 oracle of its column shard."""
+@pytest.fixture(scope="module")
+def emulated():
+    """The all-gather GEMM, the reduce-scatter's partial GEMM and its reduce (bf16, 128 x 128 tiles), one g++ run."""
     pytest.importorskip("tvm", reason="apache-tvm is needed to generate the kernels")
     from tirx_kernels.core import build, emulate
 
+    return emulate.compile_module(build.codegen_many({
+        "ag": ag.get_kernel("bfloat16", ag.NARROW_TILE),
+        "rs_gemm": rs.get_kernel("bfloat16", rs.NARROW_TILE, "gemm"),
+        "rs_reduce": rs.get_kernel("bfloat16", rs.NARROW_TILE, "reduce")}))
+
+
+@needs_tvm
+def test_allgather_gemm_emulated_three_ranks(emulated):
+    """3 ranks of 100 rows (M = 300: shard boundaries inside M-tiles 0 and 1, so a tile waits for two shards' flags),
+    N / W = 200 (2 N-tiles of 128, the second ragged), K = 136 (3 K-tiles): each rank's rotated GEMM over the gathered
+    A, after the copies and flags (producers first), equals the fp32 oracle of its column shard."""
     world, M, N, K = 3, 300, 600, 136  # noqa: N806
-    mod = emulate.compile_module(build.codegen(ag.get_kernel("bfloat16", ag.NARROW_TILE)))
     g = torch.Generator().manual_seed(7)
     a = torch.randn(M, K, generator=g).bfloat16()
     w = (torch.randn(N, K, generator=g) / K ** 0.5).bfloat16()
@@ -90,14 +99,50 @@ def test_allgather_gemm_emulated_three_ranks():
         flags = torch.ones(world * per_shard, dtype=torch.int32)  # and their flags
         w_r = w[rank * 200:(rank + 1) * 200].contiguous()
         out = torch.full((M, 200), float("nan")).bfloat16()
-        mod(gathered, w_r, out, flags, shard, chunk, rank * shard // 128, hang_timeout=120.0).check()
+        emulated(gathered, w_r, out, flags, shard, chunk, rank * shard // 128, function="ag",
+                 hang_timeout=120.0).check()
         want = a.float() @ w_r.float().T
         torch.testing.assert_close(out.float(), want, atol=2e-2 * want.abs().max().item(), rtol=1.6e-2)
         assert torch.equal(gathered, a)
 
 
+@needs_tvm
+def test_gemm_reduce_scatter_emulated_three_ranks(emulated):
+    """3 ranks, M = 300 (output shards of 100 rows end inside M-tiles), N = 200 (ragged second N-tile), K / W = 48 (one
+    zero-filled K-tile): every rank's partial GEMM into its workspace (all three in one allocation), publishing its
+    tile flags; then every rank's reduce through the workspaces' byte offsets. Each shard is the fp32 sum's, and
+    every tile flag reads NUM_CONSUMERS."""
+    world, M, N, k = 3, 300, 200, 48  # noqa: N806
+    g = torch.Generator().manual_seed(11)
+    a = torch.randn(world, M, k, generator=g).bfloat16()
+    w = (torch.randn(world, N, k, generator=g) / (world * k) ** 0.5).bfloat16()
+    flag_off, n_flags, nbytes = rs.layout(M, N, rs.NARROW_TILE)
+    stride = -(-nbytes // 4096) * 4096
+    ws = torch.full((world, stride), 0x5A, dtype=torch.uint8)
+    views = [rs._views(ws[r], M, N, rs.NARROW_TILE, torch.bfloat16) for r in range(world)]
+    for _, flags in views:
+        flags.zero_()
+    for r in range(world):  # the producers: every rank's partial GEMM
+        m_rotate = (r + 1) % world * (M // world) // 128
+        emulated(a[r], w[r], views[r][0], views[r][1], m_rotate, function="rs_gemm", hang_timeout=120.0).check()
+    for r in range(world):
+        torch.testing.assert_close(views[r][0].float(), a[r].float() @ w[r].float().T, atol=3e-2, rtol=1.6e-2)
+        assert views[r][1].tolist() == [rs.NUM_CONSUMERS] * n_flags
+    out = torch.full((M, N), float("nan")).bfloat16()
+    for r in range(world):  # the consumers: every rank's reduce of its shard
+        deltas = torch.tensor([(q - r) * stride for q in range(world)], dtype=torch.int64)
+        emulated(views[r][0], views[r][1], deltas, out[r * 100:(r + 1) * 100], r, rs.REDUCE_CTAS,
+                 function="rs_reduce", hang_timeout=120.0).check()
+    parts = sum(views[r][0].float() for r in range(world))  # the rounded partials, summed in fp32
+    torch.testing.assert_close(out.float(), parts.bfloat16().float(), atol=0, rtol=0)
+    want = torch.einsum("rmk,rnk->mn", a.float(), w.float())
+    torch.testing.assert_close(out.float(), want, atol=3e-2, rtol=2e-2)
+
+
 @pytest.mark.parametrize("kernel, params", [
     ("allgather_gemm", {"dtype": "float16", "tile": "persistent_128x256x64_s4_e128_g8"}),
+    ("gemm_reduce_scatter", {"dtype": "float16", "tile": "persistent_128x256x64_s4_e128_g8", "part": "gemm"}),
+    ("gemm_reduce_scatter", {"dtype": "float16", "tile": "persistent_128x256x64_s4_e128_g8", "part": "reduce"}),
 ])
 def test_distributed_gemm_builds_without_spills(kernel, params):
     """CI's one representative artifact per kernel: nvcc for sm_90a, no spills or local memory, the expected SASS."""
