@@ -141,9 +141,9 @@ def roofline(b: int, h: int, r: int, d: int, **_) -> dict:
 
 def get_baselines(**cfg) -> dict:
     """torch: the fp32 oracle; deepgemm: ``deep_gemm.fp8_einsum``; cublas: cuBLASLt blockwise (1x128 x 128x128)
-    ``torch._scaled_mm`` per head (x's head a strided [b, r] view, its scales made M-major once per data); bf16: the
-    bf16 einsum of the dequantized operands through ``torch.bmm`` (cuBLAS; DeepGEMM's own comparison is cuBLASLt
-    bf16)."""
+    ``torch._scaled_mm``, one call per head (x's heads made contiguous, their scales M-major and an [h, b, d] output,
+    laid out once per data and untimed: the layouts ``_scaled_mm`` takes); bf16: the bf16 einsum of the dequantized
+    operands through ``torch.bmm`` (cuBLAS; DeepGEMM's own comparison is cuBLASLt bf16)."""
     def torch_ref():
         return lambda d: reference(**d)
 
@@ -163,12 +163,17 @@ def get_baselines(**cfg) -> dict:
 
         def run(d):
             key = (d["x"].data_ptr(), d["z"].data_ptr())
-            if key not in plans:  # the per-head M-major scale copies cuBLASLt takes, once per data
-                plans[key] = [d["sfx"][:, g].t().contiguous().t() for g in range(d["x"].shape[1])]
-            out = d["z"]
-            for g, sfa_g in enumerate(plans[key]):
-                out[:, g] = O.scaled_mm_blockwise(d["x"][:, g].contiguous(), sfa_g, d["y"][g], d["sfy"][g])
-            return {"z": out}
+            if key not in plans:  # once per data, untimed: each head of x contiguous, its scales M-major, and an
+                # [h, b, d] output (cuBLASLt writes a contiguous [b, d] per head; returned as its [b, h, d] view)
+                h = d["x"].shape[1]
+                plans[key] = ([d["x"][:, g].contiguous() for g in range(h)],
+                              [d["sfx"][:, g].t().contiguous().t() for g in range(h)],
+                              torch.empty(h, d["x"].shape[0], d["y"].shape[1], dtype=torch.bfloat16,
+                                          device=d["x"].device))
+            xs, sfs, out = plans[key]
+            for g in range(len(xs)):
+                O.scaled_mm_blockwise(xs[g], sfs[g], d["y"][g], d["sfy"][g], out=out[g])
+            return {"z": out.transpose(0, 1)}
 
         return run
 
