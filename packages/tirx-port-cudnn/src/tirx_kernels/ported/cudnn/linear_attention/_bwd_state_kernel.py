@@ -16,10 +16,12 @@ and ``dstate0[n, h] = dS`` at the end (the gradient of the initial state). dS st
 (flag HAS_DFINAL) or zero. K_d and W ([C, K] 16-bit, zero past a chunk's end), R_c ([V, K] fp32) and gamma_C ([K]) come
 from the chunk-parallel stage (``_bwd_chunks``), chunk ``c`` of sequence ``n`` being row ``chunk_cu[n] + j``.
 
-Two warpgroups; warpgroup w holds dS rows (values) 64 w .. 64 w + 63 in registers (an m64n128 fp32 accumulator).
+The rows of dS (values) evolve independently, so each (h, n) is two CTAs of one warpgroup: CTA w holds dS rows
+64 w .. 64 w + 63 in registers (an m64n128 fp32 accumulator) -- twice the CTAs of one two-warpgroup CTA, for the
+batches of few sequences and heads (B * H < 132) that would leave SMs idle; the K_d / W tiles are read twice (L2).
 K_d is read K-major (rows = chunk positions = the N of Y, columns = keys = its K), W MN-major (rows = chunk positions
-= the K of the update, columns = keys = its N): two C x 64 SW128 boxes each, filled by 16-byte loads of all 256
-threads at the swizzled offsets TMA would write.
+= the K of the update, columns = keys = its N): two C x 64 SW128 boxes each, filled by 16-byte loads of all 128
+threads of the CTA at the swizzled offsets TMA would write.
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ from tirx_kernels.ported.flashinfer.gdn_prefill import _layout as lay
 IO_DTYPES = ("bfloat16", "float16")
 CHUNKS = (64, 16)
 HAS_DFINAL = 1
-THREADS = 256
+THREADS = 128
+HALVES = 2  # CTAs per (head, sequence): value rows 0-63, 64-127
 DIM = lay.DIM
 
 
@@ -82,8 +85,7 @@ def build_kernel(io: str, chunk: int = 64):
         D0 = T.match_buffer(d0_ptr, (n_d0,), "float32", align=16)
         T.device_entry()
         T.attr({"tirx.launch_bounds_min_blocks_per_sm": 1})
-        h, n = T.cta_id([n_heads, n_seqs])
-        wg = T.warpgroup_id([2])
+        h, n, wg = T.cta_id([n_heads, n_seqs, HALVES])
         tid = T.thread_id([THREADS])
 
         pool = T.SMEMPool()
