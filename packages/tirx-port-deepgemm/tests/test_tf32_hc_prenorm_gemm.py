@@ -3,9 +3,9 @@
 split-K partition, input validation naming the argument; the generated module (TMA ring, bf16 widened to tf32 in
 registers, wgmma m64nNk8 tf32 RS, row sums of squares) run on the CPU (``core.emulate``) against the fp64 oracle of
 tf32-truncated B: M under one block (13), a ragged second block (M = 70), splits with one, several and no K block,
-the 2-D unsplit form, D through a row stride inside a NaN guard band, A and B unchanged; SASS; on a GPU, the
-harness's configs (fp64 oracle at calc_diff < 1e-8, DeepGEMM where installed), DeepGEMM's own check against torch's
-tf32 matmul, and torch.compile."""
+the 2-D unsplit form, A and B rows at a stride, D through a row stride inside a NaN guard band, A and B unchanged;
+SASS; on a GPU, the harness's configs (fp64 oracle at calc_diff < 1e-8, DeepGEMM where installed), DeepGEMM's own
+check against torch's tf32 matmul, graph replay and torch.compile."""
 
 import os
 import random
@@ -97,15 +97,18 @@ CASES = [(13, 512, 3), (70, 256, None), (20, 320, 16)]
 @pytest.mark.parametrize("M, K, splits", CASES)
 def test_emulated_against_the_oracle(emulated, M, K, splits):  # noqa: N803
     g = torch.Generator().manual_seed(M + K)
-    a = (torch.randn(M, K, generator=g) * torch.logspace(-2, 1, M)[:, None]).to(torch.bfloat16)
-    b = torch.randn(24, K, generator=g)
-    before = (a.clone(), b.clone())
+    a_rows = (torch.randn(M, K + 64, generator=g) * torch.logspace(-2, 1, M)[:, None]).to(torch.bfloat16)
+    b_rows = torch.randn(24, K + 32, generator=g)
+    a, b = a_rows[:, :K], b_rows[:, :K]  # rows at a stride: TMA reads them in place
+    before = (a_rows.clone(), b_rows.clone())
     s = splits or 1
     dbuf = torch.full((s, M + 2, 32), float("nan"))  # D rows at stride 32 inside a NaN band
     d = dbuf[:, 1:M + 1, :24] if splits else dbuf[0, 1:M + 1, :24]
     sbuf = torch.full((s * M + 8,), float("nan"))
     sq = sbuf[4:4 + s * M].view(s, M) if splits else sbuf[4:4 + M]
-    emulated(*mod.kernel_args(a, b, d, sq, s)).check()
+    args = mod.kernel_args(a, b, d, sq, s)
+    assert args[0] is a and args[1] is b
+    emulated(*args).check()
     want = mod.reference(a, b, splits)
     assert not d.isnan().any() and not sq.isnan().any(), "outputs not written"
     assert O.calc_diff(d, want["d"]) < 1e-12 and O.calc_diff(sq, want["sqr_sum"]) < 1e-12
@@ -115,7 +118,7 @@ def test_emulated_against_the_oracle(emulated, M, K, splits):  # noqa: N803
     guard = torch.ones_like(dbuf, dtype=torch.bool)
     guard[:, 1:M + 1, :24] = False
     assert dbuf[guard].isnan().all() and sbuf[:4].isnan().all() and sbuf[4 + s * M:].isnan().all(), "store outside"
-    assert torch.equal(a, before[0]) and torch.equal(b, before[1])
+    assert torch.equal(a_rows, before[0]) and torch.equal(b_rows, before[1])
 
 
 @pytest.mark.skipif(os.environ.get("TIRX_EMULATE_FULL") != "1", reason="TIRX_EMULATE_FULL=1: the other N")
