@@ -97,10 +97,11 @@ def _run_op_emulated(emulated, monkeypatch, cfg):
 
 def test_op_ragged_gva_three_segments_f16_state_pool_emulated(emulated, monkeypatch):
     """The CI row: bf16, GVA, an empty and a 1-token sequence and one shorter than its segments, int64 cu_seqlens,
-    an fp16 state pool read and written through indices (one sequence's write slot -1)."""
+    an fp16 state pool read and written through indices (one sequence's write slot -1); no decay, so the middle
+    segment's transition M is O(1) (with decays in (0.5, 1) it would vanish and the scan would go unchecked)."""
     stats = _run_op_emulated(emulated, monkeypatch, {"Hq": 1, "Hv": 2, "seqs": "300+0+1+64", "init": True,
                                                      "cu_dtype": "int64", "pool": True, "out_index": True,
-                                                     "state_dtype": "float16", "segments": 3})
+                                                     "state_dtype": "float16", "segments": 3, "gate": "none"})
     assert stats["output"]["rel_fro"] < 1e-2 and stats["output_state"]["rel_fro"] < 1e-2, stats
 
 
@@ -131,8 +132,9 @@ def test_more_rows_emulated(emulated, cfg):
 @full_only
 def test_transition_maps_emulated(emulated):
     """Phase 1 alone: the identity run of a segment is M, the zero run X, and S0 M + X is the segment run from S0
-    (the fp32 chunked oracle) for a random S0."""
-    d = mod.prepare_data(**harness.full_config(mod, {"Hq": 1, "Hv": 1, "seqs": "150", "gate": "log"}), device="cpu")
+    (the fp32 chunked oracle) for a random S0 of the state's size; without a decay M is O(1) (checked), so S0 M
+    matters."""
+    d = mod.prepare_data(**harness.full_config(mod, {"Hq": 1, "Hv": 1, "seqs": "150", "gate": "none"}), device="cpu")
     z = torch.full((3, 1, 128, 128), float("nan"))
     pairs = torch.tensor([0, 150, 0, 150], dtype=torch.int32)
     args = list(_op.kernel_args(d["q"], d["k"], d["v"], d["g"], d["beta"], 128 ** -0.5, z, pairs, d["output"], z,
@@ -141,9 +143,13 @@ def test_transition_maps_emulated(emulated):
     args[11] = 2
     emulated("transition", "bfloat16")(*args)
     assert z[2].isnan().all() and d["output"].isnan().all(), "the transition kernel wrote outside its rows"
-    s0 = torch.randn(1, 1, 128, 128) * 0.1
+    assert z[1, 0].norm() > 0.3 * z[1, 0].shape[0] ** 0.5, "M vanished: the check below would not see it"
+    s0 = torch.randn(1, 1, 128, 128) * z[0, 0].abs().mean() * 3
     _, want = delta_rule_ref.gdn_prefill_chunked(d["q"], d["k"], d["v"], d["g"], d["beta"], None, s0,
-                                                      d["cu_seqlens"], gate_domain="log")
+                                                 d["cu_seqlens"])
+    _, m = delta_rule_ref.gdn_prefill_chunked(d["q"], d["k"], torch.zeros_like(d["v"]), d["g"], d["beta"], None,
+                                              torch.eye(128)[None, None], d["cu_seqlens"])
+    harness.compare("M", z[1, 0], m[0, 0], mod.STATE_TOLERANCE["bfloat16"], "oracle")
     harness.compare("S0 M + X", s0[0, 0] @ z[1, 0] + z[0, 0], want[0, 0], mod.STATE_TOLERANCE["bfloat16"], "oracle")
 
 
@@ -227,15 +233,18 @@ def test_gpu_references(label):
 
 
 @gpu
-@pytest.mark.parametrize("segments", [2, 3, 7])
-def test_gpu_split_matches_the_plain_kernel(segments):
-    """Forced splits of a ragged batch agree with gdn_prefill_sm90 (the same roundings but at segment starts)."""
-    cfg = harness.full_config(mod, {"Hq": 2, "Hv": 4, "seqs": "1000+1+0+65+2000", "init": True, "gate": "log"})
+@pytest.mark.parametrize("gate", ["none", "log"])
+@pytest.mark.parametrize("segments", [2, 3, 7, 31])
+def test_gpu_split_matches_the_plain_kernel(segments, gate):
+    """Forced splits of a ragged batch agree with gdn_prefill_sm90 (the same roundings but at segment starts);
+    without a decay the transitions stay O(1)."""
+    cfg = harness.full_config(mod, {"Hq": 2, "Hv": 4, "seqs": "1000+1+0+65+2000", "init": True, "gate": gate})
     d = mod.prepare_data(**cfg)
     o1, s1 = base.chunk_gated_delta_rule(d["q"], d["k"], d["v"], d["g"], d["beta"], None, d["initial_state"], True,
-                                         d["cu_seqlens"], gate_domain="log")
+                                         d["cu_seqlens"], gate_domain=d["gate_domain"])
     o2, s2 = mod.chunk_gated_delta_rule(d["q"], d["k"], d["v"], d["g"], d["beta"], None, d["initial_state"], True,
-                                        d["cu_seqlens"], gate_domain="log", use_cp=True, segments=segments)
+                                        d["cu_seqlens"], gate_domain=d["gate_domain"], use_cp=True,
+                                        segments=segments)
     harness.compare("output", o2, o1, mod.TOLERANCE["bfloat16"], "gdn_prefill_sm90")
     harness.compare("output_state", s2, s1, mod.STATE_TOLERANCE["bfloat16"], "gdn_prefill_sm90")
 
