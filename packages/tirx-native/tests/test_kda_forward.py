@@ -30,8 +30,10 @@ def emulated():
         pytest.skip("no g++ to compile the emulation")
     from tirx_kernels.core import build, emulate
 
-    return emulate.compile_module(build.codegen_many({"chunk": mod.get_kernel("chunk"),
-                                                      "scan": mod.get_kernel("scan")}))
+    from tirx_kernels.kda import kda_backward_packed as bwd
+
+    # The backward's three kernels (this module's two and the walk): one g++ build shared with its tests.
+    return emulate.compile_module(build.codegen_many({k: bwd.get_kernel(k) for k in ("chunk", "scan", "walk")}))
 
 
 def _guarded(t):

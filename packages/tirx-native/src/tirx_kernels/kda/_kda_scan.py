@@ -18,7 +18,13 @@ tensors, boxes of 64 columns x 1 head x 64 tokens) into a two-stage ring; thread
 is done with chunk c. Rows of a box past the sequence are the next sequence's tokens (or TMA's zero fill): Y and
 Delta zero them, so they add nothing to the state (the chunk pass makes every row finite).
 
-The state is fla's layout [N, H, K, V] (read and written transposed from the accumulator), fp32.
+The state is fla's layout [N, H, K, V] (read and written transposed from the accumulator), fp32. With
+``HAS_CKPT`` the state entering each chunk is stored to ``ck`` [chunk slots, H, K, V] (what the backward needs).
+
+``backward=True`` builds the backward's reverse walk (``kda_backward_packed``, kernel ``walk``) on the same ring:
+D, the gradient of the state leaving a chunk (from ``dht``), steps to the gradient of the state entering it
+(``bwd_step``); ``ck`` receives D leaving each chunk, ``ht`` the gradient of the initial state. Its operands come
+in the forward's slots swapped: K_d in K_g's, K_g in K_d's, dO in V's.
 """
 
 from __future__ import annotations
@@ -38,7 +44,7 @@ KMAJ = (1, 64)  # wgmma.desc_offsets(K_MAJOR, SWIZZLE_128B)
 MNMAJ = (BOX // 16, 64)  # wgmma.desc_offsets(MN_MAJOR, SWIZZLE_128B, mn_chunk_bytes=BOX)
 MN_KSTEP = 16 * 128
 # Run-time flags
-CU64, HAS_INIT, HAS_FINAL = 1, 2, 4
+CU64, HAS_INIT, HAS_FINAL, HAS_CKPT = 1, 2, 4, 8
 
 
 def box(s, i):
@@ -49,7 +55,7 @@ def kmajor_step(box0, kk):
     return box0 + (kk // 4) * BOX + (kk % 4) * 32
 
 
-def build_scan_kernel():
+def build_scan_kernel(backward: bool = False):
     from tvm.script import tirx as T
 
     from tirx_kernels.core.lang import mbarrier, tma, vector, wgmma
@@ -161,6 +167,79 @@ def build_scan_kernel():
                     T.buffer_store(OUT, packed[0], [((i64(tok0 + row) * H + h) * DIM + col) // 2])
         sync()  # the stage and Sb / Y are free
 
+    def bwd_step(b, s, L, warp, lane, ct, gbase):
+        """The reverse walk's chunk: D (the gradient of the state leaving the chunk, [v, k]) becomes the gradient
+        of the state entering it. Stage boxes: Q_g 0-1, K_d 2-3, K_g 4-5, dO 6 (this CTA's values), T beta 7,
+        P 8::
+
+            Y  = P^T dO + K_d Db^T           (rows >= L zero)
+            E  = (T beta)^T Y                (rows >= L zero; stored negated)
+            D  = D diag(gamma) - E^T K_g + dO^T Q_g
+        """
+        tiles, s_acc, t_acc, packed, gam = b.tiles, b.s_acc, b.t_acc, b.packed, b.gam
+
+        def kd_(byte):
+            return wgmma.desc_advance(b.kdesc[0], byte)
+
+        def md_(byte):
+            return wgmma.desc_advance(b.mdesc[0], byte)
+
+        for j in range(16):
+            for e in range(2):
+                T.buffer_store(gam, b.GAM[gbase + wgmma.acc_col(lane, j, e)], [2 * j + e])
+        mbarrier.wait(b.full.ptr_to([s]), b.ph)
+        # dO rows >= L: zero (they are the next sequence's; P^T dO and dO^T Q_g sum over the rows).
+        for i in range(CHUNK * 32 // THREADS):
+            w = ct + THREADS * i
+            with T.If(w // 32 >= L):
+                with T.Then():
+                    T.buffer_store(tiles, T.uint32(0), [box(s, 6) // 4 + w])
+        store_frag(tiles, SB, s_acc, 128, warp, lane, packed)
+        sync()
+        wgmma.fence()
+        for kk in range(4):
+            wgmma.mma(64, t_acc, md_(box(s, 8) + kk * MN_KSTEP), md_(box(s, 6) + kk * MN_KSTEP), io, scale_d=kk > 0,
+                      a_major=wgmma.MN_MAJOR, b_major=wgmma.MN_MAJOR)
+        for kk in range(8):
+            wgmma.mma(64, t_acc, kd_(kmajor_step(box(s, 2), kk)), kd_(kmajor_step(SB, kk)), io)
+        wgmma.commit()
+        wgmma.wait(0)
+        store_frag(tiles, YD, t_acc, 64, warp, lane, packed, value=lambda row, v: T.Select(row < L, v, T.float32(0)))
+        sync()
+        wgmma.fence()
+        for kk in range(4):
+            wgmma.mma(64, t_acc, md_(box(s, 7) + kk * MN_KSTEP), md_(YD + kk * MN_KSTEP), io, scale_d=kk > 0,
+                      a_major=wgmma.MN_MAJOR, b_major=wgmma.MN_MAJOR)
+        wgmma.commit()
+        wgmma.wait(0)
+        sync()
+        store_frag(tiles, YD, t_acc, 64, warp, lane, packed,
+                   value=lambda row, v: T.Select(row < L, T.float32(0) - v, T.float32(0)))
+        sync()
+        for j, r in frag_pairs(128):
+            for e in range(2):
+                idx = wgmma.acc_index(j, r, e)
+                T.buffer_store(s_acc, s_acc[idx] * gam[2 * j + e], [idx])
+        wgmma.fence()
+        for kk in range(4):
+            wgmma.mma(128, s_acc, md_(YD + kk * MN_KSTEP), md_(box(s, 4) + kk * MN_KSTEP), io,
+                      a_major=wgmma.MN_MAJOR, b_major=wgmma.MN_MAJOR)
+        for kk in range(4):
+            wgmma.mma(128, s_acc, md_(box(s, 6) + kk * MN_KSTEP), md_(box(s, 0) + kk * MN_KSTEP), io,
+                      a_major=wgmma.MN_MAJOR, b_major=wgmma.MN_MAJOR)
+        wgmma.commit()
+        wgmma.wait(0)
+        sync()  # the stage and Sb / Y are free
+
+    def step(b, s, L, tok0, h, H, vh, warp, lane, tid, OUT, gbase):  # noqa: N803
+        if backward:
+            bwd_step(b, s, L, warp, lane, tid, gbase)
+        else:
+            chunk_step(b, s, L, tok0, h, H, vh, warp, lane, OUT, gbase)
+
+    def chunk_of(it, n_chunks):
+        return n_chunks - 1 - it if backward else it
+
     def state_offset(n, h, H, vh, warp, lane, j, r, e):  # noqa: N803
         """fla's [N, H, K, V] offset of accumulator element (row v, column k)."""
         v = vh * 64 + wgmma.acc_row(warp, lane, r)
@@ -183,7 +262,7 @@ def build_scan_kernel():
         for s in range(NUM_STAGES):
             with T.If(s < n_chunks):
                 with T.Then():
-                    issue(tiles, full, maps, s, bos + s * CHUNK, h, vh)
+                    issue(tiles, full, maps, s, bos + chunk_of(s, n_chunks) * CHUNK, h, vh)
 
     def init_bars(full):
         for s in range(NUM_STAGES):
@@ -193,7 +272,7 @@ def build_scan_kernel():
     @T.prim_func
     def kda_scan(qg_ptr: T.handle, kg_ptr: T.handle, kd_ptr: T.handle, v_ptr: T.handle, tb_ptr: T.handle,
                  pm_ptr: T.handle, gam_ptr: T.handle, cu_ptr: T.handle, cbase_ptr: T.handle, o_ptr: T.handle,
-                 h0_ptr: T.handle, ht_ptr: T.handle, n_seqs: T.int32, flags: T.int32):
+                 h0_ptr: T.handle, ht_ptr: T.handle, ck_ptr: T.handle, n_seqs: T.int32, flags: T.int32):
         total = T.int32()
         H = T.int32()
         n_gam = T.int64()
@@ -202,6 +281,7 @@ def build_scan_kernel():
         n_o = T.int64()
         n_h0 = T.int64()
         n_ht = T.int64()
+        n_ck = T.int64()
         QG = T.match_buffer(qg_ptr, (total, H, DIM), io, align=16)
         KG = T.match_buffer(kg_ptr, (total, H, DIM), io, align=16)
         KD = T.match_buffer(kd_ptr, (total, H, DIM), io, align=16)
@@ -214,6 +294,7 @@ def build_scan_kernel():
         OUTb = T.match_buffer(o_ptr, (n_o,), io, align=16)
         H0 = T.match_buffer(h0_ptr, (n_h0,), "float32", align=16)
         HT = T.match_buffer(ht_ptr, (n_ht,), "float32", align=16)
+        CK = T.match_buffer(ck_ptr, (n_ck,), "float32", align=16)
         qg_map = T.Bind(T.tvm_stack_alloca("tensormap", 1))
         kg_map = T.Bind(T.tvm_stack_alloca("tensormap", 1))
         kd_map = T.Bind(T.tvm_stack_alloca("tensormap", 1))
@@ -261,14 +342,17 @@ def build_scan_kernel():
         load_state(s_acc, H0, n, h, H, vh, warp, lane, flags)
         for it in range(n_chunks):
             s = it % NUM_STAGES
-            L = T.min(eos - bos - it * CHUNK, CHUNK)
-            chunk_step(SimpleNamespace(tiles=tiles, s_acc=s_acc, t_acc=t_acc, packed=packed, gam=gam, kdesc=kd0,
-                                       mdesc=md0, full=full, ph=(it // NUM_STAGES) % 2, GAM=GAM),
-                       s, L, bos + it * CHUNK, h, H, vh, warp, lane, OUT, (i64(cbase + it) * H + h) * DIM)
+            c = chunk_of(it, n_chunks)
+            L = T.min(eos - bos - c * CHUNK, CHUNK)
+            if (flags & HAS_CKPT) > 0:
+                store_state(s_acc, CK, cbase + c, h, H, vh, warp, lane)
+            step(SimpleNamespace(tiles=tiles, s_acc=s_acc, t_acc=t_acc, packed=packed, gam=gam, kdesc=kd0,
+                                 mdesc=md0, full=full, ph=(it // NUM_STAGES) % 2, GAM=GAM),
+                 s, L, bos + c * CHUNK, h, H, vh, warp, lane, tid, OUT, (i64(cbase + c) * H + h) * DIM)
             if tid == 0:
                 if it + NUM_STAGES < n_chunks:
                     issue(tiles, full, (qg_map, kg_map, kd_map, v_map, tb_map, pm_map), s,
-                          bos + (it + NUM_STAGES) * CHUNK, h, vh)
+                          bos + chunk_of(it + NUM_STAGES, n_chunks) * CHUNK, h, vh)
         if (flags & HAS_FINAL) > 0:
             store_state(s_acc, HT, n, h, H, vh, warp, lane)
 

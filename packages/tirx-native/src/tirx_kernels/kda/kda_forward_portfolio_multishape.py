@@ -250,14 +250,14 @@ def chunk_table(cu_seqlens, total: int):
     return tok0.to(torch.int32), clen.to(torch.int32), base.to(torch.int32)
 
 
-def chunk_pass(q, k, g, beta, A_log, dt_bias, scale, cu_seqlens):  # noqa: N803
-    """The chunk kernel: ``(qg, kg, kd, pm, tb, gam, chunk_base)``."""
+def chunk_pass(q, k, g, beta, A_log, dt_bias, scale, cu_seqlens, functions=None):  # noqa: N803
+    """The chunk kernel: ``(qg, kg, kd, pm, tb, gam, chunk_base)`` (``functions``: the calling module's cache)."""
     total, h = q.shape[1], q.shape[2]
     tok0, clen, base = chunk_table(cu_seqlens, total)
     qg, kg, kd = (torch.empty(total, h, DIM, dtype=torch.bfloat16, device=q.device) for _ in range(3))
     pm, tb = (torch.empty(total, h, CHUNK, dtype=torch.bfloat16, device=q.device) for _ in range(2))
     gam = torch.empty(tok0.shape[0], h, DIM, dtype=torch.float32, device=q.device)
-    fn = _FUNCTIONS.get(("chunk", q.get_device()), lambda: {"kernel": "chunk"}, q.device)
+    fn = (functions or _FUNCTIONS).get(("chunk", q.get_device()), lambda: {"kernel": "chunk"}, q.device)
     fn(*chunk_args(q, k, g, beta, A_log, dt_bias, tok0, clen, qg, kg, kd, pm, tb, gam, scale))
     return qg, kg, kd, pm, tb, gam, base
 
@@ -269,13 +269,26 @@ def chunk_args(q, k, g, beta, A_log, dt_bias, tok0, clen, qg, kg, kd, pm, tb, ga
             qg, kg, kd, pm, tb, gam, float(scale), LOWER_BOUND)
 
 
-def scan_args(qg, kg, kd, v, tb, pm, gam, cu_seqlens, base, out, initial_state, final_state, dummy):
+def scan_args(qg, kg, kd, v, tb, pm, gam, cu_seqlens, base, out, initial_state, final_state, dummy, ckpt=None):
+    """The scan's arguments (also the backward walk's, with its operands in these slots: ``_kda_scan``)."""
     flags = ((1 if cu_seqlens.dtype == torch.int64 else 0) | (2 if initial_state is not None else 0)
-             | (4 if final_state is not None else 0))
+             | (4 if final_state is not None else 0) | (8 if ckpt is not None else 0))
     f32 = dummy.view(torch.float32)
-    return (qg, kg, kd, v[0], tb, pm, gam.view(-1), cu_seqlens.view(torch.int32), base, out.view(-1),
-            f32 if initial_state is None else initial_state.view(-1),
-            f32 if final_state is None else final_state.view(-1), cu_seqlens.shape[0] - 1, flags)
+
+    def flat(t):
+        return f32 if t is None else t.view(-1)
+
+    return (qg, kg, kd, v.view(-1, v.shape[-2], DIM), tb, pm, gam.view(-1), cu_seqlens.view(torch.int32), base,
+            out.view(-1), flat(initial_state), flat(final_state), flat(ckpt), cu_seqlens.shape[0] - 1, flags)
+
+
+def scan_pass(chunks, v, cu_seqlens, out, initial_state, final_state, ckpt=None, functions=None):
+    """The scan kernel over the chunk pass's ``chunks``; ``ckpt`` [slots, H, K, V] fp32 receives each chunk's
+    entering state."""
+    qg, kg, kd, pm, tb, gam, base = chunks
+    fn = (functions or _FUNCTIONS).get(("scan", v.get_device()), lambda: {"kernel": "scan"}, v.device)
+    dummy = torch.zeros(4, dtype=torch.int32, device=v.device)
+    fn(*scan_args(qg, kg, kd, v, tb, pm, gam, cu_seqlens, base, out, initial_state, final_state, dummy, ckpt))
 
 
 def chunk_kda(q, k, v, g, beta, A_log, dt_bias, scale=None, initial_state=None, output_final_state=False,  # noqa: N803
@@ -296,9 +309,7 @@ def chunk_kda(q, k, v, g, beta, A_log, dt_bias, scale=None, initial_state=None, 
             final_state.copy_(initial_state if initial_state is not None else torch.zeros_like(final_state))
         return out, final_state
     qg, kg, kd, pm, tb, gam, base = chunk_pass(q, k, g, beta, A_log, dt_bias, scale, cu_seqlens)
-    fn = _FUNCTIONS.get(("scan", q.get_device()), lambda: {"kernel": "scan"}, q.device)
-    dummy = torch.zeros(4, dtype=torch.int32, device=q.device)
-    fn(*scan_args(qg, kg, kd, v, tb, pm, gam, cu_seqlens, base, out, initial_state, final_state, dummy))
+    scan_pass((qg, kg, kd, pm, tb, gam, base), v, cu_seqlens, out, initial_state, final_state)
     runtime.mark_written(out)
     if final_state is not None:
         runtime.mark_written(final_state)

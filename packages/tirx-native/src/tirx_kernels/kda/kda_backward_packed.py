@@ -1,0 +1,247 @@
+# SPDX-License-Identifier: Apache-2.0
+# The backward contract and algorithm follow fla's chunk_kda backward (fla-org/flash-linear-attention, fla/ops/kda,
+# commit 9c8e42e7: per-chunk state checkpoints, the state gradient walked backward over the chunks); read, not copied.
+"""KDA (Kimi Delta Attention) backward on Hopper: the gradients of ``kda_forward_portfolio_multishape``'s
+``chunk_kda`` (THD-packed, B = 1, K = V = 128, bf16, safe gate / beta sigmoid / q/k L2 norm in the kernel) with
+respect to its raw inputs: dq, dk, dv, dg (raw gate), dbeta (logits), dA_log, ddt_bias and dh0, from dO and the
+final state's gradient dht.
+
+Three kernels and a chunk-parallel torch pass:
+
+- ``chunk`` and ``scan`` (the forward's, ``_kda_chunk`` / ``_kda_scan``): the chunk operands are recomputed and
+  the forward scan stores the state entering every chunk (fp32 [chunk slots, H, K, V]); a caller with the
+  forward's checkpoints (``KDAFunction``) skips the scan.
+- ``walk`` (``_kda_scan`` with ``backward=True``): the state gradient walked from dht backward over the chunks on
+  wgmma, storing the gradient of the state leaving every chunk; its last value is dh0.
+- ``_kda_bwd.chunk_grads``: with both checkpoints the chunks are independent: autograd of the chunk-local forward,
+  all chunks at once, in fp32 (torch).
+
+Speed bound: the two walks are the sequential part, on the tensor cores; the chunk-parallel gradients run as torch
+ops (fp32, a few dozen batched kernels over [chunks, H, 64, 128] tensors: memory-bound, several x the walk's time),
+the part a fused kernel replaces next. Not yet measured on a GPU.
+
+Contract: the catalog's curated kernel takes fla's chunk_kda_bwd internals (normalised q / k, activated beta,
+saved Aqk / Akk, the chunk-local base-2 gate cumsum); this op takes the forward's raw inputs (as fla's
+ChunkKDAFunction.backward does) and recomputes those internals.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tirx_kernels.core import checks, harness, kda_ref, runtime
+from tirx_kernels.kda import _kda_bwd
+from tirx_kernels.kda import kda_forward_portfolio_multishape as fwd
+
+KERNEL_META = {
+    "name": "kda_backward_packed",
+    "category": "kda",
+    "runtime_cuda_archs": ["sm_90a"],
+    "description": "KDA chunked backward (dq, dk, dv, dg, dbeta, dA_log, ddt_bias, dh0): forward and state-gradient "
+                   "walks on wgmma with per-chunk checkpoints, chunk-parallel gradients in torch; THD varlen, bf16",
+    "reference_requirements": [
+        {"package": "fla-core", "import": "fla", "specifier": "==0.6.0", "baseline": "fla"},
+    ],
+    "public_ops": ["chunk_kda_bwd"],
+}
+
+OP = "chunk_kda_bwd"
+DIM = 128
+
+# The catalog's official workload (1024 x 8 at H 96) and portfolio lengths (18432, 32768) at the head counts here
+# (no GVA: H = Hqk = Hv), issue 26's anchor, ragged rows with empty and 1-token sequences.
+CONFIGS = [
+    {"label": "packed_1024x8_h96", "H": 96, "seqs": "1024x8"},
+    {"label": "p_t18432_h4", "H": 4, "seqs": "18432"},
+    {"label": "p_t18432_h8_mixed", "H": 8, "seqs": "9000+4000+5432"},
+    {"label": "p_t32768_h4", "H": 4, "seqs": "32768"},
+    {"label": "h16_b1_t8192", "H": 16, "seqs": "8192"},
+    {"label": "h8_ragged_tails", "H": 8, "seqs": "1+63+64+65+127+129+1000"},
+    {"label": "h2_ragged_empty_one", "H": 2, "seqs": "70+0+1+64+130"},
+]
+BENCH_CONFIGS = [
+    {"label": "h16_b1_t8192", "H": 16, "seqs": "8192"},
+    {"label": "p_t18432_h4", "H": 4, "seqs": "18432"},
+    {"label": "packed_1024x8_h96", "H": 96, "seqs": "1024x8"},
+]
+DEFAULTS: dict = {}
+GRAD_KEYS = ("dq", "dk", "dv", "dg", "dbeta", "dA_log", "ddt_bias", "dh0")
+# The walk rounds its products' operands to bf16 (as the forward does); the chunk-parallel part is fp32.
+TOLERANCE = {"float32": (1.2e-1, 4e-2)}
+
+
+def compile_params(**_) -> dict:
+    return {"kernel": "walk"}
+
+
+def get_kernel(kernel: str = "walk"):
+    from tirx_kernels.kda import _kda_scan
+
+    if kernel == "walk":
+        return _kda_scan.build_scan_kernel(backward=True)
+    return fwd.get_kernel(kernel)
+
+
+def artifact_params() -> list[dict]:
+    return [{"kernel": "chunk"}, {"kernel": "scan"}, {"kernel": "walk"}]
+
+
+def call_samples(rng) -> list[dict]:
+    return [{"H": rng.choice([1, 4, 16, 96]), "seqs": rng.choice(["1", "64", "1000+3", "18432"])} for _ in range(6)]
+
+
+def sass_expect(kernel: str = "walk", **_) -> list[str]:
+    if kernel == "walk":
+        return [r"HGMMA\.64x64x16\.F32\.BF16", r"HGMMA\.64x128x16\.F32\.BF16", r"UTMALDG\.3D"]
+    return fwd.sass_expect(kernel)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Data, oracle, baselines
+# ---------------------------------------------------------------------------------------------------------
+
+def prepare_data(H: int, seqs: str, device: str = "cuda") -> dict:  # noqa: N803
+    d = fwd.prepare_data(H=H, seqs=seqs, init=True, device=device)
+    del d["o"], d["final_state"]
+    total, n = d["q"].shape[1], d["cu_seqlens"].shape[0] - 1
+    d["do"] = torch.randn(1, total, H, DIM, device=device).to(torch.bfloat16)
+    d["dht"] = torch.randn(n, H, DIM, DIM, device=device) * 0.1
+    nan = float("nan")
+    for key, like in (("dq", d["q"]), ("dk", d["k"]), ("dv", d["v"]), ("dg", d["g"]), ("dbeta", d["beta"]),
+                      ("dA_log", d["A_log"]), ("ddt_bias", d["dt_bias"]), ("dh0", d["initial_state"])):
+        d[key] = torch.full(like.shape, nan, dtype=torch.float32, device=device)
+    return d
+
+
+def reference(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, do, dht, **_) -> dict:  # noqa: N803
+    """Autograd through the fp32 chunked oracle (core.kda_ref)."""
+    gr = kda_ref.grads(q, k, v, g, beta, A_log, dt_bias, DIM ** -0.5, initial_state, cu_seqlens, do, dht,
+                       fwd.LOWER_BOUND, torch.float32)
+    return {"d" + name if name != "initial_state" else "dh0": gr[name] for name in kda_ref.GRAD_NAMES}
+
+
+def launch(cfg: dict, data: dict) -> None:
+    got = chunk_kda_bwd(data["q"], data["k"], data["v"], data["g"], data["beta"], data["A_log"], data["dt_bias"],
+                        data["do"], data["dht"], initial_state=data["initial_state"], cu_seqlens=data["cu_seqlens"])
+    for key in GRAD_KEYS:
+        data[key].copy_(got[key])
+
+
+def roofline(H: int, seqs: str, **_) -> dict:  # noqa: N803
+    """About twice the forward's FLOPs (the forward recompute, the walk, the chunk-local gradients ~3x the chunk
+    products); bytes: the inputs and dO read, the gradients written (fp32), the checkpoints written and read."""
+    lens = fwd.seq_lens(seqs)
+    total, n = sum(lens), len(lens)
+    f = fwd.roofline(H, seqs)
+    chunks = total // 64 + n
+    return {"flops": 3 * f["flops"],
+            "bytes": 2 * total * H * (6 * DIM + 1) + 4 * total * H * (5 * DIM + 1) + 3 * 4 * chunks * H * DIM * DIM}
+
+
+def get_baselines(**cfg) -> dict:
+    def fla():
+        from fla.ops.kda import chunk_kda as fla_kda
+
+        def fn(data):
+            leaves = {k: data[k].detach().clone().requires_grad_(True)
+                      for k in ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "initial_state")}
+            o, ht = fla_kda(leaves["q"], leaves["k"], leaves["v"], leaves["g"], leaves["beta"], A_log=leaves["A_log"],
+                            dt_bias=leaves["dt_bias"], scale=DIM ** -0.5, initial_state=leaves["initial_state"],
+                            output_final_state=True, use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True,
+                            use_beta_sigmoid_in_kernel=True, safe_gate=True, lower_bound=fwd.LOWER_BOUND,
+                            cu_seqlens=data["cu_seqlens"])
+            gr = torch.autograd.grad([o, ht], list(leaves.values()), [data["do"], data["dht"]])
+            return {("d" + k if k != "initial_state" else "dh0"): x.float() for k, x in zip(leaves, gr)}
+        return fn
+
+    return {"fla": fla}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Public op and autograd
+# ---------------------------------------------------------------------------------------------------------
+
+_FUNCTIONS = runtime.FunctionCache(__name__)
+
+
+def _walk(chunks, do, dht, cu_seqlens, h: int, n: int):
+    """The backward walk: ``(dh_out [slots, H, K, V], dh0 [N, H, K, V])``."""
+    qg, kg, kd, pm, tb, gam, base = chunks
+    dh_out = torch.zeros(gam.shape[0], h, DIM, DIM, dtype=torch.float32, device=do.device)
+    dh0 = torch.empty(n, h, DIM, DIM, dtype=torch.float32, device=do.device)
+    dummy = torch.zeros(4, dtype=torch.int32, device=do.device)
+    scratch = torch.empty(8, dtype=torch.bfloat16, device=do.device)
+    fn = _FUNCTIONS.get(("walk", do.get_device()), lambda: {"kernel": "walk"}, do.device)
+    # The walk's slots: K_d where the scan takes K_g, K_g where it takes K_d, dO where it takes V.
+    fn(*fwd.scan_args(qg, kd, kg, do, tb, pm, gam, cu_seqlens, base, scratch, dht, dh0, dummy, dh_out))
+    return dh_out, dh0
+
+
+def chunk_kda_bwd(q, k, v, g, beta, A_log, dt_bias, do, dht=None, scale=None, initial_state=None,  # noqa: N803
+                  cu_seqlens=None, checkpoints=None) -> dict:
+    """The gradients of ``chunk_kda``'s raw inputs: ``{dq, dk, dv, dg, dbeta, dA_log, ddt_bias, dh0}`` (fp32;
+    dh0 is the gradient of ``initial_state``, zero-state when it is None). ``checkpoints``: the forward scan's
+    per-chunk entering states, recomputed when None."""
+    checks.tensor(OP, "do", do, dtypes=(torch.bfloat16,), shape=tuple(q.shape), contiguous=True, cuda=False)
+    if dht is not None and cu_seqlens is not None:
+        checks.tensor(OP, "dht", dht, dtypes=(torch.float32,), shape=(cu_seqlens.shape[0] - 1, q.shape[2], DIM, DIM),
+                      contiguous=True, cuda=False)
+    fwd.check_inputs(q, k, v, g, beta, A_log, dt_bias, scale, initial_state, cu_seqlens, None, None)
+    checks.same_device(OP, "q", q, do=do, **({} if dht is None else {"dht": dht}))
+    scale = DIM ** -0.5 if scale is None else float(scale)
+    total, h = q.shape[1], q.shape[2]
+    n = cu_seqlens.shape[0] - 1
+    if dht is None:
+        dht = torch.zeros(n, h, DIM, DIM, dtype=torch.float32, device=q.device)
+    if total == 0:
+        z = {key: torch.zeros(t.shape, dtype=torch.float32, device=q.device) for key, t in
+             (("dq", q), ("dk", k), ("dv", v), ("dg", g), ("dbeta", beta), ("dA_log", A_log), ("ddt_bias", dt_bias))}
+        return {**z, "dh0": dht.clone()}
+    chunks = fwd.chunk_pass(q, k, g, beta, A_log, dt_bias, scale, cu_seqlens, functions=_FUNCTIONS)
+    if checkpoints is None:
+        checkpoints = torch.zeros(chunks[5].shape[0], h, DIM, DIM, dtype=torch.float32, device=q.device)
+        fwd.scan_pass(chunks, v, cu_seqlens, torch.empty_like(v), initial_state, None, checkpoints,
+                      functions=_FUNCTIONS)
+    dh_out, dh0 = _walk(chunks, do, dht, cu_seqlens, h, n)
+    tok0, clen, _ = fwd.chunk_table(cu_seqlens, total)
+    gr = _kda_bwd.chunk_grads(q, k, v, g, beta, A_log, dt_bias, scale, fwd.LOWER_BOUND, tok0, clen, checkpoints,
+                              dh_out, do)
+    runtime.mark_written(dh0)
+    return {"dq": gr["dq"], "dk": gr["dk"], "dv": gr["dv"], "dg": gr["dg"], "dbeta": gr["dbeta"],
+            "dA_log": gr["dA_log"], "ddt_bias": gr["ddt_bias"], "dh0": dh0}
+
+
+class KDAFunction(torch.autograd.Function):
+    """``chunk_kda`` that trains: the forward keeps its per-chunk checkpoints, the backward is ``chunk_kda_bwd``."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, scale):  # noqa: N803
+        fwd.check_inputs(q, k, v, g, beta, A_log, dt_bias, scale, initial_state, cu_seqlens, None, None)
+        n, h = cu_seqlens.shape[0] - 1, q.shape[2]
+        out = torch.empty_like(v)
+        final = torch.empty(n, h, DIM, DIM, dtype=torch.float32, device=q.device)
+        chunks = fwd.chunk_pass(q, k, g, beta, A_log, dt_bias, scale, cu_seqlens, functions=_FUNCTIONS)
+        ckpt = torch.zeros(chunks[5].shape[0], h, DIM, DIM, dtype=torch.float32, device=q.device)
+        fwd.scan_pass(chunks, v, cu_seqlens, out, initial_state, final, ckpt, functions=_FUNCTIONS)
+        ctx.save_for_backward(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, ckpt)
+        ctx.scale = scale
+        return out, final
+
+    @staticmethod
+    def backward(ctx, do, dht):
+        q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, ckpt = ctx.saved_tensors  # noqa: N806
+        gr = chunk_kda_bwd(q, k, v, g, beta, A_log, dt_bias, do.to(torch.bfloat16).contiguous(),
+                           None if dht is None else dht.float().contiguous(), ctx.scale, initial_state, cu_seqlens,
+                           checkpoints=ckpt)
+        dh0 = gr["dh0"] if initial_state is not None else None
+        return (gr["dq"].to(q.dtype), gr["dk"].to(k.dtype), gr["dv"].to(v.dtype), gr["dg"].to(g.dtype),
+                gr["dbeta"].to(beta.dtype), gr["dA_log"], gr["ddt_bias"], dh0, None, None)
+
+
+def chunk_kda_train(q, k, v, g, beta, A_log, dt_bias, initial_state=None, cu_seqlens=None, scale=None):  # noqa: N803
+    """``(o, final_state)`` of ``chunk_kda`` under autograd (``KDAFunction``)."""
+    return KDAFunction.apply(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens,
+                             DIM ** -0.5 if scale is None else float(scale))
+
+
+run_test, run_bench = harness.bind(__name__)
