@@ -29,7 +29,6 @@ def emulated():
     if shutil.which("g++") is None:
         pytest.skip("no g++ to compile the emulation")
     from tirx_kernels.core import build, emulate
-
     from tirx_kernels.kda import kda_backward_packed as bwd
 
     # The backward's three kernels (this module's two and the walk): one g++ build shared with its tests.
