@@ -52,10 +52,11 @@ def test_chunked_backward_matches_autograd_fp64(heads):
     ckpt = c2.checkpoints_from_recurrence(q, k, v, g, beta, w, cu, None, h0, dt)
     assert ckpt.shape[0] == 2 + 0 + 1 + 2
     want = c2.autograd_grads(q, k, v, g, beta, w, do, cu, None, h0, dfs, dt)
-    got = c2.chunked_grads(q, k, v, g, beta, w, do, cu, ckpt, None, dfs, dt)
-    for name in GRADS:
-        err = (got[name] - want[name]).norm() / want[name].norm()
-        assert err < 1e-12, (name, float(err))
+    for max_tiles in (None, 2 * max(hq, hv)):  # all chunks in one step; two chunks a step (the op's slabs)
+        got = c2.chunked_grads(q, k, v, g, beta, w, do, cu, ckpt, None, dfs, dt, max_tiles=max_tiles)
+        for name in GRADS:
+            err = (got[name] - want[name]).norm() / want[name].norm()
+            assert err < 1e-12, (name, max_tiles, float(err))
 
 
 @pytest.fixture(scope="module")

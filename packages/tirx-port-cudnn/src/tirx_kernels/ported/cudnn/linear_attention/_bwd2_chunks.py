@@ -119,28 +119,49 @@ def chunk_function(cmap, Q, K, V, g, B, Wg, S, scale: float):  # noqa: N803
 
 
 def chunked_grads(q, k, v, g, beta, w, do, cu_seqlens, checkpoints, scale=None, d_final_state=None,
-                  dtype=torch.float32, scan=None) -> dict:
-    """GDN-2's backward from the checkpoints: the walk (``scan(cmap, pieces, R, d_final_state)``, default the torch
-    loop) then the chunk VJPs. Gradients of q / k / v at their own heads, g / beta / w / d_initial_state at HO."""
+                  dtype=torch.float32, scan=None, max_tiles: int | None = None) -> dict:
+    """GDN-2's backward from the checkpoints: the walk's inputs per chunk, the walk (``scan(cmap, pieces, R,
+    d_final_state)``, default the torch loop), then the chunk VJPs; the chunk-parallel steps in slabs of at most
+    ``max_tiles`` (chunk, head) tiles (the pairwise decays are [16, 16, 128] a tile). Gradients of q / k / v at their
+    own heads, g / beta / w / d_initial_state at HO."""
     hs, qh, kh, vh = delta_rule_ref.head_maps(q.shape[1], k.shape[1], v.shape[1])
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     cmap = ch.ChunkMap(cu_seqlens, q.device, CHUNK)
-    total = q.shape[0]
-    S = ch.entering_states(cmap, checkpoints, dtype)
-    with torch.enable_grad():
-        leaves = [cmap.gather(x, dtype).requires_grad_(True)
-                  for x in (q[:, qh], k[:, kh], v[:, vh], g, beta, w)]
-        out, S_end, pieces = chunk_function(cmap, *leaves, S, scale)
-        dO = cmap.gather(do, dtype)
-        with torch.no_grad():
-            R = dO.transpose(-1, -2) @ (scale * pieces["eGQ"] - pieces["A"] @ pieces["W"])
-            scan = scan or (lambda cm, pc, rr, dfs: ch.state_scan(cm, pc, rr, dfs, hs, dtype))
-            dS, d0 = scan(cmap, {**pieces, "gam_c": pieces["gam_c"]}, R, d_final_state)
-        grads = torch.autograd.grad([out, S_end], leaves, grad_outputs=[dO, dS], allow_unused=True)
-    dq, dk, dv, dg, dbeta, dw = (torch.zeros_like(x) if gr is None else gr for x, gr in zip(leaves, grads))
-    return {"dq": _fold(cmap.scatter(dq, total), q.shape[1]), "dk": _fold(cmap.scatter(dk, total), k.shape[1]),
-            "dv": _fold(cmap.scatter(dv, total), v.shape[1]), "dg": cmap.scatter(dg, total),
-            "dbeta": cmap.scatter(dbeta, total), "dw": cmap.scatter(dw, total), "d_initial_state": d0}
+    total, nc = q.shape[0], cmap.n_chunks
+    step = nc if max_tiles is None else max(1, max_tiles // hs)
+    xs = (q[:, qh], k[:, kh], v[:, vh], g, beta, w)
+    ranges = [(c0, min(c0 + step, nc)) for c0 in range(0, nc, max(step, 1))]
+    dev = q.device
+    pieces = {"Kd": torch.zeros(nc, hs, CHUNK, DIM, dtype=dtype, device=dev),
+              "W": torch.zeros(nc, hs, CHUNK, DIM, dtype=dtype, device=dev),
+              "gam_c": torch.zeros(nc, hs, DIM, dtype=dtype, device=dev)}
+    R = torch.zeros(nc, hs, DIM, DIM, dtype=dtype, device=dev)
+    with torch.no_grad():
+        for c0, c1 in ranges:
+            sub = cmap.sub(c0, c1)
+            _, _, pc = chunk_function(sub, *(sub.gather(x, dtype) for x in xs),
+                                      ch.entering_states(sub, checkpoints, dtype), scale)
+            dO = sub.gather(do, dtype)
+            R[c0:c1] = dO.transpose(-1, -2) @ (scale * pc["eGQ"] - pc["A"] @ pc["W"])
+            for name in pieces:
+                pieces[name][c0:c1] = pc[name]
+        scan = scan or (lambda cm, pc, rr, dfs: ch.state_scan(cm, pc, rr, dfs, hs, dtype))
+        dS, d0 = scan(cmap, pieces, R, d_final_state)
+    del R, pieces
+    grads = [torch.zeros(total, hs, DIM, dtype=dtype, device=dev) for _ in xs]
+    for c0, c1 in ranges:
+        sub = cmap.sub(c0, c1)
+        with torch.enable_grad():
+            leaves = [sub.gather(x, dtype).requires_grad_(True) for x in xs]
+            out, S_end, _ = chunk_function(sub, *leaves, ch.entering_states(sub, checkpoints, dtype), scale)
+            got = torch.autograd.grad([out, S_end], leaves, grad_outputs=[sub.gather(do, dtype), dS[c0:c1]],
+                                      allow_unused=True)
+        for dst, gr in zip(grads, got):
+            if gr is not None:
+                sub.scatter_into(dst, gr)
+    dq, dk, dv, dg, dbeta, dw = grads
+    return {"dq": _fold(dq, q.shape[1]), "dk": _fold(dk, k.shape[1]), "dv": _fold(dv, v.shape[1]), "dg": dg,
+            "dbeta": dbeta, "dw": dw, "d_initial_state": d0}
 
 
 def _fold(x, n_heads: int):

@@ -88,6 +88,19 @@ class ChunkMap:
         y = torch.where(mask, y, torch.zeros((), dtype=dtype, device=y.device))
         return y.transpose(1, 2).contiguous()
 
+    def sub(self, c0: int, c1: int) -> ChunkMap:
+        """The map of chunks ``c0 .. c1 - 1`` alone (for slabs of chunks: gather / scatter / entering_states)."""
+        out = object.__new__(ChunkMap)
+        out.__dict__.update(self.__dict__)
+        for name in ("seq", "ckpt", "valid", "tok", "last"):
+            setattr(out, name, getattr(self, name)[c0:c1])
+        out.n_chunks = out.seq.shape[0]
+        return out
+
+    def scatter_into(self, out, y):
+        """``out`` [T, H, ...] <- the valid rows of ``y`` [NC, H, C, ...]."""
+        out[self.tok[self.valid]] = y.transpose(1, 2)[self.valid].to(out.dtype)
+
     def scatter(self, y, total):
         """[NC, H, C, ...] -> [T, H, ...] (the valid rows)."""
         y = y.transpose(1, 2)  # [NC, C, H, ...]

@@ -60,7 +60,9 @@ DEFAULTS = {"dtype": "bfloat16", "Hv": None, "init": False, "dfinal": False, "cu
 TOLERANCE = {"bfloat16": (4e-2, 4e-2), "float16": (1e-2, 1e-2), "float32": (4e-2, 4e-2)}
 OP = "gdn2_bprop"
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
-_SLAB_TILES = 4096  # (chunk, head) tiles a torch slab holds: the pairwise decays are [16, 16, 128] a tile
+# (chunk, head) tiles of one torch step of the chunk-parallel work (the pairwise decays are [16, 16, 128] fp32 a
+# tile: 0.5 GiB a tensor); the walk takes sequences in runs of up to 4x that many tiles (R and dS' [V, K] fp32 each).
+_SLAB_TILES = 4096
 _FUNCTIONS = runtime.FunctionCache(__name__)
 
 
@@ -202,13 +204,13 @@ def run(q, k, v, g, beta, w, do, state_checkpoints, cu_seqlens, scale, d_final_s
         cu.append(cu[-1] + n)
         ck.append(ck[-1] + c)
     ho = max(q.shape[1], v.shape[1])
-    for a, b in gdn1.slabs(lens, ho, c2.CHUNK, _SLAB_TILES):
+    for a, b in gdn1.slabs(lens, ho, c2.CHUNK, 4 * _SLAB_TILES):
         t0, t1 = cu[a], cu[b]
         sub_cu = torch.tensor([x - t0 for x in cu[a:b + 1]], dtype=torch.int32, device=q.device)
         dfs = None if d_final_state is None else d_final_state[a:b]
         res = c2.chunked_grads(q[t0:t1], k[t0:t1], v[t0:t1], g[t0:t1], beta[t0:t1], w[t0:t1], do[t0:t1], sub_cu,
                                state_checkpoints[ck[a]:ck[b]], scale, dfs, torch.float32,
-                               scan=gdn1.kernel_scan(io, fn, _FUNCTIONS))
+                               scan=gdn1.kernel_scan(io, fn, _FUNCTIONS), max_tiles=_SLAB_TILES)
         for name, dst in (("dq", dq), ("dk", dk), ("dv", dv), ("dg", dg), ("dbeta", dbeta), ("dw", dw)):
             dst[t0:t1] = res[name].to(dst.dtype)
         if d_initial_state is not None:
