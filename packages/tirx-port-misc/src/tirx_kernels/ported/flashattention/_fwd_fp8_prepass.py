@@ -8,11 +8,14 @@
   past Sk), because 8-bit wgmma takes its B operand K-major only; inside each group of 16 keys the columns are in
   ``V_KEY_ORDER`` (the kernel's P registers hold the keys in that order: ``_fwd_fp8`` module docstring).
 - ``dequantize_kv``: NVFP4 (packed e2m1 + e4m3 scale per 16 + a global scale) and MXFP8 (e4m3 + ue8m0 per 32)
-  K/V, decoded to fp32 and requantized to e4m3 with one fp32 descale per (batch, kv head) (amax / 448).
+  K/V requantized to e4m3 with one fp32 descale per (batch, kv head), taken from the block scales alone (no amax
+  pass over the data): NVFP4 6 max(scale) / global_scale / 448, MXFP8 2^(max code - 127), which makes MXFP8's
+  requantization exact but for values that fall into e4m3's subnormals.
 
-Cost: the e4m3 path reads and writes V once (1 B/element each way); the NVFP4/MXFP8 path decodes K and V in fp32
-temporaries (several torch kernels: ~20 B of traffic per element) -- a fused TIRx pre-pass, or the decode inside the
-producer warpgroup, is the next step (the bench rows of both formats measure what it costs now)."""
+Cost: the e4m3 path reads and writes V once (1 B/element each way, one strided copy); the NVFP4 / MXFP8 path adds a
+decode in fp32 temporaries over K and V (a handful of torch kernels). A fused TIRx pre-pass, or the decode in the
+producer warpgroup (FA3 transposes V there), is the next step; the bench rows of each format against the e4m3 row of
+the same shape measure what it costs now."""
 
 from __future__ import annotations
 
@@ -29,14 +32,27 @@ KV_FORMATS = ("e4m3", "nvfp4", "mxfp8")
 
 
 def transpose_v(v: torch.Tensor) -> torch.Tensor:
-    """V [B, Sk, Hkv, D] float8_e4m3fn -> V^T [B, Hkv, D, Sk16] float8_e4m3fn, contiguous (module docstring)."""
+    """V [B, Sk, Hkv, D] float8_e4m3fn -> V^T [B, Hkv, D, Sk16] float8_e4m3fn, contiguous (module docstring).
+
+    One strided copy: ``V_KEY_ORDER`` maps position ``4 t + 2 e1 + e0`` to key ``8 e1 + 2 t + e0``, a permutation of
+    the (2, 4, 2) digits of the key's index in its group, so it is a permute of a view, not a gather; the ragged last
+    group goes through a zero-padded copy."""
     B, Sk, H, D = v.shape
-    sk16 = (Sk + KEY_GROUP - 1) // KEY_GROUP * KEY_GROUP
-    padded = torch.zeros((B, sk16, H, D), dtype=torch.uint8, device=v.device)
-    padded[:, :Sk] = v.view(torch.uint8)
-    order = torch.tensor(V_KEY_ORDER, device=v.device)
-    grouped = padded.view(B, sk16 // KEY_GROUP, KEY_GROUP, H, D).index_select(2, order)
-    return grouped.permute(0, 3, 4, 1, 2).contiguous().view(B, H, D, sk16).view(torch.float8_e4m3fn)
+    groups, tail = divmod(Sk, KEY_GROUP)
+    out = torch.empty((B, H, D, groups + (tail > 0), KEY_GROUP), dtype=torch.uint8, device=v.device)
+    src = v.view(torch.uint8)
+
+    def put(dst, keys):  # keys [B, n * 16, H, D] -> dst [B, H, D, n, 16] in V_KEY_ORDER
+        n = keys.shape[1] // KEY_GROUP
+        dst.unflatten(-1, (4, 2, 2)).copy_(keys.view(B, n, 2, 4, 2, H, D).permute(0, 5, 6, 1, 3, 2, 4))
+
+    if groups:
+        put(out[:, :, :, :groups], src[:, :groups * KEY_GROUP])
+    if tail:
+        last = torch.zeros((B, KEY_GROUP, H, D), dtype=torch.uint8, device=v.device)
+        last[:, :tail] = src[:, groups * KEY_GROUP:]
+        put(out[:, :, :, groups:], last)
+    return out.view(B, H, D, -1).view(torch.float8_e4m3fn)
 
 
 def quantize_per_head(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -64,6 +80,30 @@ def decode_mxfp8(data: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return (x.unflatten(-1, (-1, quant_ref.MX_BLOCK)) * s[..., None]).flatten(-2)
 
 
+def requantize_nvfp4(packed: torch.Tensor, scale: torch.Tensor, global_scale) -> tuple[torch.Tensor, torch.Tensor]:
+    """NVFP4 [B, S, H, D/2] + [B, S, H, D/16] -> (e4m3 [B, S, H, D], descale [B, H]): e2m1 * scale * 448 / (6 max
+    scale), every value within +-448 (module docstring)."""
+    sf = quant_ref.fp8_decode(scale.view(torch.uint8), "e4m3")  # [B, S, H, D/16]
+    sf_max = sf.amax(dim=(1, 3))
+    sf_max = torch.where(sf_max > 0, sf_max, torch.ones_like(sf_max))
+    gs = torch.as_tensor(global_scale, dtype=torch.float32, device=packed.device)
+    mult = sf * (E4M3_MAX / 6.0 / sf_max)[:, None, :, None]
+    vals = quant_ref.e2m1_decode(quant_ref.unpack_e2m1(packed)).unflatten(-1, (-1, quant_ref.NVFP4_BLOCK))
+    q = (vals * mult[..., None]).flatten(-2).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+    return q, (sf_max * (6.0 / E4M3_MAX) / gs).float().contiguous()
+
+
+def requantize_mxfp8(data: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """MXFP8 [B, S, H, D] + ue8m0 [B, S, H, D/32] -> (e4m3, descale [B, H] = 2^(max code - 127)): each block times
+    2^(code - max code), exact unless it lands in e4m3's subnormals."""
+    code = scale.view(torch.uint8)
+    top = code.amax(dim=(1, 3))
+    shift = torch.exp2(code.float() - top.float()[:, None, :, None])
+    x = quant_ref.fp8_decode(data.view(torch.uint8), "e4m3").unflatten(-1, (-1, quant_ref.MX_BLOCK))
+    q = (x * shift[..., None]).flatten(-2).to(torch.float8_e4m3fn)
+    return q, quant_ref.ue8m0_decode(top).contiguous()
+
+
 def dequantize_kv(x: torch.Tensor, kv_format: str, scale=None, global_scale=None) -> tuple[torch.Tensor,
                                                                                               torch.Tensor | None]:
     """One of K / V in ``kv_format`` -> (e4m3 [B, S, Hkv, D], descale [B, Hkv] or None for e4m3 input, whose
@@ -71,7 +111,7 @@ def dequantize_kv(x: torch.Tensor, kv_format: str, scale=None, global_scale=None
     if kv_format == "e4m3":
         return x, None
     if kv_format == "nvfp4":
-        return quantize_per_head(decode_nvfp4(x, scale, global_scale))
+        return requantize_nvfp4(x, scale, global_scale)
     if kv_format == "mxfp8":
-        return quantize_per_head(decode_mxfp8(x, scale))
+        return requantize_mxfp8(x, scale)
     raise ValueError(f"dequantize_kv: kv_format {kv_format!r} is not one of {KV_FORMATS}")
