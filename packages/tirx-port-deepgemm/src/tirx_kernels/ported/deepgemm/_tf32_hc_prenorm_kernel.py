@@ -20,8 +20,9 @@ Design (DeepGEMM's SM90 recipe):
   registers, B from the stage by descriptor) into the fp32 accumulator. One group stays in flight: the next stage's
   loads run under it (two register buffers, alternating), and a stage goes back once its group has completed.
 - NOTES: memory-bound on A (N = 24: 48 FLOP per A element of 2 bytes); B is re-read per stage from L2 (N x 256 bytes
-  per 8 KB of A). CUDA-core FMA would need 25 FMA per A element: 132 SMs x 128 FMA x 1.98 GHz = 33.5 T FMA/s against
-  1.5 T A elements/s at 3 TB/s (37.5 T FMA/s) leaves no headroom, hence the tensor cores.
+  per 8 KB of A): A's loads carry evict_first, B's evict_last, so the stream of A does not push B out of L2.
+  CUDA-core FMA would need 25 FMA per A element: 132 SMs x 128 FMA x 1.98 GHz = 33.5 T FMA/s against 1.5 T A
+  elements/s at 3 TB/s (37.5 T FMA/s) leaves no headroom, hence the tensor cores.
 - Epilogue: the two row sums reduced over the 4 lanes of a row (shuffles) and stored by lane 0 of the 4; D stored
   straight from the accumulator fragment (``st.global`` fp32), rows below M.
 """
@@ -60,7 +61,7 @@ def build_kernel(n: int, num_stages: int):
     ``ldd`` and split stride ``lds`` (unit column stride), sqr_sum fp32 ``[num_splits, M]`` contiguous."""
     from tvm.script import tirx as T
 
-    from tirx_kernels.core.lang import mbarrier, softmax, tma, wgmma
+    from tirx_kernels.core.lang import mbarrier, softmax, tma, vector, wgmma
 
     if n not in NS:
         raise ValueError(f"tf32 hc prenorm gemm: N={n} must be one of {NS} (DeepGEMM: N <= 32, N % 8 == 0)")
@@ -110,6 +111,7 @@ def build_kernel(n: int, num_stages: int):
         desc_b = T.alloc_local((1,), "uint64")
         remote = T.alloc_local((1,), "uint32")
         cursor = T.alloc_local((2,), "int32")
+        policy = T.alloc_local((2,), "uint64")  # L2 hints: A streamed once (evict_first), B re-read by every CTA
 
         m0 = cta // num_splits * BLOCK_M
         split = cta % num_splits
@@ -125,14 +127,17 @@ def build_kernel(n: int, num_stages: int):
             if tid == 128:
                 tma.prefetch_descriptor(a_map)
                 tma.prefetch_descriptor(b_map)
+                vector.l2_policy(policy[0], "evict_first")
+                vector.l2_policy(policy[1], "evict_last")
                 for kb in range(k_count):
                     s = cursor[0]
                     mbarrier.wait(empty.ptr_to([s]), cursor[1] ^ 1)
                     mbarrier.arrive_expect_tx(full.ptr_to([s]), nbytes)
                     k0 = (k_first + kb) * BLOCK_K
-                    tma.load_2d(As.ptr_to([s * a_elems]), a_map, k0, m0, full.ptr_to([s]))
-                    tma.load_2d(Bs.ptr_to([s * b_elems]), b_map, k0, 0, full.ptr_to([s]))
-                    tma.load_2d(Bs.ptr_to([s * b_elems + n * B_CHUNK]), b_map, k0 + B_CHUNK, 0, full.ptr_to([s]))
+                    tma.load_2d(As.ptr_to([s * a_elems]), a_map, k0, m0, full.ptr_to([s]), cache_policy=policy[0])
+                    tma.load_2d(Bs.ptr_to([s * b_elems]), b_map, k0, 0, full.ptr_to([s]), cache_policy=policy[1])
+                    tma.load_2d(Bs.ptr_to([s * b_elems + n * B_CHUNK]), b_map, k0 + B_CHUNK, 0, full.ptr_to([s]),
+                                cache_policy=policy[1])
                     ring.cursor_advance(cursor)
         else:
             # Math warpgroup.
