@@ -41,8 +41,22 @@ def test_split_partition():
 
 
 def test_oracle_truncates_b():
-    b = torch.tensor([1 + 2**-10 + 2**-12, -(1 + 2**-11)])
-    assert mod.tf32(b).tolist() == [1 + 2**-10, -1.0]
+    b = torch.tensor([1 + 2**-10 + 2**-12, -(1 + 2**-11), 1 + 3 * 2**-11, -(1 + 2**-11 + 2**-13)])
+    assert mod.tf32(b).tolist() == [1 + 2**-10, -1.0, 1 + 2**-10, -1.0]
+    assert mod.tf32(b, "nearest").tolist() == [1 + 2**-10, -1.0, 1 + 2**-9, -(1 + 2**-10)]  # ties to even
+
+
+def test_comparator_reports_the_tf32_reading():
+    """D matching the truncated-B oracle, or (a card that rounds) the nearest-B one; anything else fails."""
+    from tirx_kernels.core.harness import KernelCheckError
+
+    a, b = torch.randn(13, 128).to(torch.bfloat16), torch.randn(24, 128)
+    want, inputs = mod.reference(a, b)["d"], {"a": a, "b": b, "num_splits": None}
+    assert mod.COMPARATORS["d"](want.float(), want, {}, inputs)["tf32_b"] == "truncate"
+    near = mod.reference(a, b, rounding="nearest")["d"].float()
+    assert mod.COMPARATORS["d"](near, want, {}, inputs)["tf32_b"] == "nearest"
+    with pytest.raises(KernelCheckError, match="calc_diff"):
+        mod.COMPARATORS["d"](near * 1.001, want, {}, inputs)
 
 
 def _args(M=20, K=128, N=24, splits=None):  # noqa: N803

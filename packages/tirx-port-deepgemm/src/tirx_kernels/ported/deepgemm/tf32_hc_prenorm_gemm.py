@@ -11,7 +11,9 @@ convention (a range with no block gets zeros). ``num_splits=None``: ``d`` [M, N]
 
 Precision: A is exact in tf32 (bf16 has 8 mantissa bits); B's low 13 mantissa bits are not read by the tensor core
 (tf32 wgmma), so the oracle is the fp64 product of A and B truncated to tf32 (calc_diff < 1e-8, DeepGEMM's bound;
-the emulated kernel reaches ~1e-14). Against B in full fp32 the truncation alone gives calc_diff ~1e-7.
+the emulated kernel reaches ~1e-15). Against B in full fp32 the truncation alone gives calc_diff ~1e-7. The GPU
+comparator falls back to B rounded to nearest and reports which reading matched (``tf32_b``): the card has not run
+this kernel yet.
 
 Requirements (DeepGEMM's): A and B K-major, D N-major (unit column stride), sqr_sum contiguous, K a multiple of 64,
 K > 0. A's rows or B's rows at a stride TMA cannot read (not 16-byte multiples) are copied first.
@@ -91,9 +93,15 @@ def sass_expect(**_) -> list[str]:
     return [r"HGMMA\.64x\d+x8\.F32\.TF32", r"UTMALDG\.2D", r"SYNCS"]
 
 
-def tf32(x: torch.Tensor) -> torch.Tensor:
-    """fp32 ``x`` as the tf32 wgmma reads it: the low 13 mantissa bits dropped."""
-    return (x.float().contiguous().view(torch.int32) & ~0x1FFF).view(torch.float32)
+def tf32(x: torch.Tensor, rounding: str = "truncate") -> torch.Tensor:
+    """fp32 ``x`` as a tf32 operand: the low 13 mantissa bits dropped (``"truncate"``: what the tf32 wgmma reads, and
+    the CPU emulator models), or rounded to nearest even (``"nearest"``: ``cvt.rn.tf32.f32``). Finite inputs."""
+    bits = x.float().contiguous().view(torch.int32)
+    if rounding == "nearest":
+        bits = bits + 0xFFF + ((bits >> 13) & 1)
+    elif rounding != "truncate":
+        raise ValueError(f"tf32: rounding {rounding!r} is 'truncate' or 'nearest'")
+    return (bits & ~0x1FFF).view(torch.float32)
 
 
 def prepare_data(M: int, K: int, N: int = 24, num_splits: int | None = None, **_) -> dict:  # noqa: N803
@@ -109,11 +117,11 @@ def prepare_data(M: int, K: int, N: int = 24, num_splits: int | None = None, **_
             "d": torch.empty(*lead, M, N, device="cuda"), "sqr_sum": torch.empty(*lead, M, device="cuda")}
 
 
-def reference(a, b, num_splits=None, **_) -> dict:
+def reference(a, b, num_splits=None, rounding: str = "truncate", **_) -> dict:
     """fp64 partials of each split's K range (``_tf32_hc_prenorm_kernel.k_range``) of A x tf32(B)^T and of A^2."""
     M, K = a.shape  # noqa: N806
     s = num_splits or 1
-    a64, b64 = a.double(), tf32(b).double()
+    a64, b64 = a.double(), tf32(b, rounding).double()
     d = torch.zeros(s, M, b.shape[0], dtype=torch.float64, device=a.device)
     sq = torch.zeros(s, M, dtype=torch.float64, device=a.device)
     for split in range(s):
@@ -127,18 +135,26 @@ def reference(a, b, num_splits=None, **_) -> dict:
     return {"d": d, "sqr_sum": sq}
 
 
-def _comparator(got, want, cfg: dict, inputs: dict) -> dict:
+def _comparator(got, want, cfg: dict, inputs: dict, key: str = "sqr_sum") -> dict:
+    """calc_diff < 1e-8 against the oracle of truncated B; for D, where that fails, against the oracle of B rounded to
+    nearest (which tf32 reading the card does is reported, ``tf32_b``: the CPU emulator truncates, as the PTX ISA
+    describes; a card that rounds would still be correct)."""
     if got.shape != want.shape:
         raise harness.KernelCheckError(f"shape {tuple(got.shape)} != wanted shape {tuple(want.shape)}")
     if not torch.isfinite(got).all():
         raise harness.KernelCheckError(f"{int((~torch.isfinite(got)).sum())} outputs not finite (unwritten?)")
-    diff = O.calc_diff(got, want)
+    diff, reading = O.calc_diff(got, want), "truncate"
+    if diff > CALC_DIFF_MAX and key == "d" and "a" in inputs and "b" in inputs:
+        nearest = reference(inputs["a"], inputs["b"], inputs.get("num_splits"), rounding="nearest")["d"]
+        alt = O.calc_diff(got, nearest)
+        if alt <= CALC_DIFF_MAX:
+            diff, reading = alt, "nearest"
     if diff > CALC_DIFF_MAX:
         raise harness.KernelCheckError(f"calc_diff {diff:.3e} > {CALC_DIFF_MAX}")
-    return {"calc_diff": diff}
+    return {"calc_diff": diff, **({"tf32_b": reading} if key == "d" else {})}
 
 
-COMPARATORS = {"d": _comparator, "sqr_sum": _comparator}
+COMPARATORS = {"d": lambda *args: _comparator(*args, key="d"), "sqr_sum": _comparator}
 
 
 def launch(cfg: dict, data: dict) -> None:
