@@ -86,7 +86,8 @@ def test_plan():
     assert mod.plan_cluster(64, 65536, "float32", 132) == 4
     assert mod.plan_cluster(16, 4096, "float32", 132) == 2
     assert mod.plan_cluster(1, 131073, "float32", 132) == 0  # past 8 slices: not this kernel
-    assert mod.plan_cluster(8, 262144, "bfloat16", 132) == 8
+    assert mod.plan_cluster(8, 196608, "bfloat16", 132) == 8
+    assert mod.plan_cluster(8, 196609, "bfloat16", 132) == 0
     for c in mod.CONFIGS:
         assert mod.plan_cluster(c["M"], c["N"], c["dtype"], 132) in mod.CLUSTER_SIZES, c["label"]
 
@@ -121,7 +122,7 @@ def test_gpu_config(label):
 @pytest.mark.parametrize("M, N, k, kind, dtype", [
     (1, 131072, 2048, "random", torch.float32), (64, 131072, 2048, "random", torch.float32),
     (3, 100003, 4096, "ties", torch.float32), (2, 77777, 1000, "special", torch.float32),
-    (5, 65536, 4095, "constant", torch.float32), (4, 262144, 4096, "ties", torch.bfloat16),
+    (5, 65536, 4095, "constant", torch.float32), (4, 196608, 4096, "ties", torch.bfloat16),
     (7, 50001, 300, "special", torch.float16)])
 def test_gpu_exact_and_deterministic(M, N, k, kind, dtype):
     """The cluster kernel directly and through top_k's dispatch (few rows that fit): the oracle bit for bit."""

@@ -54,12 +54,13 @@ def build_kernel(dtype: str, C: int, cap: int, threads: int, U: int, E: int):  #
         # peers read, scan and warp scratch.
         pool = T.SMEMPool()
         S = pool.alloc((cap,), raw_t, align=16)
+        cand = pool.alloc((cap,), "uint16", align=16)  # slice positions of the candidates, ascending
         hist = pool.alloc((2 * R,), "uint32", align=16)
         tot = pool.alloc((R,), "uint32", align=16)
         counts = pool.alloc((4,), "uint32", align=16)
         state = pool.alloc((4,), "uint32", align=16)
         scan_tot = pool.alloc((rx.SCAN_WARPS,), "uint32", align=16)
-        warp_a = pool.alloc((warps,), "uint32", align=16)
+        warp_a = pool.alloc((2 * warps,), "uint32", align=16)
         warp_b = pool.alloc((warps,), "uint32", align=16)
         bars = pool.alloc((PIECES,), "uint64", align=8)
         pool.commit()
@@ -71,11 +72,13 @@ def build_kernel(dtype: str, C: int, cap: int, threads: int, U: int, E: int):  #
         prefix = T.alloc_local((1,), "uint32")
         rem = T.alloc_local((1,), "uint32")
         run = T.alloc_local((2,), "uint32")
+        ncand = T.alloc_local((1,), "int32")
         tie = T.alloc_local((E,), "uint32")
         sel = T.alloc_local((E,), "uint32")
         ball = T.alloc_local((E,), "uint32")
         lane = tid % 32
         warp = tid // 32
+        below = (T.uint32(1) << T.Cast("uint32", lane)) - T.uint32(1)
         row = cta // C
         x_base = i64(row) * i64(x_stride)
         o_base = i64(row) * i64(K)
@@ -132,10 +135,10 @@ def build_kernel(dtype: str, C: int, cap: int, threads: int, U: int, E: int):  #
             shift = key_bits - 8 * (p + 1)
             hb = (p % 2) * R
             if p > 0:
-                for it in T.serial((ln + (threads - 1)) // threads):
-                    j = it * threads + tid
-                    if j < ln:
-                        key = rx.key_of(S[j], dtype)
+                for it in T.serial((ncand[0] + (threads - 1)) // threads):
+                    c = it * threads + tid
+                    if c < ncand[0]:
+                        key = rx.key_of(S[T.Cast("int32", cand[c])], dtype)
                         if (key >> (shift + 8)) == (prefix[0] >> (shift + 8)):
                             rx.count(hist, T.uint32(hb + 255) - ((key >> shift) & T.uint32(255)))
             # Every CTA's histogram of this pass complete and visible cluster-wide (release / acquire).
@@ -156,14 +159,50 @@ def build_kernel(dtype: str, C: int, cap: int, threads: int, U: int, E: int):  #
             rx.select_bin(tot, rem[0], tid, scan_tot, state)
             prefix[0] = prefix[0] | ((T.uint32(255) - state[0]) << shift)
             rem[0] = state[1]
+            if p == 0:
+                # Candidates: the slice positions whose first key digit is the chosen one or above (the scores
+                # this pass selected and those the later passes decide on), ascending, so that the later passes
+                # and the gather read only them. A warp tests 32 * E consecutive scores a tile, ballots give the
+                # places within the warp, one barrier a tile the warps' (two alternating buffers of warp totals).
+                run[0] = T.uint32(0)
+                for t in T.serial((ln + (tile - 1)) // tile):
+                    cw = T.alloc_local((1,), "uint32")
+                    cpos = T.alloc_local((1,), "uint32")
+                    csum = T.alloc_local((1,), "uint32")
+                    cw[0] = T.uint32(0)
+                    for j in T.unroll(E):
+                        i = t * tile + warp * (32 * E) + j * 32 + lane
+                        sel[j] = T.uint32(0)
+                        if i < ln:
+                            if (rx.key_of(S[i], dtype) >> shift0) >= (prefix[0] >> shift0):
+                                sel[j] = T.uint32(1)
+                        ball[j] = T.cuda.ballot_sync(T.uint32(0xFFFFFFFF), sel[j] != T.uint32(0))
+                        cw[0] = cw[0] + T.Cast("uint32", T.popcount(ball[j]))
+                    if lane == 0:
+                        warp_a[(t % 2) * warps + warp] = cw[0]
+                    T.evaluate(T.cuda.cta_sync())
+                    cpos[0] = run[0]
+                    csum[0] = T.uint32(0)
+                    for w in range(warps):
+                        if w < warp:
+                            cpos[0] = cpos[0] + warp_a[(t % 2) * warps + w]
+                        csum[0] = csum[0] + warp_a[(t % 2) * warps + w]
+                    run[0] = run[0] + csum[0]
+                    for j in T.unroll(E):
+                        if sel[j] != T.uint32(0):
+                            cand[cpos[0] + T.Cast("uint32", T.popcount(ball[j] & below))] = T.Cast(
+                                "uint16", t * tile + warp * (32 * E) + j * 32 + lane)
+                        cpos[0] = cpos[0] + T.Cast("uint32", T.popcount(ball[j]))
+                ncand[0] = T.Cast("int32", run[0])
+                T.evaluate(T.cuda.cta_sync())
 
         # -- 3. This CTA's scores above the threshold key and its ties; the CTAs before it from their counts.
         acc[0] = T.uint32(0)
         acc[1] = T.uint32(0)
-        for it in T.serial((ln + (threads - 1)) // threads):
-            j = it * threads + tid
-            if j < ln:
-                key = rx.key_of(S[j], dtype)
+        for it in T.serial((ncand[0] + (threads - 1)) // threads):
+            c = it * threads + tid
+            if c < ncand[0]:
+                key = rx.key_of(S[T.Cast("int32", cand[c])], dtype)
                 if key > prefix[0]:
                     acc[0] = acc[0] + T.uint32(1)
                 elif key == prefix[0]:
@@ -203,16 +242,15 @@ def build_kernel(dtype: str, C: int, cap: int, threads: int, U: int, E: int):  #
         allowed = T.if_then_else(rem[0] > state[1], rem[0] - state[1], T.uint32(0))
         run[0] = state[0] + T.min(rem[0], state[1])  # output place of this CTA's first selected score
         run[1] = T.uint32(0)  # ties of this slice seen in earlier tiles
-        below = (T.uint32(1) << T.Cast("uint32", lane)) - T.uint32(1)
-        for t in T.serial((ln + (tile - 1)) // tile):
+        for t in T.serial((ncand[0] + (tile - 1)) // tile):
             tw = T.alloc_local((1,), "uint32")
             tw[0] = T.uint32(0)
             for j in T.unroll(E):
                 i = t * tile + warp * (32 * E) + j * 32 + lane
                 tie[j] = T.uint32(0)
                 sel[j] = T.uint32(0)
-                if i < ln:
-                    key = rx.key_of(S[i], dtype)
+                if i < ncand[0]:
+                    key = rx.key_of(S[T.Cast("int32", cand[i])], dtype)
                     if key > prefix[0]:
                         sel[j] = T.uint32(1)
                     elif key == prefix[0]:
@@ -254,7 +292,7 @@ def build_kernel(dtype: str, C: int, cap: int, threads: int, U: int, E: int):  #
             for j in T.unroll(E):
                 if sel[j] != T.uint32(0):
                     pos = i64(pos0[0] + T.Cast("uint32", T.popcount(ball[j] & below)))
-                    i = t * tile + warp * (32 * E) + j * 32 + lane
+                    i = T.Cast("int32", cand[t * tile + warp * (32 * E) + j * 32 + lane])
                     If[o_base + pos] = i64(lo + i)
                     Vr[o_base + pos] = S[i]
                 pos0[0] = pos0[0] + T.Cast("uint32", T.popcount(ball[j]))

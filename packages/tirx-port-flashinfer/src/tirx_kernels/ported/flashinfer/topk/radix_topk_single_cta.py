@@ -21,7 +21,7 @@ the transforms' indices are int32, as FlashInfer's.
 
 Dispatch (``_run``): rows that do not fill the GPU by themselves (at most half as many rows as SMs) and longer than one
 4096-score tile go to ``fast_topk_clusters`` (a cluster a row, the row read once into shared memory) where a
-cluster's shared memory holds the row (top_k: 131072 fp32 / 262144 fp16-bf16 scores), else to
+cluster's shared memory holds the row (top_k: 131072 fp32 / 196608 fp16-bf16 scores), else to
 ``radix_topk_multi_cta`` (a row over several CTAs, a launch a digit pass); both give this kernel's result bit for
 bit. The rest run here.
 
