@@ -207,8 +207,9 @@ def test_gpu_under_compile():
     def f(a, b):
         d, s = torch.empty(4, 300, 24, device="cuda"), torch.empty(4, 300, device="cuda")
         mod.tf32_hc_prenorm_gemm(a, b, d, s, num_splits=4)
-        return d.sum(0), s.sum(0)
+        return d * 1, s * 1
 
     d, s = torch.compile(f, fullgraph=True)(data["a"], data["b"])
     want = mod.reference(data["a"], data["b"], 4)
-    assert O.calc_diff(d, want["d"].sum(0)) < 1e-8 and O.calc_diff(s, want["sqr_sum"].sum(0)) < 1e-8
+    mod.COMPARATORS["d"](d, want["d"], {}, data)
+    mod.COMPARATORS["sqr_sum"](s, want["sqr_sum"], {}, data)
