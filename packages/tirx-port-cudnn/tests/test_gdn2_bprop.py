@@ -52,8 +52,10 @@ def test_chunked_backward_matches_autograd_fp64(heads):
     ckpt = c2.checkpoints_from_recurrence(q, k, v, g, beta, w, cu, None, h0, dt)
     assert ckpt.shape[0] == 2 + 0 + 1 + 2
     want = c2.autograd_grads(q, k, v, g, beta, w, do, cu, None, h0, dfs, dt)
-    for max_tiles in (None, 2 * max(hq, hv)):  # all chunks in one step; two chunks a step (the op's slabs)
-        got = c2.chunked_grads(q, k, v, g, beta, w, do, cu, ckpt, None, dfs, dt, max_tiles=max_tiles)
+    ck_cudnn = ckpt[torch.tensor([1, 4])]  # cuDNN's ABI: each sequence's checkpoint 0 (its initial state) apart
+    for max_tiles, layout in ((None, "pre_chunk"), (2 * max(hq, hv), "pre_chunk"), (2 * max(hq, hv), "cudnn")):
+        got = c2.chunked_grads(q, k, v, g, beta, w, do, cu, ck_cudnn if layout == "cudnn" else ckpt, None, dfs, dt,
+                               max_tiles=max_tiles, initial_state=h0, layout=layout)
         for name in GRADS:
             err = (got[name] - want[name]).norm() / want[name].norm()
             assert err < 1e-12, (name, max_tiles, float(err))
@@ -151,7 +153,8 @@ def _cpu_args(**over):
     ({"state_checkpoints": torch.zeros(1, 2, 128, 128)}, "state_checkpoints"),
     ({"cu_seqlens": torch.tensor([3], dtype=torch.int32)}, "cu_seqlens"),
     ({"scale": 0.0}, "scale"),
-], ids=["head_size", "dtype_mix", "g_shape", "beta_dtype", "w_shape", "ckpt_dtype", "cu_short", "scale"])
+    ({"checkpoint_layout": "post_chunk"}, "checkpoint_layout"),
+], ids=["head_size", "dtype_mix", "g_shape", "beta_dtype", "w_shape", "ckpt_dtype", "cu_short", "scale", "layout"])
 def test_bad_input_names_the_argument(over, name):
     with pytest.raises(TirxInputError, match=f"argument '{name}'"):
         mod.gdn2_bprop(**_cpu_args(**over))

@@ -62,9 +62,13 @@ def test_chunked_backward_matches_autograd_fp64(heads):
                               torch.float64)
     got = orc.chunked_grads(d["q"], d["k"], d["v"], d["g"], d["beta"], d["do"], d["cu"], ckpt, None, None, d["dfs"],
                             torch.float64)
+    got_cudnn = orc.chunked_grads(d["q"], d["k"], d["v"], d["g"], d["beta"], d["do"], d["cu"],
+                                  cudnn_layout(ckpt, d["cu"], 64), None, d["h0"], d["dfs"], torch.float64,
+                                  layout="cudnn")
     for name in GRADS:
-        err = (got[name] - want[name]).norm() / want[name].norm()
-        assert err < 1e-12, (name, float(err))
+        for res in (got, got_cudnn):
+            err = (res[name] - want[name]).norm() / want[name].norm()
+            assert err < 1e-12, (name, float(err))
 
 
 @pytest.fixture(scope="module")
@@ -89,18 +93,30 @@ def _guarded(t):
     return buf, buf[1]
 
 
-def _run_emulated(emulated, label):
+def cudnn_layout(ckpt, cu_seqlens, chunk):
+    """The pre-chunk checkpoint series without each sequence's checkpoint 0 (cuDNN's backward ABI)."""
+    keep, row = [], 0
+    for n in ch.lengths(cu_seqlens):
+        c = -(-n // chunk)
+        keep += list(range(row + 1, row + c))
+        row += c
+    return ckpt[torch.tensor(keep, dtype=torch.long)]
+
+
+def _run_emulated(emulated, label, layout="pre_chunk"):
     """A config row on the CPU: the op's path with the emulated kernel, guard bands, inputs unchanged, the oracle."""
     cfg = harness.full_config(mod, harness.find_config(mod, label))
     data = mod.prepare_data(**cfg, device="cpu")
     want = mod.reference(**data)
+    if layout == "cudnn":
+        data["state_checkpoints"] = cudnn_layout(data["state_checkpoints"], data["cu_seqlens"], 64)
     originals = {k: v.clone() for k, v in data.items() if isinstance(v, torch.Tensor) and k not in want}
     slabs = {}
     for key in want:
         slabs[key], data[key] = _guarded(data[key])
     mod.run(data["q"], data["k"], data["v"], data["g"], data["beta"], data["do"], data["state_checkpoints"],
             data["cu_seqlens"], 128 ** -0.5, data["initial_state"], data["d_final_state"], data["dq"], data["dk"],
-            data["dv"], data["dg"], data["dbeta"], data["d_initial_state"], fn=emulated(cfg["dtype"]))
+            data["dv"], data["dg"], data["dbeta"], data["d_initial_state"], fn=emulated(cfg["dtype"]), layout=layout)
     for key, v in originals.items():
         assert torch.equal(v.view(torch.uint8), data[key].view(torch.uint8)), f"input {key} was modified"
     for key, slab in slabs.items():
@@ -108,8 +124,11 @@ def _run_emulated(emulated, label):
     return harness.check_outputs(mod, {k: data[k] for k in want}, want, "the fp32 oracle", cfg, originals)
 
 
-def test_ragged_batch_emulated(emulated):
-    stats = _run_emulated(emulated, "ragged_h2_init_dfinal")
+@pytest.mark.parametrize("layout", ["pre_chunk", "cudnn"])
+def test_ragged_batch_emulated(emulated, layout):
+    """Both checkpoint layouts: this package's (checkpoint 0 = the initial state) and cuDNN's backward ABI (the
+    initial state apart, the states entering chunks 1 ..)."""
+    stats = _run_emulated(emulated, "ragged_h2_init_dfinal", layout)
     for name in GRADS:
         assert stats[name]["rel_fro"] < 2e-2, (name, stats[name])
 
@@ -173,9 +192,10 @@ def _cpu_args(**over):
     ({"state_checkpoints": torch.zeros(1, 2, 128, 64, dtype=torch.bfloat16)}, "state_checkpoints"),
     ({"cu_seqlens": torch.tensor([0.0, 3.0])}, "cu_seqlens"),
     ({"scale": float("nan")}, "scale"),
+    ({"checkpoint_layout": "post_chunk"}, "checkpoint_layout"),
     ({"d_final_state": torch.zeros(1, 2, 128, 128)}, "d_final_state"),
 ], ids=["head_size", "dtype_mix", "heads", "g_dtype", "beta_shape", "do_heads", "ckpt_shape", "cu_dtype", "scale",
-        "dfinal_rows"])
+        "dfinal_rows", "layout"])
 def test_bad_input_names_the_argument(over, name):
     with pytest.raises(TirxInputError, match=f"argument '{name}'"):
         mod.gdn_bprop(**_cpu_args(**over))

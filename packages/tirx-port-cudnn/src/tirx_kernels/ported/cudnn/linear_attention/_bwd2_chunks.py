@@ -119,14 +119,15 @@ def chunk_function(cmap, Q, K, V, g, B, Wg, S, scale: float):  # noqa: N803
 
 
 def chunked_grads(q, k, v, g, beta, w, do, cu_seqlens, checkpoints, scale=None, d_final_state=None,
-                  dtype=torch.float32, scan=None, max_tiles: int | None = None) -> dict:
+                  dtype=torch.float32, scan=None, max_tiles: int | None = None, initial_state=None,
+                  layout: str = "pre_chunk") -> dict:
     """GDN-2's backward from the checkpoints: the walk's inputs per chunk, the walk (``scan(cmap, pieces, R,
     d_final_state)``, default the torch loop), then the chunk VJPs; the chunk-parallel steps in slabs of at most
     ``max_tiles`` (chunk, head) tiles (the pairwise decays are [16, 16, 128] a tile). Gradients of q / k / v at their
-    own heads, g / beta / w / d_initial_state at HO."""
+    own heads, g / beta / w / d_initial_state at HO. ``initial_state``: read by the ``cudnn`` checkpoint layout only."""
     hs, qh, kh, vh = delta_rule_ref.head_maps(q.shape[1], k.shape[1], v.shape[1])
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    cmap = ch.ChunkMap(cu_seqlens, q.device, CHUNK)
+    cmap = ch.ChunkMap(cu_seqlens, q.device, CHUNK, layout)
     total, nc = q.shape[0], cmap.n_chunks
     step = nc if max_tiles is None else max(1, max_tiles // hs)
     xs = (q[:, qh], k[:, kh], v[:, vh], g, beta, w)
@@ -140,7 +141,7 @@ def chunked_grads(q, k, v, g, beta, w, do, cu_seqlens, checkpoints, scale=None, 
         for c0, c1 in ranges:
             sub = cmap.sub(c0, c1)
             _, _, pc = chunk_function(sub, *(sub.gather(x, dtype) for x in xs),
-                                      ch.entering_states(sub, checkpoints, dtype), scale)
+                                      ch.entering_states(sub, checkpoints, dtype, initial_state), scale)
             dO = sub.gather(do, dtype)
             R[c0:c1] = dO.transpose(-1, -2) @ (scale * pc["eGQ"] - pc["A"] @ pc["W"])
             for name in pieces:
@@ -153,7 +154,8 @@ def chunked_grads(q, k, v, g, beta, w, do, cu_seqlens, checkpoints, scale=None, 
         sub = cmap.sub(c0, c1)
         with torch.enable_grad():
             leaves = [sub.gather(x, dtype).requires_grad_(True) for x in xs]
-            out, S_end, _ = chunk_function(sub, *leaves, ch.entering_states(sub, checkpoints, dtype), scale)
+            S = ch.entering_states(sub, checkpoints, dtype, initial_state)
+            out, S_end, _ = chunk_function(sub, *leaves, S, scale)
             got = torch.autograd.grad([out, S_end], leaves, grad_outputs=[sub.gather(do, dtype), dS[c0:c1]],
                                       allow_unused=True)
         for dst, gr in zip(grads, got):

@@ -36,9 +36,17 @@ def lengths(cu_seqlens) -> list[int]:
     return [cu[i + 1] - cu[i] for i in range(len(cu) - 1)]
 
 
-def checkpoint_counts(lens: list[int], chunk: int = CHUNK) -> list[int]:
-    """Checkpoints a sequence has: the states entering each of its chunks (checkpoint 0 = the initial state), as the
-    forward / recompute kernels of this package write them (``_fwd_kernel``: cuDNN's pre-chunk indexing)."""
+LAYOUTS = ("pre_chunk", "cudnn")
+
+
+def checkpoint_counts(lens: list[int], chunk: int = CHUNK, layout: str = "pre_chunk") -> list[int]:
+    """Checkpoints a sequence has. ``pre_chunk``: the states entering each of its chunks (checkpoint 0 = the initial
+    state), as this package's forward / recompute kernels write them (``_fwd_kernel``); ``cudnn``: cuDNN's backward
+    ABI, the states entering chunks 1 .. n - 1 (chunk 0 reads the initial state)."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"checkpoint layout {layout!r} is not one of {LAYOUTS}")
+    if layout == "cudnn":
+        return [(n - 1) // chunk if n > 0 else 0 for n in lens]
     return [-(-n // chunk) for n in lens]
 
 
@@ -50,7 +58,7 @@ class ChunkMap:
     """Where every chunk of a packed batch sits: chunk c covers tokens ``tok[c, :len[c]]`` of sequence ``seq[c]``
     (position ``pos[c]`` in it); chunks of a sequence are consecutive, first to last."""
 
-    def __init__(self, cu_seqlens, device, chunk: int = CHUNK):
+    def __init__(self, cu_seqlens, device, chunk: int = CHUNK, layout: str = "pre_chunk"):
         lens = lengths(cu_seqlens)
         cu = [0]
         for n in lens:
@@ -65,8 +73,8 @@ class ChunkMap:
                 pos.append(j)
                 start.append(cu[n] + j * chunk)
                 ln.append(min(chunk, length - j * chunk))
-                ck.append(ck_base + j)
-            ck_base += nc
+                ck.append(ck_base + j if layout == "pre_chunk" else (ck_base + j - 1 if j > 0 else -1))
+            ck_base += checkpoint_counts([length], chunk, layout)[0]
             self.chunk_cu.append(self.chunk_cu[-1] + nc)
         self.n_seqs = len(lens)
         self.n_chunks = len(seq)
@@ -109,9 +117,20 @@ class ChunkMap:
         return out
 
 
-def entering_states(cmap: ChunkMap, checkpoints, dtype):
-    """[NC, H, V, K]: the state entering every chunk (its checkpoint)."""
-    return checkpoints[cmap.ckpt].to(dtype)
+def entering_states(cmap: ChunkMap, checkpoints, dtype, initial_state=None):
+    """[NC, H, V, K]: the state entering every chunk -- its checkpoint, or (a chunk 0 of the ``cudnn`` layout) the
+    sequence's initial state or zero."""
+    hs = checkpoints.shape[1]
+    first = cmap.ckpt < 0
+    if checkpoints.shape[0]:
+        s = checkpoints[cmap.ckpt.clamp_min(0)].to(dtype)
+    else:
+        s = torch.zeros(cmap.n_chunks, hs, DIM, DIM, dtype=dtype, device=cmap.seq.device)
+    if bool(first.any()):
+        init = (initial_state[cmap.seq].to(dtype) if initial_state is not None
+                else torch.zeros((), dtype=dtype, device=s.device))
+        s = torch.where(first[:, None, None, None], init, s)
+    return s
 
 
 def forward_pieces(cmap: ChunkMap, q, k, v, g, beta, S, scale: float, dtype):

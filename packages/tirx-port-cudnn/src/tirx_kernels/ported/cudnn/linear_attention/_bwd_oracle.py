@@ -113,16 +113,16 @@ def fold_heads(x, n_heads: int):
 
 
 def chunked_grads(q, k, v, g, beta, do, cu_seqlens, checkpoints, scale=None, initial_state=None,
-                  d_final_state=None, dtype=torch.float32, scan=None) -> dict:
+                  d_final_state=None, dtype=torch.float32, scan=None, layout: str = "pre_chunk") -> dict:
     """The closed-form chunked backward from the checkpoints (``scan``: the reverse state walk, default the torch
-    loop ``_bwd_chunks.state_scan``; the op passes the TIRx kernel). ``initial_state`` is not read (checkpoint 0
-    is the state entering chunk 0); ``d_initial_state`` is always returned."""
+    loop ``_bwd_chunks.state_scan``; the op passes the TIRx kernel). ``initial_state`` is read only by the ``cudnn``
+    checkpoint layout (the ``pre_chunk`` one holds it as checkpoint 0); ``d_initial_state`` is always returned."""
     hs, qh, kh, vh = delta_rule_ref.head_maps(q.shape[1], k.shape[1], v.shape[1])
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    cmap = ch.ChunkMap(cu_seqlens, q.device)
+    cmap = ch.ChunkMap(cu_seqlens, q.device, ch.CHUNK, layout)
     total = q.shape[0]
     qx, kx, vx = q[:, qh], k[:, kh], v[:, vh]
-    S = ch.entering_states(cmap, checkpoints, dtype)
+    S = ch.entering_states(cmap, checkpoints, dtype, initial_state)
     f = ch.forward_pieces(cmap, qx, kx, vx, g, beta, S, scale, dtype)
     dO = cmap.gather(do, dtype)
     R = ch.scan_inputs(f, dO, scale)

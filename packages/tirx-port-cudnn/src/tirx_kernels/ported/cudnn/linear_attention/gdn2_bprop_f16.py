@@ -152,7 +152,7 @@ def _fail(name: str, expected: str, got: str):
     raise checks.TirxInputError(f"{OP}: argument '{name}': expected {expected}, got {got}")
 
 
-def check_inputs(q, k, v, g, beta, w, do, state_checkpoints, cu_seqlens, scale, d_final_state):
+def check_inputs(q, k, v, g, beta, w, do, state_checkpoints, cu_seqlens, scale, d_final_state, initial_state=None):
     io = (torch.bfloat16, torch.float16)
     checks.tensor(OP, "q", q, dtypes=io, ndim=3, contiguous=True, cuda=False)
     total, hq, d = q.shape
@@ -178,27 +178,26 @@ def check_inputs(q, k, v, g, beta, w, do, state_checkpoints, cu_seqlens, scale, 
     n = cu_seqlens.shape[0] - 1
     if n < 1:
         _fail("cu_seqlens", "at least two entries", f"shape {tuple(cu_seqlens.shape)}")
-    if d_final_state is not None:
-        checks.tensor(OP, "d_final_state", d_final_state, dtypes=(torch.float32,) + io,
-                      shape=(n, ho, ch.DIM, ch.DIM), contiguous=True, cuda=False)
+    for name, st in (("initial_state", initial_state), ("d_final_state", d_final_state)):
+        if st is not None:
+            checks.tensor(OP, name, st, dtypes=(torch.float32,) + io, shape=(n, ho, ch.DIM, ch.DIM),
+                          contiguous=True, cuda=False)
     if scale is not None and not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale != 0):
         _fail("scale", "None or a finite nonzero float", repr(scale))
     checks.tensor(OP, "q", q, cuda=True)
     present = {name: t for name, t in (("k", k), ("v", v), ("g", g), ("beta", beta), ("w", w), ("do", do),
                                        ("state_checkpoints", state_checkpoints), ("cu_seqlens", cu_seqlens),
-                                       ("d_final_state", d_final_state)) if t is not None}
+                                       ("initial_state", initial_state), ("d_final_state", d_final_state))
+               if t is not None}
     checks.same_device(OP, "q", q, **present)
 
 
 def run(q, k, v, g, beta, w, do, state_checkpoints, cu_seqlens, scale, d_final_state, dq, dk, dv, dg, dbeta, dw,
-        d_initial_state, fn=None) -> None:
+        d_initial_state, fn=None, initial_state=None, layout: str = "pre_chunk") -> None:
     """Validated inputs -> the gradients written into the given buffers (``fn``: an emulated kernel for tests)."""
     io = {torch.bfloat16: "bfloat16", torch.float16: "float16"}[q.dtype]
     lens = ch.lengths(cu_seqlens)
-    counts = ch.checkpoint_counts(lens, c2.CHUNK)
-    if state_checkpoints.shape[0] != sum(counts):
-        _fail("state_checkpoints", f"{sum(counts)} rows (ceil(len / 16) per sequence: the state entering each "
-              "chunk)", f"shape {tuple(state_checkpoints.shape)}")
+    counts = gdn1.check_checkpoints(OP, state_checkpoints, lens, c2.CHUNK, layout)
     cu, ck = [0], [0]
     for n, c in zip(lens, counts):
         cu.append(cu[-1] + n)
@@ -210,7 +209,9 @@ def run(q, k, v, g, beta, w, do, state_checkpoints, cu_seqlens, scale, d_final_s
         dfs = None if d_final_state is None else d_final_state[a:b]
         res = c2.chunked_grads(q[t0:t1], k[t0:t1], v[t0:t1], g[t0:t1], beta[t0:t1], w[t0:t1], do[t0:t1], sub_cu,
                                state_checkpoints[ck[a]:ck[b]], scale, dfs, torch.float32,
-                               scan=gdn1.kernel_scan(io, fn, _FUNCTIONS), max_tiles=_SLAB_TILES)
+                               scan=gdn1.kernel_scan(io, fn, _FUNCTIONS), max_tiles=_SLAB_TILES,
+                               initial_state=None if initial_state is None or layout == "pre_chunk"
+                               else initial_state[a:b], layout=layout)
         for name, dst in (("dq", dq), ("dk", dk), ("dv", dv), ("dg", dg), ("dbeta", dbeta), ("dw", dw)):
             dst[t0:t1] = res[name].to(dst.dtype)
         if d_initial_state is not None:
@@ -218,14 +219,20 @@ def run(q, k, v, g, beta, w, do, state_checkpoints, cu_seqlens, scale, d_final_s
 
 
 def gdn2_bprop(q, k, v, g, beta, w, do, state_checkpoints, cu_seqlens, scale=None, initial_state=None,
-               d_final_state=None, dq=None, dk=None, dv=None, dg=None, dbeta=None, dw=None, d_initial_state=None):
+               d_final_state=None, dq=None, dk=None, dv=None, dg=None, dbeta=None, dw=None, d_initial_state=None,
+               checkpoint_layout: str = "pre_chunk"):
     """cuDNN's chunked GDN-2 backward (``chunk_gdn2_bwd``) on Hopper: q [T, HQ, 128], k [T, HK, 128], v [T, HV, 128]
     (bf16/fp16, THD over ``cu_seqlens``; HO = max(HQ, HV)), g fp32 [T, HO, 128] (natural-log decay per key channel),
     beta [T, HO, 128] and w [T, HO, 128] (post-sigmoid erase / write gates) and dO [T, HO, 128] in the I/O dtype,
     ``state_checkpoints`` [sum ceil(len / 16), HO, V, K] (the state entering every 16-token chunk). Returns (dq, dk,
     dv at the q / k / v heads, dg fp32, dbeta, dw in the I/O dtype, d_initial_state fp32 [N, HO, V, K] or None);
-    ``initial_state`` only asks for the last one."""
-    check_inputs(q, k, v, g, beta, w, do, state_checkpoints, cu_seqlens, scale, d_final_state)
+    ``checkpoint_layout="cudnn"``: cuDNN's backward ABI, [sum (len - 1) // 16, HO, V, K], the states entering chunks
+    1 .. (chunk 0 reads ``initial_state``, zero without); with the default ``initial_state`` only asks for the last
+    output."""
+    if checkpoint_layout not in ch.LAYOUTS:
+        raise checks.TirxInputError(f"{OP}: argument 'checkpoint_layout': expected one of {ch.LAYOUTS}, got "
+                                    f"{checkpoint_layout!r}")
+    check_inputs(q, k, v, g, beta, w, do, state_checkpoints, cu_seqlens, scale, d_final_state, initial_state)
     scale = ch.DIM ** -0.5 if scale is None else float(scale)
     n = cu_seqlens.shape[0] - 1
     ho = max(q.shape[1], v.shape[1])
@@ -245,13 +252,14 @@ def gdn2_bprop(q, k, v, g, beta, w, do, state_checkpoints, cu_seqlens, scale=Non
                       shape=(n, ho, ch.DIM, ch.DIM), contiguous=True)
     outs = (dq, dk, dv, dg, dbeta, dw, d_initial_state)
     if runtime.direct_call(q, k, v, g, beta, w, do, state_checkpoints, cu_seqlens, d_final_state, *outs):
-        run(q, k, v, g, beta, w, do, state_checkpoints, cu_seqlens, scale, d_final_state, *outs)
+        run(q, k, v, g, beta, w, do, state_checkpoints, cu_seqlens, scale, d_final_state, *outs,
+            initial_state=initial_state, layout=checkpoint_layout)
         for t in outs:
             if t is not None:
                 runtime.mark_written(t)
     else:
         torch.ops.tirx.cudnn_sm90_gdn2_bprop_f16(q, k, v, g, beta, w, do, state_checkpoints, cu_seqlens, scale,
-                                                 d_final_state, *outs)
+                                                 initial_state, d_final_state, *outs, checkpoint_layout)
     return outs
 
 
@@ -259,11 +267,11 @@ def gdn2_bprop(q, k, v, g, beta, w, do, state_checkpoints, cu_seqlens, scale=Non
                          mutates_args=("dq", "dk", "dv", "dg", "dbeta", "dw", "d_initial_state"))
 def _custom_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
                w: torch.Tensor, do: torch.Tensor, state_checkpoints: torch.Tensor, cu_seqlens: torch.Tensor,
-               scale: float, d_final_state: torch.Tensor | None, dq: torch.Tensor, dk: torch.Tensor,
-               dv: torch.Tensor, dg: torch.Tensor, dbeta: torch.Tensor, dw: torch.Tensor,
-               d_initial_state: torch.Tensor | None) -> None:
+               scale: float, initial_state: torch.Tensor | None, d_final_state: torch.Tensor | None,
+               dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, dg: torch.Tensor, dbeta: torch.Tensor,
+               dw: torch.Tensor, d_initial_state: torch.Tensor | None, checkpoint_layout: str) -> None:
     run(q, k, v, g, beta, w, do, state_checkpoints, cu_seqlens, scale, d_final_state, dq, dk, dv, dg, dbeta, dw,
-        d_initial_state)
+        d_initial_state, initial_state=initial_state, layout=checkpoint_layout)
 
 
 @_custom_op.register_fake

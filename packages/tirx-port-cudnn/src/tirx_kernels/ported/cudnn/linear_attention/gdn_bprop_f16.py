@@ -331,15 +331,25 @@ def slabs(lens: list[int], ho: int, chunk: int = ch.CHUNK, max_tiles: int = _SLA
     yield start, len(lens)
 
 
+def check_checkpoints(op: str, state_checkpoints, lens, chunk: int, layout: str) -> list[int]:
+    if layout not in ch.LAYOUTS:
+        raise checks.TirxInputError(f"{op}: argument 'checkpoint_layout': expected one of {ch.LAYOUTS}, got "
+                                    f"{layout!r}")
+    counts = ch.checkpoint_counts(lens, chunk, layout)
+    if state_checkpoints.shape[0] != sum(counts):
+        rule = (f"ceil(len / {chunk}) per sequence: the state entering each chunk" if layout == "pre_chunk" else
+                f"(len - 1) // {chunk} per sequence: the states entering chunks 1 ..")
+        raise checks.TirxInputError(f"{op}: argument 'state_checkpoints': expected {sum(counts)} rows ({rule}), "
+                                    f"got shape {tuple(state_checkpoints.shape)}")
+    return counts
+
+
 def run(q, k, v, g, beta, do, state_checkpoints, cu_seqlens, scale, initial_state, d_final_state, dq, dk, dv, dg,
-        dbeta, d_initial_state, fn=None) -> None:
+        dbeta, d_initial_state, fn=None, layout: str = "pre_chunk") -> None:
     """Validated inputs -> the gradients written into the given buffers (``fn``: an emulated kernel for tests)."""
     io = IO[q.dtype]
     lens = ch.lengths(cu_seqlens)
-    counts = ch.checkpoint_counts(lens)
-    if state_checkpoints.shape[0] != sum(counts):
-        _fail("state_checkpoints", f"{sum(counts)} rows (ceil(len / 64) per sequence: the state entering each "
-              "chunk)", f"shape {tuple(state_checkpoints.shape)}")
+    counts = check_checkpoints(OP, state_checkpoints, lens, ch.CHUNK, layout)
     cu = [0]
     for n in lens:
         cu.append(cu[-1] + n)
@@ -350,9 +360,10 @@ def run(q, k, v, g, beta, do, state_checkpoints, cu_seqlens, scale, initial_stat
         t0, t1 = cu[a], cu[b]
         sub_cu = torch.tensor([x - t0 for x in cu[a:b + 1]], dtype=torch.int32, device=q.device)
         dfs = None if d_final_state is None else d_final_state[a:b]
+        h0 = None if initial_state is None or layout == "pre_chunk" else initial_state[a:b]
         res = orc.chunked_grads(q[t0:t1], k[t0:t1], v[t0:t1], g[t0:t1], beta[t0:t1], do[t0:t1], sub_cu,
-                                state_checkpoints[ck[a]:ck[b]], scale, None, dfs, torch.float32,
-                                scan=kernel_scan(io, fn))
+                                state_checkpoints[ck[a]:ck[b]], scale, h0, dfs, torch.float32,
+                                scan=kernel_scan(io, fn), layout=layout)
         dq[t0:t1] = res["dq"].to(dq.dtype)
         dk[t0:t1] = res["dk"].to(dk.dtype)
         dv[t0:t1] = res["dv"].to(dv.dtype)
@@ -363,14 +374,19 @@ def run(q, k, v, g, beta, do, state_checkpoints, cu_seqlens, scale, initial_stat
 
 
 def gdn_bprop(q, k, v, g, beta, do, state_checkpoints, cu_seqlens, scale=None, initial_state=None,
-              d_final_state=None, dq=None, dk=None, dv=None, dg=None, dbeta=None, d_initial_state=None):
+              d_final_state=None, dq=None, dk=None, dv=None, dg=None, dbeta=None, d_initial_state=None,
+              checkpoint_layout: str = "pre_chunk"):
     """cuDNN's chunked GDN backward (``chunk_gdn_bwd``) on Hopper: q [T, HQ, 128], k [T, HK, 128], v [T, HV, 128],
     dO [T, HO, 128] (bf16/fp16, THD-packed over ``cu_seqlens``; HO = max(HQ, HV), each of HQ, HK, HV dividing it),
     g (natural-log decay) and beta fp32 [T, HO], ``state_checkpoints`` [sum ceil(len / 64), HO, V, K] in the I/O
     dtype (the state entering every 64-token chunk, as this package's prefill / recompute write them),
     ``d_final_state`` [N, HO, V, K]. Returns (dq, dk, dv at the q / k / v heads, dg, dbeta fp32 [T, HO],
-    d_initial_state fp32 [N, HO, V, K] or None); ``initial_state`` only asks for the last one (checkpoint 0 is the
-    state the backward reads)."""
+    d_initial_state fp32 [N, HO, V, K] or None). ``checkpoint_layout="cudnn"``: cuDNN's backward ABI instead,
+    [sum (len - 1) // 64, HO, V, K], the states entering chunks 1 .. of each sequence, chunk 0 reading
+    ``initial_state`` (zero without); with the default layout ``initial_state`` only asks for d_initial_state."""
+    if checkpoint_layout not in ch.LAYOUTS:
+        raise checks.TirxInputError(f"{OP}: argument 'checkpoint_layout': expected one of {ch.LAYOUTS}, got "
+                                    f"{checkpoint_layout!r}")
     check_inputs(q, k, v, g, beta, do, state_checkpoints, cu_seqlens, scale, initial_state, d_final_state)
     scale = ch.DIM ** -0.5 if scale is None else float(scale)
     n = cu_seqlens.shape[0] - 1
@@ -390,13 +406,14 @@ def gdn_bprop(q, k, v, g, beta, do, state_checkpoints, cu_seqlens, scale=None, i
     outs = (dq, dk, dv, dg, dbeta, d_initial_state)
     if runtime.direct_call(q, k, v, g, beta, do, state_checkpoints, cu_seqlens, d_final_state, *outs):
         with torch.no_grad():
-            run(q, k, v, g, beta, do, state_checkpoints, cu_seqlens, scale, None, d_final_state, *outs)
+            run(q, k, v, g, beta, do, state_checkpoints, cu_seqlens, scale, initial_state, d_final_state, *outs,
+                layout=checkpoint_layout)
         for t in outs:
             if t is not None:
                 runtime.mark_written(t)
     else:
         torch.ops.tirx.cudnn_sm90_gdn_bprop_f16(q, k, v, g, beta, do, state_checkpoints, cu_seqlens, scale,
-                                                d_final_state, *outs)
+                                                initial_state, d_final_state, *outs, checkpoint_layout)
     return outs
 
 
@@ -404,11 +421,12 @@ def gdn_bprop(q, k, v, g, beta, do, state_checkpoints, cu_seqlens, scale=None, i
                          mutates_args=("dq", "dk", "dv", "dg", "dbeta", "d_initial_state"))
 def _custom_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
                do: torch.Tensor, state_checkpoints: torch.Tensor, cu_seqlens: torch.Tensor, scale: float,
-               d_final_state: torch.Tensor | None, dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor,
-               dg: torch.Tensor, dbeta: torch.Tensor, d_initial_state: torch.Tensor | None) -> None:
+               initial_state: torch.Tensor | None, d_final_state: torch.Tensor | None, dq: torch.Tensor,
+               dk: torch.Tensor, dv: torch.Tensor, dg: torch.Tensor, dbeta: torch.Tensor,
+               d_initial_state: torch.Tensor | None, checkpoint_layout: str) -> None:
     """The op's body (host reads of cu_seqlens: eager inside a compiled graph, not CUDA-graph capturable)."""
-    run(q, k, v, g, beta, do, state_checkpoints, cu_seqlens, scale, None, d_final_state, dq, dk, dv, dg, dbeta,
-        d_initial_state)
+    run(q, k, v, g, beta, do, state_checkpoints, cu_seqlens, scale, initial_state, d_final_state, dq, dk, dv, dg,
+        dbeta, d_initial_state, layout=checkpoint_layout)
 
 
 @_custom_op.register_fake
