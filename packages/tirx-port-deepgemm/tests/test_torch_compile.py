@@ -184,3 +184,25 @@ def test_tf32_hc_prenorm_gemm(cpu_ops, monkeypatch, splits):
     fn(a, b, d, s)
     assert _traced(targets, "deepgemm_tf32_hc_prenorm_gemm") and len(calls) == 1 and calls[0][-1] == (splits or 1)
     assert bool((d == 1).all()) and bool((s == 2).all())
+
+
+def test_opcheck_custom_ops(cpu_ops, monkeypatch):
+    """torch.library.opcheck (schema: declared mutations only; fake tensors; AOT dispatch) of the custom ops whose
+    signatures changed or are new, their launches stubbed to write their outputs."""
+    from tirx_kernels.ported.deepgemm import fp8_bmm, fp8_gemm_1d2d, tf32_hc_prenorm_gemm
+
+    monkeypatch.setattr(fp8_gemm_1d2d, "_run", lambda a, sfa, b, sfb, d, c=None: (O.c_into_d(c, d), d.add_(1)))
+    monkeypatch.setattr(fp8_bmm, "_run", lambda x, sfx, y, sfy, z: z.fill_(2))
+    monkeypatch.setattr(tf32_hc_prenorm_gemm, "_run", lambda a, b, d, s, n: (d.fill_(1), s.fill_(2)))
+    u8 = torch.uint8  # the codes as bytes: opcheck's comparisons have no CPU float8 kernels (the stubs never read them)
+    a, sfa, b, sfb = _operands(40, 64, 256)
+    c = torch.randn(40, 64).to(torch.bfloat16)
+    torch.library.opcheck(torch.ops.tirx.deepgemm_fp8_gemm_nt,
+                          (a.view(u8), sfa, b.view(u8), sfb, torch.zeros(40, 64, dtype=torch.bfloat16), c))
+    x, sfx, y, sfy = fp8_bmm.quantized_operands(torch.randn(6, 2, 256).to(torch.bfloat16),
+                                                torch.randn(2, 64, 256).to(torch.bfloat16))
+    torch.library.opcheck(torch.ops.tirx.deepgemm_fp8_einsum_bhr_hdr_bhd,
+                          (x.view(u8), sfx, y.view(u8), sfy, torch.zeros(6, 2, 64, dtype=torch.bfloat16)))
+    torch.library.opcheck(torch.ops.tirx.deepgemm_tf32_hc_prenorm_gemm,
+                          (torch.randn(13, 128).to(torch.bfloat16), torch.randn(24, 128), torch.zeros(3, 13, 24),
+                           torch.zeros(3, 13), 3))
