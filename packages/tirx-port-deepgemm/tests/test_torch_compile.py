@@ -189,9 +189,18 @@ def test_tf32_hc_prenorm_gemm(cpu_ops, monkeypatch, splits):
 def test_opcheck_custom_ops(cpu_ops, monkeypatch):
     """torch.library.opcheck (schema: declared mutations only; fake tensors; AOT dispatch) of the custom ops whose
     signatures changed or are new, their launches stubbed to write their outputs."""
-    from tirx_kernels.ported.deepgemm import fp8_bmm, fp8_gemm_1d2d, tf32_hc_prenorm_gemm
+    from tirx_kernels.ported.deepgemm import (
+        fp8_bmm,
+        fp8_gemm_1d1d,
+        fp8_gemm_1d2d,
+        k_grouped_fp8_gemm_contiguous,
+        tf32_hc_prenorm_gemm,
+    )
 
     monkeypatch.setattr(fp8_gemm_1d2d, "_run", lambda a, sfa, b, sfb, d, c=None: (O.c_into_d(c, d), d.add_(1)))
+    monkeypatch.setattr(fp8_gemm_1d1d, "_run", lambda a, sfa, b, sfb, d, c=None: (O.c_into_d(c, d), d.add_(1)))
+    monkeypatch.setattr(k_grouped_fp8_gemm_contiguous, "_run",
+                        lambda a, sfa, b, sfb, d, ks, c=None: (d.zero_() if c is None else O.c_into_d(c, d), d.add_(1)))
     monkeypatch.setattr(fp8_bmm, "_run", lambda x, sfx, y, sfy, z: z.fill_(2))
     monkeypatch.setattr(tf32_hc_prenorm_gemm, "_run", lambda a, b, d, s, n: (d.fill_(1), s.fill_(2)))
     u8 = torch.uint8  # the codes as bytes: opcheck's comparisons have no CPU float8 kernels (the stubs never read them)
@@ -199,6 +208,12 @@ def test_opcheck_custom_ops(cpu_ops, monkeypatch):
     c = torch.randn(40, 64).to(torch.bfloat16)
     torch.library.opcheck(torch.ops.tirx.deepgemm_fp8_gemm_nt,
                           (a.view(u8), sfa, b.view(u8), sfb, torch.zeros(40, 64, dtype=torch.bfloat16), c))
+    codes, scales = torch.zeros(24, 256, dtype=u8), torch.rand(24, 2)
+    torch.library.opcheck(torch.ops.tirx.deepgemm_fp8_gemm_nt_1d1d,
+                          (codes, scales, codes, scales, torch.zeros(24, 24), torch.randn(24, 24)))
+    torch.library.opcheck(torch.ops.tirx.deepgemm_k_grouped_fp8_gemm_nt_contiguous,
+                          (torch.zeros(24 * 384, dtype=u8), torch.rand(24, 3), torch.zeros(24 * 384, dtype=u8),
+                           torch.rand(24, 3), torch.zeros(2, 24, 24), [128, 256], torch.randn(2, 24, 24)))
     x, sfx, y, sfy = fp8_bmm.quantized_operands(torch.randn(6, 2, 256).to(torch.bfloat16),
                                                 torch.randn(2, 64, 256).to(torch.bfloat16))
     torch.library.opcheck(torch.ops.tirx.deepgemm_fp8_einsum_bhr_hdr_bhd,
