@@ -3,9 +3,10 @@
 with TMA zero fill, e4m3 wgmma SS/RS, the mbarrier rings, ping-pong turns) on the pre-pass's outputs, against the fp32
 oracle with the FP8 bounds of ``_fwd_fp8_check`` (out and LSE), guard bands around the outputs, inputs unchanged.
 
-CI emulates the hd128 kernel twice: non-causal with GQA 2:1 and ragged tiles, and causal with Sq > Sk (rows that see
-no key: out 0, lse -inf). ``TIRX_EMULATE_FULL=1`` adds hd256 (its pingpong schedule), hd64 (SW64 Q/K rows), NVFP4 /
-MXFP8 K/V, the ragged lengths 1, 17, 127 and the plain schedule (each kernel ~10-40 s of g++ on the 2-core machine)."""
+CI emulates the V pre-pass kernel once (hd128, strided, ragged) and the hd128 attention kernel twice: non-causal with
+GQA 2:1 and ragged tiles, and causal with Sq > Sk (rows that see no key: out 0, lse -inf). ``TIRX_EMULATE_FULL=1``
+adds hd256 (its pingpong schedule), hd64 (SW64 Q/K rows), NVFP4 / MXFP8 K/V, the ragged lengths 1, 17, 127, the
+plain schedule and the pre-pass kernel's other head dims (each kernel ~10-40 s of g++ on the 2-core machine)."""
 
 import os
 import re
@@ -20,6 +21,7 @@ pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not ins
 from tirx_kernels.core import build, emulate  # noqa: E402
 from tirx_kernels.core.lang import quant  # noqa: E402
 from tirx_kernels.ported.flashattention import _fwd_fp8_check  # noqa: E402
+from tirx_kernels.ported.flashattention import _fwd_fp8_prepass as prepass  # noqa: E402
 from tirx_kernels.ported.flashattention import flash_attention4_fp4 as mod  # noqa: E402
 
 _FULL = os.environ.get("TIRX_EMULATE_FULL") == "1"
@@ -77,6 +79,22 @@ def test_gqa_ragged():
 def test_causal_more_queries_than_keys_leaves_rows_empty():
     lse = _run(128, True, B=1, Sq=300, Sk=130, Hq=2, Hkv=2, seed=1)
     assert torch.isinf(lse[:, :, :170]).all() and torch.isfinite(lse[:, :, 170:]).all()
+
+
+@pytest.mark.parametrize("d, sk", [(128, 200), pytest.param(64, 37, marks=full_only),
+                                   pytest.param(256, 16, marks=full_only), pytest.param(128, 1, marks=full_only)])
+def test_transpose_v_kernel_matches_the_torch_prepass(d, sk):
+    """The op's V pre-pass kernel on a strided (packed-KV) V: V^T's bytes as ``prepass.transpose_v``'s, nothing written
+    past the output, the input unchanged."""
+    torch.manual_seed(d + sk)
+    kv = torch.randint(0, 255, (2, sk, 2, 3, d), dtype=torch.uint8)
+    v = kv[:, :, 1]
+    v0 = v.clone()
+    sk16 = (sk + 15) // 16 * 16
+    buf = torch.full((3, 2, 3, d, sk16), 0xAB, dtype=torch.uint8)
+    emulate.compile_module(mod.get_kernel(**mod.transpose_params(d)))(v, buf[1]).check()
+    assert torch.equal(buf[1], prepass.transpose_v(v.view(torch.float8_e4m3fn)).view(torch.uint8))
+    assert (buf[0] == 0xAB).all() and (buf[2] == 0xAB).all() and torch.equal(v, v0)
 
 
 @full_only

@@ -74,6 +74,16 @@ def test_given_outputs_and_empty_keys():
     assert (o == 0).all() and torch.isinf(l_).all() and (l_ < 0).all()
 
 
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("sk", [1, 17, 8193])
+def test_transpose_v_kernel_matches_the_torch_prepass(d, sk):
+    m = _mod()
+    from tirx_kernels.ported.flashattention import _fwd_fp8_prepass as prepass
+
+    v = torch.randint(0, 255, (2, sk, 2, 3, d), dtype=torch.uint8, device="cuda")[:, :, 1].view(torch.float8_e4m3fn)
+    assert torch.equal(m._transpose_v(v), prepass.transpose_v(v).view(torch.uint8))
+
+
 def test_torch_compile_fullgraph():
     """The pre-pass traces as torch ops, the kernel as the ``tirx::flash_attention4_fp4`` custom op."""
     m = _mod()

@@ -22,7 +22,7 @@ import math
 import torch
 
 from tirx_kernels.core import checks, harness, quant_ref, runtime
-from tirx_kernels.ported.flashattention import _fwd_fp8, _fwd_fp8_check
+from tirx_kernels.ported.flashattention import _fwd_fp8, _fwd_fp8_check, _fwd_fp8_transpose
 from tirx_kernels.ported.flashattention import _fwd_fp8_prepass as prepass
 from tirx_kernels.ported.flashattention.flash_attention4 import _tma_ready, check_lse_base, check_scale
 
@@ -116,9 +116,13 @@ def compile_params(**cfg) -> dict:
             "block_n": int(cfg.get("block_n") or block_n or 0)}
 
 
-def get_kernel(head_dim: int, causal: bool, schedule: str = SCHEDULE, block_n: int | None = None):
+def get_kernel(head_dim: int, causal: bool = False, schedule: str = SCHEDULE, block_n: int | None = None,
+               kind: str = "attention"):
+    """``kind``: "attention", or "transpose_v" (the V pre-pass kernel of ``_fwd_fp8_transpose``)."""
     if head_dim not in TILES:
         raise ValueError(f"flash_attention4_fp4: head_dim {head_dim} not one of {sorted(TILES)}")
+    if kind == "transpose_v":
+        return _fwd_fp8_transpose.build_transpose_v_kernel(head_dim)
     tile_n, stages, _ = TILES[head_dim]
     block_n = block_n or tile_n
     if block_n != tile_n:  # a narrower key tile (a bench row): twice the stages in the same smem
@@ -127,7 +131,13 @@ def get_kernel(head_dim: int, causal: bool, schedule: str = SCHEDULE, block_n: i
 
 
 def artifact_params() -> list[dict]:
-    return [compile_params(D=d, causal=c) for d in TILES for c in (False, True)]
+    return [compile_params(D=d, causal=c) for d in TILES for c in (False, True)] + \
+        [transpose_params(d) for d in TILES]
+
+
+def transpose_params(d: int) -> dict:
+    """The V pre-pass kernel's artifact params."""
+    return {"head_dim": d, "kind": "transpose_v"}
 
 
 def call_samples(rng) -> list[dict]:
@@ -143,9 +153,12 @@ def call_samples(rng) -> list[dict]:
     return out
 
 
-def sass_expect(head_dim: int, block_n: int, **_) -> list[str]:
+def sass_expect(head_dim: int, block_n: int = 0, kind: str = "attention", **_) -> list[str]:
     """Both GEMMs are FP8 wgmma (QGMMA) k32: QK^T from two smem descriptors, PV with P from registers and V^T from
-    smem (no transpose bit: 8-bit operands are K-major); 4-D TMA loads; the setmaxnreg register split."""
+    smem (no transpose bit: 8-bit operands are K-major); 4-D TMA loads; the setmaxnreg register split. The V
+    transpose: byte permutes and 16-byte stores."""
+    if kind == "transpose_v":
+        return [r"PRMT", r"STG\.E\.128"]
     n = block_n
     return [rf"QGMMA\.64x{n}x32\.F32\.E4M3\.E4M3 R\d+, gdesc\[UR\d+\]", rf"QGMMA\.64x{head_dim}x32\.F32\.E4M3\.E4M3 "
             rf"R\d+, R\d+, gdesc\[UR\d+\]", r"UTMALDG\.4D", r"USETMAXREG"]
@@ -199,8 +212,9 @@ def prepare_data(B: int, Sq: int, Sk: int, Hq: int, Hkv: int, D: int, causal: bo
 
 
 def kernel_inputs(q, k, v, q_descale=None, k_descale=None, v_descale=None, kv_format="e4m3", k_scale=None,
-                  v_scale=None, k_global_scale=None, v_global_scale=None, **_) -> dict:
-    """What the attention kernel reads: e4m3 q, k and V^T, and the three fp32 [B, Hkv] descales (the pre-pass)."""
+                  v_scale=None, k_global_scale=None, v_global_scale=None, with_vt: bool = True, **_) -> dict:
+    """What the attention kernel reads: e4m3 q, k, v, the three fp32 [B, Hkv] descales and (``with_vt``, torch's
+    ``transpose_v``) V^T; the op transposes with its TIRx kernel instead (``_transpose_v``)."""
     B, Hkv = q.shape[0], k.shape[2]
     ones = torch.ones((B, Hkv), dtype=torch.float32, device=q.device)
     ke, kd = prepass.dequantize_kv(k, kv_format, k_scale, k_global_scale)
@@ -210,8 +224,9 @@ def kernel_inputs(q, k, v, q_descale=None, k_descale=None, v_descale=None, kv_fo
         d = ones if user is None else user.float().expand(B, Hkv)
         return (d if derived is None else d * derived).contiguous()
 
-    return {"q": q, "k": ke, "vt": prepass.transpose_v(ve), "v": ve, "q_descale": descale(q_descale, None),
-            "k_descale": descale(k_descale, kd), "v_descale": descale(v_descale, vd)}
+    return {"q": q, "k": ke, "v": ve, "vt": prepass.transpose_v(ve) if with_vt else None,
+            "q_descale": descale(q_descale, None), "k_descale": descale(k_descale, kd),
+            "v_descale": descale(v_descale, vd)}
 
 
 def reference(softmax_scale, causal, **data) -> dict:
@@ -357,8 +372,21 @@ def _run(inp: dict, softmax_scale: float, causal: bool, out, lse, variant=(None,
     check_lse_base(_OP, lse)
     fn = _FUNCTIONS.get((D, causal, variant, q.get_device()),
                         lambda: compile_params(D=D, causal=causal, schedule=variant[0], block_n=variant[1]), q.device)
-    fn(_tma_ready(q.view(torch.uint8)), _tma_ready(k.view(torch.uint8)), inp["vt"].view(torch.uint8),
+    vt = inp["vt"] if inp.get("vt") is not None else _transpose_v(inp["v"])
+    fn(_tma_ready(q.view(torch.uint8)), _tma_ready(k.view(torch.uint8)), vt.view(torch.uint8),
        inp["q_descale"], inp["k_descale"], inp["v_descale"], out, lse, float(softmax_scale))
+
+
+def _transpose_v(v: torch.Tensor) -> torch.Tensor:
+    """V^T by the TIRx pre-pass kernel (``_fwd_fp8_transpose``; same bytes as ``prepass.transpose_v``)."""
+    B, Sk, H, D = v.shape
+    src = v.view(torch.uint8)
+    if src.data_ptr() % 16 or any(src.stride(i) % 4 for i in range(3)):
+        src = src.contiguous()
+    vt = torch.empty((B, H, D, (Sk + prepass.KEY_GROUP - 1) // prepass.KEY_GROUP * prepass.KEY_GROUP),
+                     dtype=torch.uint8, device=v.device)
+    _FUNCTIONS.get(("transpose_v", D, v.get_device()), lambda: transpose_params(D), v.device)(src, vt)
+    return vt
 
 
 def flash_attn_fp8_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_descale: torch.Tensor | None = None,
@@ -388,9 +416,9 @@ def flash_attn_fp8_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_des
                   k_global_scale, v_global_scale, out)
     scale = 1.0 / math.sqrt(q.shape[3]) if softmax_scale is None else float(softmax_scale)
     inp = kernel_inputs(q, k, v, q_descale, k_descale, v_descale, kv_format, k_scale, v_scale, k_global_scale,
-                        v_global_scale)
+                        v_global_scale, with_vt=False)
     causal, variant = bool(causal), tuple(variant)
-    args = [inp[n] for n in ("q", "k", "vt", "q_descale", "k_descale", "v_descale")]
+    args = [inp[n] for n in ("q", "k", "v", "q_descale", "k_descale", "v_descale")]
     if runtime.direct_call(*args, *(out or ())):
         dst = out if out is not None else _new_out(q)
         _run(inp, scale, causal, dst[0], dst[1], variant)
@@ -411,33 +439,33 @@ def _new_out(q):
             torch.empty((B, Hq, Sq), dtype=torch.float32, device=q.device))
 
 
-def _prepared(q, k, vt, q_descale, k_descale, v_descale) -> dict:
-    return {"q": q, "k": k, "vt": vt, "q_descale": q_descale, "k_descale": k_descale, "v_descale": v_descale}
+def _prepared(q, k, v, q_descale, k_descale, v_descale) -> dict:
+    return {"q": q, "k": k, "v": v, "q_descale": q_descale, "k_descale": k_descale, "v_descale": v_descale}
 
 
 @torch.library.custom_op("tirx::flash_attention4_fp4", mutates_args=())
-def _attention_op(q: torch.Tensor, k: torch.Tensor, vt: torch.Tensor, q_descale: torch.Tensor,
+def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_descale: torch.Tensor,
                   k_descale: torch.Tensor, v_descale: torch.Tensor, softmax_scale: float,
                   causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
     o, lse = _new_out(q)
-    _run(_prepared(q, k, vt, q_descale, k_descale, v_descale), softmax_scale, causal, o, lse)
+    _run(_prepared(q, k, v, q_descale, k_descale, v_descale), softmax_scale, causal, o, lse)
     return o, lse
 
 
 @_attention_op.register_fake
-def _(q, k, vt, q_descale, k_descale, v_descale, softmax_scale, causal):
+def _(q, k, v, q_descale, k_descale, v_descale, softmax_scale, causal):
     return _new_out(q)
 
 
 @torch.library.custom_op("tirx::flash_attention4_fp4_out", mutates_args=("out", "lse"))
-def _attention_out_op(q: torch.Tensor, k: torch.Tensor, vt: torch.Tensor, q_descale: torch.Tensor,
+def _attention_out_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_descale: torch.Tensor,
                       k_descale: torch.Tensor, v_descale: torch.Tensor, softmax_scale: float, causal: bool,
                       out: torch.Tensor, lse: torch.Tensor) -> None:
-    _run(_prepared(q, k, vt, q_descale, k_descale, v_descale), softmax_scale, causal, out, lse)
+    _run(_prepared(q, k, v, q_descale, k_descale, v_descale), softmax_scale, causal, out, lse)
 
 
 @_attention_out_op.register_fake
-def _(q, k, vt, q_descale, k_descale, v_descale, softmax_scale, causal, out, lse):
+def _(q, k, v, q_descale, k_descale, v_descale, softmax_scale, causal, out, lse):
     return None
 
 
