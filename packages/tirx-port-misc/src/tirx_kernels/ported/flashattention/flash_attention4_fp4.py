@@ -11,9 +11,9 @@ output for a row that sees no key).
 
 The attention kernel is the bf16 kernel's mainloop (``_fwd_mainloop``: TMA producer, two consumer warpgroups in
 ping-pong with the softmax of tile n under PV of tile n - 1) with k32 FP8 wgmma for both GEMMs and P quantized to e4m3
-in registers; V reaches it transposed (8-bit wgmma takes K-major operands only) through a torch pre-pass that reads
-and writes V once, and NVFP4 / MXFP8 K/V are decoded and requantized to e4m3 with a per-(batch, kv head) descale in
-the same pre-pass (``_fwd_fp8_prepass``)."""
+in registers; V reaches it transposed (8-bit wgmma takes K-major operands only) by a TIRx pre-pass kernel that reads
+and writes V once (``_fwd_fp8_transpose``), and NVFP4 / MXFP8 K/V are decoded and requantized to e4m3 with a
+per-(batch, kv head) descale by torch ops before it (``_fwd_fp8_prepass``)."""
 
 from __future__ import annotations
 
