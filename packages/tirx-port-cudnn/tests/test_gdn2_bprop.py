@@ -16,6 +16,7 @@ import torch
 from tirx_kernels.core import harness
 from tirx_kernels.core.checks import TirxInputError
 from tirx_kernels.ported.cudnn.linear_attention import _bwd2_chunks as c2
+from tirx_kernels.ported.cudnn.linear_attention import _bwd_gates as gates
 from tirx_kernels.ported.cudnn.linear_attention import _bwd_state_kernel as sk
 from tirx_kernels.ported.cudnn.linear_attention import gdn2_bprop_f16 as mod
 
@@ -195,3 +196,36 @@ def test_recurrence_and_checkpoints_match_core_gdn2_ref():
     ck1 = c2.checkpoints_from_recurrence(q, k, v, g, b, w, cu, None, h0, dt)
     for x, y in ((o1, o2), (s1, s2), (ck1, ck2)):
         torch.testing.assert_close(x, y, atol=1e-10, rtol=1e-10)
+
+
+def test_channel_safe_gate_post_pass_is_the_chain_rule():
+    gen = torch.Generator().manual_seed(2)
+    t, ho = 21, 2
+    raw = torch.randn(t, ho, 128, generator=gen, dtype=torch.float64)
+    a_log = torch.randn(ho, generator=gen, dtype=torch.float64)
+    dt_bias = torch.randn(ho, 128, generator=gen, dtype=torch.float64)
+    d_log = torch.randn(t, ho, 128, generator=gen, dtype=torch.float64)
+    leaves = [x.clone().requires_grad_(True) for x in (raw, a_log, dt_bias)]
+    want = torch.autograd.grad(gates.channel_log_decay(leaves[0], True, *leaves[1:]).double(), leaves, d_log)
+    got = gates.channel_gate_grads(d_log, raw, True, a_log, dt_bias)
+    for w, g_ in zip(want, got):
+        torch.testing.assert_close(g_.double(), w, atol=1e-5, rtol=1e-5)
+
+
+@gpu
+def test_gpu_safe_gate():
+    d = mod.prepare_data("bfloat16", 2, "20+1+16")
+    raw = torch.randn_like(d["g"])
+    a_log, dt_bias = 0.1 * torch.randn(2, device="cuda"), torch.randn(2, 128, device="cuda")
+    g_log = gates.channel_log_decay(raw, True, a_log, dt_bias)
+    d["state_checkpoints"] = c2.checkpoints_from_recurrence(d["q"], d["k"], d["v"], g_log, d["beta"], d["w"],
+                                                            d["cu_seqlens"], dtype=torch.float32).to(d["q"].dtype)
+    want = mod.reference(**{**d, "g": g_log})
+    leaves = [x.clone().requires_grad_(True) for x in (raw, a_log, dt_bias)]
+    want_raw = torch.autograd.grad(gates.channel_log_decay(leaves[0], True, *leaves[1:]), leaves, want["dg"])
+    out = mod.gdn2_bprop(d["q"], d["k"], d["v"], raw, d["beta"], d["w"], d["do"], d["state_checkpoints"],
+                         d["cu_seqlens"], safe_gate=True, a_log=a_log, dt_bias=dt_bias)
+    assert len(out) == 9
+    for got, w in zip((out[3], out[7], out[8]), want_raw):
+        rel = float((got - w).norm() / w.norm())
+        assert rel < 4e-2, rel

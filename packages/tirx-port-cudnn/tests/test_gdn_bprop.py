@@ -18,6 +18,7 @@ import torch
 from tirx_kernels.core import harness
 from tirx_kernels.core.checks import TirxInputError
 from tirx_kernels.ported.cudnn.linear_attention import _bwd_chunks as ch
+from tirx_kernels.ported.cudnn.linear_attention import _bwd_gates as gates
 from tirx_kernels.ported.cudnn.linear_attention import _bwd_oracle as orc
 from tirx_kernels.ported.cudnn.linear_attention import _bwd_state_kernel as sk
 from tirx_kernels.ported.cudnn.linear_attention import gdn_bprop_f16 as mod
@@ -241,3 +242,44 @@ def test_gpu_training_step_through_forward_and_backward(recompute):
     loss.backward()
     got = {"d" + n if n != "initial_state" else "d_initial_state": leaves[n].grad for n in leaves}
     harness.check_outputs(mod, got, want, "the fp32 oracle", cfg, data)
+
+
+@pytest.mark.parametrize("form", ["linear", "safe"])
+def test_gate_post_pass_is_the_chain_rule(form):
+    """The raw gate's gradient and the safe gate's parameter gradients from d / d log-decay (autograd of the
+    transform in fp64)."""
+    gen = torch.Generator().manual_seed(2)
+    t, ho = 37, 3
+    raw = (0.5 + 0.5 * torch.rand(t, ho, generator=gen, dtype=torch.float64)) if form == "linear" else \
+        torch.randn(t, ho, generator=gen, dtype=torch.float64)
+    a_log, dt_bias = torch.randn(ho, generator=gen, dtype=torch.float64), torch.randn(ho, generator=gen,
+                                                                                          dtype=torch.float64)
+    d_log = torch.randn(t, ho, generator=gen, dtype=torch.float64)
+    leaves = [x.clone().requires_grad_(True) for x in (raw, a_log, dt_bias)]
+    safe = form == "safe"
+    g_log = gates.scalar_log_decay(*leaves[:1], False, safe, *(leaves[1:] if safe else (None, None))).double()
+    want = torch.autograd.grad(g_log, leaves if safe else leaves[:1], d_log)
+    got = gates.scalar_gate_grads(d_log, raw, False, safe, a_log if safe else None, dt_bias if safe else None)
+    for w, g_ in zip(want, got):
+        torch.testing.assert_close(g_.double(), w, atol=1e-5, rtol=1e-5)
+
+
+@gpu
+def test_gpu_safe_gate():
+    """safe_gate: dg, d_a_log, d_dt_bias against the oracle's log-decay gradient through the transform."""
+    d = mod.prepare_data("bfloat16", 2, "70+1+64")
+    ho = 2
+    raw = torch.randn_like(d["g"])
+    a_log, dt_bias = 0.1 * torch.randn(ho, device="cuda"), torch.randn(ho, device="cuda")
+    g_log = gates.scalar_log_decay(raw, False, True, a_log, dt_bias)
+    d["state_checkpoints"] = orc.forward_checkpoints(d["q"], d["k"], d["v"], g_log, d["beta"], d["cu_seqlens"])[2].to(
+        d["q"].dtype)  # the forward of this gate
+    want = mod.reference(**{**d, "g": g_log})
+    leaves = [x.clone().requires_grad_(True) for x in (raw, a_log, dt_bias)]
+    want_raw = torch.autograd.grad(gates.scalar_log_decay(leaves[0], False, True, *leaves[1:]), leaves, want["dg"])
+    out = mod.gdn_bprop(d["q"], d["k"], d["v"], raw, d["beta"], d["do"], d["state_checkpoints"], d["cu_seqlens"],
+                        safe_gate=True, a_log=a_log, dt_bias=dt_bias)
+    assert len(out) == 8
+    for got, w in zip((out[3], out[6], out[7]), want_raw):
+        rel = float((got - w).norm() / w.norm())
+        assert rel < 4e-2, rel

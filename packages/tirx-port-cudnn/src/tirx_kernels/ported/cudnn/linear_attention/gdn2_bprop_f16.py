@@ -23,6 +23,7 @@ import torch
 from tirx_kernels.core import checks, harness, runtime
 from tirx_kernels.ported.cudnn.linear_attention import _bwd2_chunks as c2
 from tirx_kernels.ported.cudnn.linear_attention import _bwd_chunks as ch
+from tirx_kernels.ported.cudnn.linear_attention import _bwd_gates as gates
 from tirx_kernels.ported.cudnn.linear_attention import _bwd_state_kernel as sk
 from tirx_kernels.ported.cudnn.linear_attention import gdn_bprop_f16 as gdn1
 
@@ -220,7 +221,8 @@ def run(q, k, v, g, beta, w, do, state_checkpoints, cu_seqlens, scale, d_final_s
 
 def gdn2_bprop(q, k, v, g, beta, w, do, state_checkpoints, cu_seqlens, scale=None, initial_state=None,
                d_final_state=None, dq=None, dk=None, dv=None, dg=None, dbeta=None, dw=None, d_initial_state=None,
-               checkpoint_layout: str = "pre_chunk"):
+               checkpoint_layout: str = "pre_chunk", *, safe_gate: bool = False, a_log=None, dt_bias=None,
+               gate_lower_bound: float = gates.DEFAULT_LOWER_BOUND, d_a_log=None, d_dt_bias=None):
     """cuDNN's chunked GDN-2 backward (``chunk_gdn2_bwd``) on Hopper: q [T, HQ, 128], k [T, HK, 128], v [T, HV, 128]
     (bf16/fp16, THD over ``cu_seqlens``; HO = max(HQ, HV)), g fp32 [T, HO, 128] (natural-log decay per key channel),
     beta [T, HO, 128] and w [T, HO, 128] (post-sigmoid erase / write gates) and dO [T, HO, 128] in the I/O dtype,
@@ -228,7 +230,8 @@ def gdn2_bprop(q, k, v, g, beta, w, do, state_checkpoints, cu_seqlens, scale=Non
     dv at the q / k / v heads, dg fp32, dbeta, dw in the I/O dtype, d_initial_state fp32 [N, HO, V, K] or None);
     ``checkpoint_layout="cudnn"``: cuDNN's backward ABI, [sum (len - 1) // 16, HO, V, K], the states entering chunks
     1 .. (chunk 0 reads ``initial_state``, zero without); with the default ``initial_state`` only asks for the last
-    output."""
+    output. ``safe_gate``: g is the raw gate of the log decay lower_bound * sigmoid(exp(a_log) (g + dt_bias)) (a_log
+    fp32 [HO], dt_bias fp32 [HO, 128]); dg is d / d g and the return gains d_a_log, d_dt_bias."""
     if checkpoint_layout not in ch.LAYOUTS:
         raise checks.TirxInputError(f"{OP}: argument 'checkpoint_layout': expected one of {ch.LAYOUTS}, got "
                                     f"{checkpoint_layout!r}")
@@ -236,10 +239,21 @@ def gdn2_bprop(q, k, v, g, beta, w, do, state_checkpoints, cu_seqlens, scale=Non
     scale = ch.DIM ** -0.5 if scale is None else float(scale)
     n = cu_seqlens.shape[0] - 1
     ho = max(q.shape[1], v.shape[1])
+    if safe_gate:
+        for name, t, shape in (("a_log", a_log, (ho,)), ("dt_bias", dt_bias, (ho, ch.DIM))):
+            if t is None:
+                _fail(name, "a tensor with safe_gate=True", "None")
+            checks.tensor(OP, name, t, dtypes=(torch.float32,), shape=shape, contiguous=True)
+        d_a_log = torch.empty_like(a_log) if d_a_log is None else d_a_log
+        d_dt_bias = torch.empty_like(dt_bias) if d_dt_bias is None else d_dt_bias
+    elif a_log is not None or dt_bias is not None:
+        _fail("a_log", "None without safe_gate=True", "a tensor")
+    g_in, g = g, gates.channel_log_decay(g, safe_gate, a_log, dt_bias, gate_lower_bound).contiguous()
     dq = torch.empty_like(q) if dq is None else dq
     dk = torch.empty_like(k) if dk is None else dk
     dv = torch.empty_like(v) if dv is None else dv
     dg = torch.empty_like(g) if dg is None else dg
+    dg_log = torch.empty_like(g) if safe_gate else dg
     dbeta = torch.empty_like(beta) if dbeta is None else dbeta
     dw = torch.empty_like(w) if dw is None else dw
     if d_initial_state is None and initial_state is not None:
@@ -250,7 +264,7 @@ def gdn2_bprop(q, k, v, g, beta, w, do, state_checkpoints, cu_seqlens, scale=Non
     if d_initial_state is not None:
         checks.tensor(OP, "d_initial_state", d_initial_state, dtypes=(torch.float32,),
                       shape=(n, ho, ch.DIM, ch.DIM), contiguous=True)
-    outs = (dq, dk, dv, dg, dbeta, dw, d_initial_state)
+    outs = (dq, dk, dv, dg_log, dbeta, dw, d_initial_state)
     if runtime.direct_call(q, k, v, g, beta, w, do, state_checkpoints, cu_seqlens, d_final_state, *outs):
         run(q, k, v, g, beta, w, do, state_checkpoints, cu_seqlens, scale, d_final_state, *outs,
             initial_state=initial_state, layout=checkpoint_layout)
@@ -260,7 +274,13 @@ def gdn2_bprop(q, k, v, g, beta, w, do, state_checkpoints, cu_seqlens, scale=Non
     else:
         torch.ops.tirx.cudnn_sm90_gdn2_bprop_f16(q, k, v, g, beta, w, do, state_checkpoints, cu_seqlens, scale,
                                                  initial_state, d_final_state, *outs, checkpoint_layout)
-    return outs
+    if not safe_gate:
+        return dq, dk, dv, dg, dbeta, dw, d_initial_state
+    d_raw, da, ddt = gates.channel_gate_grads(dg_log, g_in, safe_gate, a_log, dt_bias, gate_lower_bound)
+    dg.copy_(d_raw)
+    d_a_log.copy_(da)
+    d_dt_bias.copy_(ddt)
+    return dq, dk, dv, dg, dbeta, dw, d_initial_state, d_a_log, d_dt_bias
 
 
 @torch.library.custom_op("tirx::cudnn_sm90_gdn2_bprop_f16",

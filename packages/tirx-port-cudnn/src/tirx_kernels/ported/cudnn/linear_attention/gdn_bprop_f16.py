@@ -26,6 +26,7 @@ import torch
 
 from tirx_kernels.core import checks, harness, runtime
 from tirx_kernels.ported.cudnn.linear_attention import _bwd_chunks as ch
+from tirx_kernels.ported.cudnn.linear_attention import _bwd_gates as gates
 from tirx_kernels.ported.cudnn.linear_attention import _bwd_oracle as orc
 from tirx_kernels.ported.cudnn.linear_attention import _bwd_state_kernel as sk
 
@@ -375,7 +376,8 @@ def run(q, k, v, g, beta, do, state_checkpoints, cu_seqlens, scale, initial_stat
 
 def gdn_bprop(q, k, v, g, beta, do, state_checkpoints, cu_seqlens, scale=None, initial_state=None,
               d_final_state=None, dq=None, dk=None, dv=None, dg=None, dbeta=None, d_initial_state=None,
-              checkpoint_layout: str = "pre_chunk"):
+              checkpoint_layout: str = "pre_chunk", *, log_gate: bool = True, safe_gate: bool = False,
+              a_log=None, dt_bias=None, d_a_log=None, d_dt_bias=None):
     """cuDNN's chunked GDN backward (``chunk_gdn_bwd``) on Hopper: q [T, HQ, 128], k [T, HK, 128], v [T, HV, 128],
     dO [T, HO, 128] (bf16/fp16, THD-packed over ``cu_seqlens``; HO = max(HQ, HV), each of HQ, HK, HV dividing it),
     g (natural-log decay) and beta fp32 [T, HO], ``state_checkpoints`` [sum ceil(len / 64), HO, V, K] in the I/O
@@ -383,7 +385,10 @@ def gdn_bprop(q, k, v, g, beta, do, state_checkpoints, cu_seqlens, scale=None, i
     ``d_final_state`` [N, HO, V, K]. Returns (dq, dk, dv at the q / k / v heads, dg, dbeta fp32 [T, HO],
     d_initial_state fp32 [N, HO, V, K] or None). ``checkpoint_layout="cudnn"``: cuDNN's backward ABI instead,
     [sum (len - 1) // 64, HO, V, K], the states entering chunks 1 .. of each sequence, chunk 0 reading
-    ``initial_state`` (zero without); with the default layout ``initial_state`` only asks for d_initial_state."""
+    ``initial_state`` (zero without); with the default layout ``initial_state`` only asks for d_initial_state.
+    Gates as upstream: g the natural-log decay (``log_gate``), the raw decay alpha (``log_gate=False``: dg is
+    d / d alpha), or the safe gate's raw input (``safe_gate``: log decay -exp(a_log) softplus(g + dt_bias), a_log and
+    dt_bias fp32 [HO]; dg is d / d g and the return gains d_a_log, d_dt_bias)."""
     if checkpoint_layout not in ch.LAYOUTS:
         raise checks.TirxInputError(f"{OP}: argument 'checkpoint_layout': expected one of {ch.LAYOUTS}, got "
                                     f"{checkpoint_layout!r}")
@@ -391,10 +396,22 @@ def gdn_bprop(q, k, v, g, beta, do, state_checkpoints, cu_seqlens, scale=None, i
     scale = ch.DIM ** -0.5 if scale is None else float(scale)
     n = cu_seqlens.shape[0] - 1
     ho = max(q.shape[1], v.shape[1])
+    plain = log_gate and not safe_gate
+    if safe_gate:
+        for name, t in (("a_log", a_log), ("dt_bias", dt_bias)):
+            if t is None:
+                _fail(name, "a tensor with safe_gate=True", "None")
+            checks.tensor(OP, name, t, dtypes=(torch.float32,), shape=(ho,), contiguous=True)
+        d_a_log = torch.empty_like(a_log) if d_a_log is None else d_a_log
+        d_dt_bias = torch.empty_like(dt_bias) if d_dt_bias is None else d_dt_bias
+    elif a_log is not None or dt_bias is not None:
+        _fail("a_log", "None without safe_gate=True", "a tensor")
+    g_in, g = g, gates.scalar_log_decay(g, log_gate, safe_gate, a_log, dt_bias).contiguous()
     dq = torch.empty_like(q) if dq is None else dq
     dk = torch.empty_like(k) if dk is None else dk
     dv = torch.empty_like(v) if dv is None else dv
     dg = torch.empty_like(g) if dg is None else dg
+    dg_log = dg if plain else torch.empty_like(g)
     dbeta = torch.empty_like(beta) if dbeta is None else dbeta
     if d_initial_state is None and initial_state is not None:
         d_initial_state = torch.empty(n, ho, ch.DIM, ch.DIM, dtype=torch.float32, device=q.device)
@@ -403,7 +420,7 @@ def gdn_bprop(q, k, v, g, beta, do, state_checkpoints, cu_seqlens, scale=None, i
     if d_initial_state is not None:
         checks.tensor(OP, "d_initial_state", d_initial_state, dtypes=(torch.float32,),
                       shape=(n, ho, ch.DIM, ch.DIM), contiguous=True)
-    outs = (dq, dk, dv, dg, dbeta, d_initial_state)
+    outs = (dq, dk, dv, dg_log, dbeta, d_initial_state)
     if runtime.direct_call(q, k, v, g, beta, do, state_checkpoints, cu_seqlens, d_final_state, *outs):
         with torch.no_grad():
             run(q, k, v, g, beta, do, state_checkpoints, cu_seqlens, scale, initial_state, d_final_state, *outs,
@@ -414,7 +431,15 @@ def gdn_bprop(q, k, v, g, beta, do, state_checkpoints, cu_seqlens, scale=None, i
     else:
         torch.ops.tirx.cudnn_sm90_gdn_bprop_f16(q, k, v, g, beta, do, state_checkpoints, cu_seqlens, scale,
                                                 initial_state, d_final_state, *outs, checkpoint_layout)
-    return outs
+    if plain:
+        return dq, dk, dv, dg, dbeta, d_initial_state
+    d_raw, da, ddt = gates.scalar_gate_grads(dg_log, g_in, log_gate, safe_gate, a_log, dt_bias)
+    dg.copy_(d_raw)
+    if not safe_gate:
+        return dq, dk, dv, dg, dbeta, d_initial_state
+    d_a_log.copy_(da)
+    d_dt_bias.copy_(ddt)
+    return dq, dk, dv, dg, dbeta, d_initial_state, d_a_log, d_dt_bias
 
 
 @torch.library.custom_op("tirx::cudnn_sm90_gdn_bprop_f16",
