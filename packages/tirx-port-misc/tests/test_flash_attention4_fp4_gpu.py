@@ -83,6 +83,12 @@ def test_transpose_v_kernel_matches_the_torch_prepass(d, sk):
     assert torch.equal(m._transpose_v(v), prepass.transpose_v(v).view(torch.uint8))
 
 
+@pytest.mark.parametrize("label", ["e4m3_b2_h4_s1000_d128_causal", "nvfp4_b2_h4kv2_s1000_d128_causal"])
+def test_cuda_graph_replay_with_new_inputs(label):
+    """The op (pre-pass and kernels) captured in a CUDA graph, replayed on refilled inputs, checked again."""
+    testing.check_graph_replay("flash_attention4_fp4", label)
+
+
 def test_torch_compile_fullgraph():
     """The pre-pass traces as torch ops, the kernel as the ``tirx::flash_attention4_fp4`` custom op."""
     m = _mod()
