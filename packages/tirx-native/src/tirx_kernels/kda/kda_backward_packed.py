@@ -189,26 +189,62 @@ def chunk_kda_bwd(q, k, v, g, beta, A_log, dt_bias, do, dht=None, scale=None, in
     fwd.check_inputs(q, k, v, g, beta, A_log, dt_bias, scale, initial_state, cu_seqlens, None, None)
     checks.same_device(OP, "q", q, do=do, **({} if dht is None else {"dht": dht}))
     scale = DIM ** -0.5 if scale is None else float(scale)
-    total, h = q.shape[1], q.shape[2]
-    n = cu_seqlens.shape[0] - 1
+    n, h = cu_seqlens.shape[0] - 1, q.shape[2]
     if dht is None:
         dht = torch.zeros(n, h, DIM, DIM, dtype=torch.float32, device=q.device)
+    outs = {key: torch.empty(t.shape, dtype=torch.float32, device=q.device) for key, t in
+            (("dq", q), ("dk", k), ("dv", v), ("dg", g), ("dbeta", beta), ("dA_log", A_log), ("ddt_bias", dt_bias),
+             ("dh0", dht))}
+    args = (q, k, v, g, beta, A_log, dt_bias, do, dht, scale, initial_state, cu_seqlens, checkpoints,
+            *(outs[key] for key in GRAD_KEYS))
+    if runtime.direct_call(*(a for a in args if isinstance(a, torch.Tensor))):
+        _run(*args)
+        for t in outs.values():
+            runtime.mark_written(t)
+    else:
+        torch.ops.tirx.kda_backward_packed(*args)
+    return outs
+
+
+def _run(q, k, v, g, beta, A_log, dt_bias, do, dht, scale, initial_state, cu_seqlens, checkpoints,  # noqa: N803
+         dq, dk, dv, dg, dbeta, dA_log, ddt_bias, dh0):  # noqa: N803
+    """The backward on validated inputs into the given gradient buffers."""
+    total, h = q.shape[1], q.shape[2]
+    n = cu_seqlens.shape[0] - 1
     if total == 0:
-        z = {key: torch.zeros(t.shape, dtype=torch.float32, device=q.device) for key, t in
-             (("dq", q), ("dk", k), ("dv", v), ("dg", g), ("dbeta", beta), ("dA_log", A_log), ("ddt_bias", dt_bias))}
-        return {**z, "dh0": dht.clone()}
+        for t in (dq, dk, dv, dg, dbeta, dA_log, ddt_bias):
+            t.zero_()
+        dh0.copy_(dht)
+        return
     chunks = fwd.chunk_pass(q, k, g, beta, A_log, dt_bias, scale, cu_seqlens, functions=_FUNCTIONS)
     if checkpoints is None:
         checkpoints = torch.zeros(chunks[5].shape[0], h, DIM, DIM, dtype=torch.float32, device=q.device)
         fwd.scan_pass(chunks, v, cu_seqlens, torch.empty_like(v), initial_state, None, checkpoints,
                       functions=_FUNCTIONS)
-    dh_out, dh0 = _walk(chunks, do, dht, cu_seqlens, h, n)
+    dh_out, d0 = _walk(chunks, do, dht, cu_seqlens, h, n)
     tok0, clen, _ = fwd.chunk_table(cu_seqlens, total)
     gr = _kda_bwd.chunk_grads(q, k, v, g, beta, A_log, dt_bias, scale, fwd.LOWER_BOUND, tok0, clen, checkpoints,
                               dh_out, do)
-    runtime.mark_written(dh0)
-    return {"dq": gr["dq"], "dk": gr["dk"], "dv": gr["dv"], "dg": gr["dg"], "dbeta": gr["dbeta"],
-            "dA_log": gr["dA_log"], "ddt_bias": gr["ddt_bias"], "dh0": dh0}
+    for dst, src in ((dq, gr["dq"]), (dk, gr["dk"]), (dv, gr["dv"]), (dg, gr["dg"]), (dbeta, gr["dbeta"]),
+                     (dA_log, gr["dA_log"]), (ddt_bias, gr["ddt_bias"]), (dh0, d0)):
+        dst.copy_(src)
+
+
+@torch.library.custom_op("tirx::kda_backward_packed",
+                         mutates_args=("dq", "dk", "dv", "dg", "dbeta", "dA_log", "ddt_bias", "dh0"))
+def _custom_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+               A_log: torch.Tensor, dt_bias: torch.Tensor, do: torch.Tensor, dht: torch.Tensor,  # noqa: N803
+               scale: float, initial_state: torch.Tensor | None, cu_seqlens: torch.Tensor,
+               checkpoints: torch.Tensor | None, dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor,
+               dg: torch.Tensor, dbeta: torch.Tensor, dA_log: torch.Tensor, ddt_bias: torch.Tensor,  # noqa: N803
+               dh0: torch.Tensor) -> None:
+    _run(q, k, v, g, beta, A_log, dt_bias, do, dht, scale, initial_state, cu_seqlens, checkpoints, dq, dk, dv, dg,
+         dbeta, dA_log, ddt_bias, dh0)
+
+
+@_custom_op.register_fake
+def _(*args) -> None:
+    return None
 
 
 class KDAFunction(torch.autograd.Function):

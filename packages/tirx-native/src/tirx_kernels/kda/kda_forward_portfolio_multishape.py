@@ -298,22 +298,43 @@ def chunk_kda(q, k, v, g, beta, A_log, dt_bias, scale=None, initial_state=None, 
     and dt_bias [H * 128] fp32, states fp32 [N, H, K, V]. Returns ``(o, final_state or None)``."""
     check_inputs(q, k, v, g, beta, A_log, dt_bias, scale, initial_state, cu_seqlens, out, final_state)
     scale = DIM ** -0.5 if scale is None else float(scale)
-    total, h = q.shape[1], q.shape[2]
+    h = q.shape[2]
     n = cu_seqlens.shape[0] - 1
     if out is None:
         out = torch.empty_like(v)
     if output_final_state and final_state is None:
         final_state = torch.empty(n, h, DIM, DIM, dtype=torch.float32, device=q.device)
-    if total == 0:
+    if runtime.direct_call(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, out, final_state):
+        _run(q, k, v, g, beta, A_log, dt_bias, scale, initial_state, cu_seqlens, out, final_state)
+        runtime.mark_written(out)
+        if final_state is not None:
+            runtime.mark_written(final_state)
+    else:
+        torch.ops.tirx.kda_forward_portfolio_multishape(q, k, v, g, beta, A_log, dt_bias, scale, initial_state,
+                                                         cu_seqlens, out, final_state)
+    return out, (final_state if output_final_state or final_state is not None else None)
+
+
+def _run(q, k, v, g, beta, A_log, dt_bias, scale, initial_state, cu_seqlens, out, final_state):  # noqa: N803
+    """Launch both kernels on validated inputs."""
+    if q.shape[1] == 0:
         if final_state is not None:
             final_state.copy_(initial_state if initial_state is not None else torch.zeros_like(final_state))
-        return out, final_state
-    qg, kg, kd, pm, tb, gam, base = chunk_pass(q, k, g, beta, A_log, dt_bias, scale, cu_seqlens)
-    scan_pass((qg, kg, kd, pm, tb, gam, base), v, cu_seqlens, out, initial_state, final_state)
-    runtime.mark_written(out)
-    if final_state is not None:
-        runtime.mark_written(final_state)
-    return out, (final_state if output_final_state or final_state is not None else None)
+        return
+    chunks = chunk_pass(q, k, g, beta, A_log, dt_bias, scale, cu_seqlens)
+    scan_pass(chunks, v, cu_seqlens, out, initial_state, final_state)
+
+
+@torch.library.custom_op("tirx::kda_forward_portfolio_multishape", mutates_args=("out", "final_state"))
+def _custom_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+               A_log: torch.Tensor, dt_bias: torch.Tensor, scale: float, initial_state: torch.Tensor | None,  # noqa: N803
+               cu_seqlens: torch.Tensor, out: torch.Tensor, final_state: torch.Tensor | None) -> None:
+    _run(q, k, v, g, beta, A_log, dt_bias, scale, initial_state, cu_seqlens, out, final_state)
+
+
+@_custom_op.register_fake
+def _(*args) -> None:
+    return None
 
 
 run_test, run_bench = harness.bind(__name__)

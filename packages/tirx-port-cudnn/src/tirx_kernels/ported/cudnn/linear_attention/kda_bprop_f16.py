@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from tirx_kernels.core import checks, harness, kda_ref
+from tirx_kernels.core import checks, harness, kda_ref, runtime
 from tirx_kernels.kda import kda_backward_packed as core
 from tirx_kernels.kda import kda_forward_portfolio_multishape as fwd
 
@@ -169,13 +169,49 @@ def kda_bprop(q, k, v, g, beta, do, cu_seqlens, state_checkpoints=None, checkpoi
         ckpt = _checkpoint_slots(state_checkpoints, cu_seqlens, q.shape[0])
     h0 = None if initial_state is None else initial_state.transpose(-1, -2).contiguous()
     dht = None if d_final_state is None else d_final_state.transpose(-1, -2).contiguous()
-    got = core.chunk_kda_bwd(q[None], k[None], v[None], g[None], beta[None], a_log.float(), dt_bias.float(),
-                             do[None], dht, scale, h0, cu_seqlens, checkpoints=ckpt)
+    got = _backward(q[None], k[None], v[None], g[None], beta[None], a_log.float(), dt_bias.float(), do[None], dht,
+                    scale, h0, cu_seqlens, ckpt)
     out = {_to_cudnn(key): val for key, val in got.items()}
     for key in ("dq", "dk", "dv", "dg", "dbeta"):
         out[key] = out[key][0]
     out["d_initial_state"] = out["d_initial_state"].transpose(-1, -2)
     return out
+
+
+def _backward(q, k, v, g, beta, A_log, dt_bias, do, dht, scale, h0, cu_seqlens, ckpt):  # noqa: N803
+    """The core's backward (its validation, then this op's own custom op outside eager)."""
+    fwd.check_inputs(q, k, v, g, beta, A_log, dt_bias, scale, h0, cu_seqlens, None, None)
+    scale = DIM ** -0.5 if scale is None else float(scale)
+    n, h = cu_seqlens.shape[0] - 1, q.shape[2]
+    if dht is None:
+        dht = torch.zeros(n, h, DIM, DIM, dtype=torch.float32, device=q.device)
+    outs = {key: torch.empty(t.shape, dtype=torch.float32, device=q.device) for key, t in
+            (("dq", q), ("dk", k), ("dv", v), ("dg", g), ("dbeta", beta), ("dA_log", A_log), ("ddt_bias", dt_bias),
+             ("dh0", dht))}
+    args = (q, k, v, g, beta, A_log, dt_bias, do, dht, scale, h0, cu_seqlens, ckpt,
+            *(outs[key] for key in core.GRAD_KEYS))
+    if runtime.direct_call(*(a for a in args if isinstance(a, torch.Tensor))):
+        core._run(*args)
+    else:
+        torch.ops.tirx.cudnn_sm90_kda_bprop_f16(*args)
+    return outs
+
+
+@torch.library.custom_op("tirx::cudnn_sm90_kda_bprop_f16",
+                         mutates_args=("dq", "dk", "dv", "dg", "dbeta", "dA_log", "ddt_bias", "dh0"))
+def _custom_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+               A_log: torch.Tensor, dt_bias: torch.Tensor, do: torch.Tensor, dht: torch.Tensor,  # noqa: N803
+               scale: float, initial_state: torch.Tensor | None, cu_seqlens: torch.Tensor,
+               checkpoints: torch.Tensor | None, dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor,
+               dg: torch.Tensor, dbeta: torch.Tensor, dA_log: torch.Tensor, ddt_bias: torch.Tensor,  # noqa: N803
+               dh0: torch.Tensor) -> None:
+    core._run(q, k, v, g, beta, A_log, dt_bias, do, dht, scale, initial_state, cu_seqlens, checkpoints, dq, dk, dv,
+              dg, dbeta, dA_log, ddt_bias, dh0)
+
+
+@_custom_op.register_fake
+def _(*args) -> None:
+    return None
 
 
 def _checkpoint_slots(state_checkpoints, cu_seqlens, total: int):
