@@ -65,6 +65,27 @@ def recurrent(q, k, v, g, beta, scale, initial_state, cu_seqlens):
     return o, torch.stack(finals) if finals else torch.zeros(0, h, DIM, DIM, dtype=q.dtype, device=q.device)
 
 
+def _chunk_step(q, k, v, g, beta, S, scale):  # noqa: N803
+    """One chunk of :func:`chunked`: rows [c, H, D] from state S [H, K, V] -> (o [H, c, V], S)."""
+    c = q.shape[0]
+    Q, K, V = (x.transpose(0, 1) for x in (q, k, v))  # [H, c, D]
+    G = torch.cumsum(g.transpose(0, 1), 1)  # [H, c, K]
+    b = beta.transpose(0, 1)  # [H, c]
+    diff = G[:, :, None, :] - G[:, None, :, :]  # [H, i, j, K]
+    lower = torch.ones(c, c, dtype=torch.bool, device=q.device).tril()
+    decay = torch.exp(torch.where(lower[None, :, :, None], diff, torch.full_like(diff, -torch.inf)))
+    kk = torch.einsum("hik,hjk,hijk->hij", K, K, decay)
+    qk = torch.einsum("hik,hjk,hijk->hij", Q, K, decay)
+    eye = torch.eye(c, dtype=q.dtype, device=q.device)
+    A = b[:, :, None] * kk * (1 - eye)
+    rhs = b[:, :, None] * (V - (K * torch.exp(G)) @ S)
+    U = torch.linalg.solve_triangular(eye + A, rhs, upper=False, unitriangular=True)
+    o = scale * ((Q * torch.exp(G)) @ S + qk @ U)
+    glast = G[:, -1]  # [H, K]
+    S = torch.exp(glast)[:, :, None] * S + (K * torch.exp(glast[:, None, :] - G)).transpose(1, 2) @ U
+    return o, S
+
+
 def chunked(q, k, v, g, beta, scale, initial_state, cu_seqlens, chunk: int = CHUNK):
     """The chunked (WY) form, same arguments and result as :func:`recurrent` up to rounding. Per chunk of ``c``
     tokens from state ``S`` (G the in-chunk inclusive cumulative log gate, per key channel)::
@@ -85,22 +106,12 @@ def chunked(q, k, v, g, beta, scale, initial_state, cu_seqlens, chunk: int = CHU
              else initial_state[s].to(q.dtype))
         for t0 in range(cu[s], cu[s + 1], chunk):
             t1 = min(t0 + chunk, cu[s + 1])
-            c = t1 - t0
-            Q, K, V = (x[t0:t1].transpose(0, 1) for x in (q, k, v))  # [H, c, D]
-            G = torch.cumsum(g[t0:t1].transpose(0, 1), 1)  # [H, c, K]
-            b = beta[t0:t1].transpose(0, 1)  # [H, c]
-            diff = G[:, :, None, :] - G[:, None, :, :]  # [H, i, j, K]
-            lower = torch.ones(c, c, dtype=torch.bool, device=q.device).tril()
-            decay = torch.exp(torch.where(lower[None, :, :, None], diff, torch.full_like(diff, -torch.inf)))
-            kk = torch.einsum("hik,hjk,hijk->hij", K, K, decay)
-            qk = torch.einsum("hik,hjk,hijk->hij", Q, K, decay)
-            eye = torch.eye(c, dtype=q.dtype, device=q.device)
-            A = b[:, :, None] * kk * (1 - eye)
-            rhs = b[:, :, None] * (V - (K * torch.exp(G)) @ S)
-            U = torch.linalg.solve_triangular(eye + A, rhs, upper=False, unitriangular=True)
-            outs.append(scale * ((Q * torch.exp(G)) @ S + qk @ U))
-            glast = G[:, -1]  # [H, K]
-            S = torch.exp(glast)[:, :, None] * S + (K * torch.exp(glast[:, None, :] - G)).transpose(1, 2) @ U
+            args = (q[t0:t1], k[t0:t1], v[t0:t1], g[t0:t1], beta[t0:t1], S, scale)
+            if torch.is_grad_enabled():  # recomputed in the backward: the [H, c, c, K] decays are not kept
+                oc, S = torch.utils.checkpoint.checkpoint(_chunk_step, *args, use_reentrant=False)
+            else:
+                oc, S = _chunk_step(*args)
+            outs.append(oc)
         finals.append(S)
     o = torch.cat(outs, 1).transpose(0, 1) if outs else torch.zeros_like(v)
     return o, torch.stack(finals) if finals else torch.zeros(0, h, DIM, DIM, dtype=q.dtype, device=q.device)
