@@ -164,16 +164,31 @@ def roofline(H: int, seqs: str, init: bool = True, **_) -> dict:  # noqa: N803
     return {"bytes": nbytes, "flops": flops}
 
 
+def fla_chunk_kda(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens):  # noqa: N803
+    """fla's chunk_kda on this op's raw inputs: the gate, beta sigmoid and q/k L2 norm in fla's kernels where its
+    release takes ``use_gate_in_kernel`` / ``safe_gate`` / ``use_beta_sigmoid_in_kernel``, else the gate and beta
+    activated in torch first (differentiable either way). Returns ``(o, final_state)``."""
+    from fla.ops.kda import chunk_kda
+
+    common = dict(scale=DIM ** -0.5, initial_state=initial_state, output_final_state=True,
+                  use_qk_l2norm_in_kernel=True, cu_seqlens=cu_seqlens)
+    try:
+        return chunk_kda(q, k, v, g, beta, A_log=A_log, dt_bias=dt_bias, use_gate_in_kernel=True,
+                         use_beta_sigmoid_in_kernel=True, safe_gate=True, lower_bound=LOWER_BOUND, **common)
+    except TypeError:  # a release without the in-kernel gate options
+        h = q.shape[2]
+        gate = LOWER_BOUND * torch.sigmoid(torch.exp(A_log.float()).view(h, 1)
+                                           * (g.float() + dt_bias.float().view(h, DIM)))
+        return chunk_kda(q, k, v, gate, torch.sigmoid(beta.float()).to(beta.dtype), **common)
+
+
 def get_baselines(**cfg) -> dict:
     def fla():
-        from fla.ops.kda import chunk_kda as fla_kda
+        import fla.ops.kda  # noqa: F401 -- a missing package is a missing reference
 
         def fn(data):
-            o, ht = fla_kda(data["q"], data["k"], data["v"], data["g"], data["beta"], A_log=data["A_log"],
-                            dt_bias=data["dt_bias"], scale=DIM ** -0.5, initial_state=data["initial_state"],
-                            output_final_state=True, use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True,
-                            use_beta_sigmoid_in_kernel=True, safe_gate=True, lower_bound=LOWER_BOUND,
-                            cu_seqlens=data["cu_seqlens"])
+            o, ht = fla_chunk_kda(data["q"], data["k"], data["v"], data["g"], data["beta"], data["A_log"],
+                                  data["dt_bias"], data["initial_state"], data["cu_seqlens"])
             return {"o": o, "final_state": ht}
         return fn
 
