@@ -92,8 +92,15 @@ def artifact_params() -> list[dict]:
 
 
 def call_samples(rng) -> list[dict]:
-    return [{**DEFAULTS, "dtype": d, "H": rng.choice([1, 4, 16]), "seqs": str(rng.choice([1, 64, 300]))}
-            for d in _DTYPES for _ in range(3)]
+    """Both I/O dtypes, MHA / GQA / GVA heads, ragged lengths around the chunk size, optional states, both index
+    dtypes: only the dtype picks the artifact."""
+    out = []
+    for d in _DTYPES:
+        for hq, hv in ((1, 1), (4, 4), (16, 16), (64, 64), (8, 2), (2, 8), (4, 16)) * 2:
+            seqs = "+".join(str(rng.choice([0, 1, 63, 64, 65, 300, 2048, 8192])) for _ in range(rng.randint(1, 4)))
+            out.append({**DEFAULTS, "dtype": d, "H": hq, "Hv": hv, "seqs": seqs, "init": rng.random() < 0.5,
+                        "dfinal": rng.random() < 0.5, "cu_dtype": rng.choice(["int32", "int64"])})
+    return out
 
 
 def sass_expect(io: str, **_) -> list[str]:
