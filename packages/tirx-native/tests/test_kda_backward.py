@@ -72,6 +72,23 @@ def test_ragged_batch_emulated(on_cpu):
     assert all(s["rel_fro"] < 2e-2 for s in stats.values()), stats
 
 
+def test_training_through_kda_function_emulated(on_cpu):
+    """chunk_kda_train under autograd (the forward's checkpoints kept, then chunk_kda_bwd): every raw input's
+    gradient against the oracle's."""
+    torch.manual_seed(3)
+    d = mod.prepare_data(H=1, seqs="130+0+1", device="cpu")
+    names = ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "initial_state")
+    leaves = {k: d[k].clone().requires_grad_(True) for k in names}
+    o, ht = mod.chunk_kda_train(**leaves, cu_seqlens=d["cu_seqlens"])
+    want_fwd = fwd.reference(**{k: d[k] for k in names}, cu_seqlens=d["cu_seqlens"])
+    harness.compare("o", o.float(), want_fwd["o"], fwd.TOLERANCE["bfloat16"], "the fp32 oracle")
+    gr = torch.autograd.grad([o, ht], list(leaves.values()), [d["do"], d["dht"]])
+    want = mod.reference(**d)
+    for name, g in zip(names, gr):
+        key = "dh0" if name == "initial_state" else "d" + name
+        harness.compare(key, g.float(), want[key], mod.TOLERANCE["float32"], "the fp32 oracle")
+
+
 @full_only
 @pytest.mark.parametrize("seqs, h", [("3+200", 2), ("70+0+1+64+130", 1)], ids=["h2", "ragged5"])
 def test_more_rows_emulated(on_cpu, seqs, h):

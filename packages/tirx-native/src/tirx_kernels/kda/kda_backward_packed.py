@@ -253,19 +253,27 @@ class KDAFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, scale):  # noqa: N803
         fwd.check_inputs(q, k, v, g, beta, A_log, dt_bias, scale, initial_state, cu_seqlens, None, None)
+        # The kernels take plain tensors (DLPack refuses ones that require grad).
+        q, k, v, g, beta, A_log, dt_bias = (t.detach() for t in (q, k, v, g, beta, A_log, dt_bias))  # noqa: N806
+        initial_state = None if initial_state is None else initial_state.detach()
         n, h = cu_seqlens.shape[0] - 1, q.shape[2]
         out = torch.empty_like(v)
         final = torch.empty(n, h, DIM, DIM, dtype=torch.float32, device=q.device)
-        chunks = fwd.chunk_pass(q, k, g, beta, A_log, dt_bias, scale, cu_seqlens, functions=_FUNCTIONS)
-        ckpt = torch.zeros(chunks[5].shape[0], h, DIM, DIM, dtype=torch.float32, device=q.device)
-        fwd.scan_pass(chunks, v, cu_seqlens, out, initial_state, final, ckpt, functions=_FUNCTIONS)
+        if q.shape[1] == 0:
+            final.copy_(initial_state if initial_state is not None else torch.zeros_like(final))
+            ckpt = torch.zeros(0, h, DIM, DIM, dtype=torch.float32, device=q.device)
+        else:
+            chunks = fwd.chunk_pass(q, k, g, beta, A_log, dt_bias, scale, cu_seqlens, functions=_FUNCTIONS)
+            ckpt = torch.zeros(chunks[5].shape[0], h, DIM, DIM, dtype=torch.float32, device=q.device)
+            fwd.scan_pass(chunks, v, cu_seqlens, out, initial_state, final, ckpt, functions=_FUNCTIONS)
         ctx.save_for_backward(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, ckpt)
         ctx.scale = scale
         return out, final
 
     @staticmethod
     def backward(ctx, do, dht):
-        q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, ckpt = ctx.saved_tensors  # noqa: N806
+        q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, ckpt = (  # noqa: N806
+            None if t is None else t.detach() for t in ctx.saved_tensors)
         gr = chunk_kda_bwd(q, k, v, g, beta, A_log, dt_bias, do.to(torch.bfloat16).contiguous(),
                            None if dht is None else dht.float().contiguous(), ctx.scale, initial_state, cu_seqlens,
                            checkpoints=ckpt)
