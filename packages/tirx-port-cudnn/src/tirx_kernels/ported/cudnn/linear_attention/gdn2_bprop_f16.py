@@ -203,6 +203,13 @@ def check_inputs(q, k, v, g, beta, w, do, state_checkpoints, cu_seqlens, scale, 
 def run(q, k, v, g, beta, w, do, state_checkpoints, cu_seqlens, scale, d_final_state, dq, dk, dv, dg, dbeta, dw,
         d_initial_state, fn=None, initial_state=None, layout: str = "pre_chunk") -> None:
     """Validated inputs -> the gradients written into the given buffers (``fn``: an emulated kernel for tests)."""
+    with gdn1.tf32_matmuls():
+        _run(q, k, v, g, beta, w, do, state_checkpoints, cu_seqlens, scale, d_final_state, dq, dk, dv, dg, dbeta, dw,
+             d_initial_state, fn, initial_state, layout)
+
+
+def _run(q, k, v, g, beta, w, do, state_checkpoints, cu_seqlens, scale, d_final_state, dq, dk, dv, dg, dbeta, dw,
+         d_initial_state, fn, initial_state, layout) -> None:
     io = {torch.bfloat16: "bfloat16", torch.float16: "float16"}[q.dtype]
     lens = ch.lengths(cu_seqlens)
     counts = gdn1.check_checkpoints(OP, state_checkpoints, lens, c2.CHUNK, layout)

@@ -352,9 +352,30 @@ def check_checkpoints(op: str, state_checkpoints, lens, chunk: int, layout: str)
     return counts
 
 
+class tf32_matmuls:  # noqa: N801 -- a context manager, named like torch's
+    """TF32 for the fp32 matmuls of the torch steps, restored on exit: the products' inputs are mostly 16-bit
+    values (q, k, v, dO, the checkpoints: exact in TF32's 10-bit mantissa), the rest fp32 intermediates rounded to
+    ~5e-4, below the bf16 rounding of the outputs; fp32 batched matmuls without it run at a fraction of the tensor
+    cores' rate. Not yet measured on a GPU."""
+
+    def __enter__(self):
+        self.prev = torch.backends.cuda.matmul.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = True
+
+    def __exit__(self, *exc):
+        torch.backends.cuda.matmul.allow_tf32 = self.prev
+
+
 def run(q, k, v, g, beta, do, state_checkpoints, cu_seqlens, scale, initial_state, d_final_state, dq, dk, dv, dg,
         dbeta, d_initial_state, fn=None, layout: str = "pre_chunk") -> None:
     """Validated inputs -> the gradients written into the given buffers (``fn``: an emulated kernel for tests)."""
+    with tf32_matmuls():
+        _run(q, k, v, g, beta, do, state_checkpoints, cu_seqlens, scale, initial_state, d_final_state, dq, dk, dv,
+             dg, dbeta, d_initial_state, fn, layout)
+
+
+def _run(q, k, v, g, beta, do, state_checkpoints, cu_seqlens, scale, initial_state, d_final_state, dq, dk, dv, dg,
+         dbeta, d_initial_state, fn, layout) -> None:
     io = IO[q.dtype]
     lens = ch.lengths(cu_seqlens)
     counts = check_checkpoints(OP, state_checkpoints, lens, ch.CHUNK, layout)
