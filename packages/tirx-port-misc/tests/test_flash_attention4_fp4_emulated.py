@@ -3,7 +3,8 @@
 with TMA zero fill, e4m3 wgmma SS/RS, the mbarrier rings, ping-pong turns) on the pre-pass's outputs, against the fp32
 oracle with the FP8 bounds of ``_fwd_fp8_check`` (out and LSE), guard bands around the outputs, inputs unchanged.
 
-CI emulates the V pre-pass kernel once (hd128, strided, ragged) and the hd128 attention kernel twice: non-causal with
+CI emulates the pre-pass kernels once each (V transpose: hd128, strided, ragged; NVFP4 -> e4m3: hd128; both against
+the torch pre-pass byte for byte) and the hd128 attention kernel twice: non-causal with
 GQA 2:1 and ragged tiles, and causal with Sq > Sk (rows that see no key: out 0, lse -inf). ``TIRX_EMULATE_FULL=1``
 adds hd256 (its pingpong schedule), hd64 (SW64 Q/K rows), NVFP4 / MXFP8 K/V, the ragged lengths 1, 17, 127, the
 plain schedule and the pre-pass kernel's other head dims (each kernel ~10-40 s of g++ on the 2-core machine)."""
@@ -33,8 +34,8 @@ _CVT_WRAPPER = re.compile(r"__forceinline__ __device__ void tvm_builtin_ptx_cvt_
 _modules = {}
 
 
-def _kernel(d: int, causal: bool, schedule=None):
-    params = mod.compile_params(D=d, causal=causal, schedule=schedule)
+def _kernel(d: int, causal: bool, schedule=None, params=None):
+    params = params or mod.compile_params(D=d, causal=causal, schedule=schedule)
     key = tuple(sorted(params.items()))
     if key not in _modules:
         src, n = _CVT_WRAPPER.subn("", build.codegen(mod.get_kernel(**params)))
@@ -95,6 +96,24 @@ def test_transpose_v_kernel_matches_the_torch_prepass(d, sk):
     emulate.compile_module(mod.get_kernel(**mod.transpose_params(d)))(v, buf[1]).check()
     assert torch.equal(buf[1], prepass.transpose_v(v.view(torch.float8_e4m3fn)).view(torch.uint8))
     assert (buf[0] == 0xAB).all() and (buf[2] == 0xAB).all() and torch.equal(v, v0)
+
+
+@pytest.mark.parametrize("kv_format, d", [("nvfp4", 128), pytest.param("mxfp8", 64, marks=full_only),
+                                         pytest.param("nvfp4", 64, marks=full_only),
+                                         pytest.param("mxfp8", 256, marks=full_only)])
+def test_requant_kernel_matches_the_torch_prepass(kv_format, d):
+    """The op's NVFP4 / MXFP8 -> e4m3 kernel: the bytes of ``prepass.dequantize_kv`` (heads of scales 1e-3 .. 50, a
+    zero element), nothing written past the output."""
+    torch.manual_seed(d)
+    x = torch.randn(2, 37, 3, d) * torch.tensor([1e-3, 1.0, 50.0])[None, None, :, None]
+    enc = mod.encode_kv(x, kv_format)
+    want, want_descale = prepass.dequantize_kv(enc["data"], kv_format, enc["scale"], enc["global_scale"])
+    mult, descale = prepass.head_factors(kv_format, enc["scale"], enc["global_scale"])
+    out = torch.full((3, 2, 37, 3, d), 0xAB, dtype=torch.uint8)
+    _kernel(d, False, params=mod.requant_params(kv_format, d))(
+        enc["data"].view(torch.uint8), enc["scale"].view(torch.uint8).reshape(-1), mult.view(-1), out[1]).check()
+    assert torch.equal(out[1], want.view(torch.uint8)) and torch.equal(descale, want_descale)
+    assert (out[0] == 0xAB).all() and (out[2] == 0xAB).all()
 
 
 @full_only

@@ -81,28 +81,38 @@ def decode_mxfp8(data: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return (x.unflatten(-1, (-1, quant_ref.MX_BLOCK)) * s[..., None]).flatten(-2)
 
 
-def requantize_nvfp4(packed: torch.Tensor, scale: torch.Tensor, global_scale) -> tuple[torch.Tensor, torch.Tensor]:
-    """NVFP4 [B, S, H, D/2] + [B, S, H, D/16] -> (e4m3 [B, S, H, D], descale [B, H]): e2m1 * scale * 448 / (6 max
-    scale), every value within +-448 (module docstring)."""
-    sf = quant_ref.fp8_decode(scale.view(torch.uint8), "e4m3")  # [B, S, H, D/16]
-    sf_max = sf.amax(dim=(1, 3))
+def head_factors(kv_format: str, scale: torch.Tensor, global_scale=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per (batch, kv head) from the block scales [B, S, H, D/block] alone: (the factor the requantization applies,
+    the descale of the e4m3 result), both fp32 [B, H]. NVFP4: (448 / (6 max scale), 6 max scale / 448 /
+    global_scale); MXFP8: (the largest ue8m0 code, as fp32; 2^(code - 127)). Scales are non-negative, so the largest
+    code byte is the largest scale."""
+    top = scale.view(torch.uint8).amax(dim=(1, 3))
+    if kv_format == "mxfp8":
+        return top.float().contiguous(), quant_ref.ue8m0_decode(top).contiguous()
+    sf_max = quant_ref.fp8_decode(top, "e4m3")
     sf_max = torch.where(sf_max > 0, sf_max, torch.ones_like(sf_max))
-    gs = torch.as_tensor(global_scale, dtype=torch.float32, device=packed.device)
-    mult = sf * (E4M3_MAX / 6.0 / sf_max)[:, None, :, None]
+    gs = torch.as_tensor(global_scale, dtype=torch.float32, device=scale.device)
+    return (E4M3_MAX / 6.0 / sf_max).contiguous(), (sf_max * (6.0 / E4M3_MAX) / gs).float().contiguous()
+
+
+def requantize_nvfp4(packed: torch.Tensor, scale: torch.Tensor, global_scale) -> tuple[torch.Tensor, torch.Tensor]:
+    """NVFP4 [B, S, H, D/2] + [B, S, H, D/16] -> (e4m3 [B, S, H, D], descale [B, H]): e2m1 * (scale * 448 / (6 max
+    scale)), every value within +-448 (module docstring; ``_fwd_fp8_requant`` computes the same bytes)."""
+    mult, descale = head_factors("nvfp4", scale, global_scale)
+    sf = quant_ref.fp8_decode(scale.view(torch.uint8), "e4m3") * mult[:, None, :, None]
     vals = quant_ref.e2m1_decode(quant_ref.unpack_e2m1(packed)).unflatten(-1, (-1, quant_ref.NVFP4_BLOCK))
-    q = (vals * mult[..., None]).flatten(-2).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
-    return q, (sf_max * (6.0 / E4M3_MAX) / gs).float().contiguous()
+    return (vals * sf[..., None]).flatten(-2).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn), descale
 
 
 def requantize_mxfp8(data: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """MXFP8 [B, S, H, D] + ue8m0 [B, S, H, D/32] -> (e4m3, descale [B, H] = 2^(max code - 127)): each block times
-    2^(code - max code), exact unless it lands in e4m3's subnormals."""
-    code = scale.view(torch.uint8)
-    top = code.amax(dim=(1, 3))
-    shift = torch.exp2(code.float() - top.float()[:, None, :, None])
+    """MXFP8 [B, S, H, D] + ue8m0 [B, S, H, D/32] -> (e4m3, descale [B, H] = 2^(top - 127)): each block times
+    2^(code - top) (exponents below -30 clamped: those products round to zero either way), exact unless it lands in
+    e4m3's subnormals."""
+    top, descale = head_factors("mxfp8", scale)
+    d = (scale.view(torch.uint8).float() - top[:, None, :, None]).clamp_min(-30.0)
+    shift = torch.ldexp(torch.ones_like(d), d)
     x = quant_ref.fp8_decode(data.view(torch.uint8), "e4m3").unflatten(-1, (-1, quant_ref.MX_BLOCK))
-    q = (x * shift[..., None]).flatten(-2).to(torch.float8_e4m3fn)
-    return q, quant_ref.ue8m0_decode(top).contiguous()
+    return (x * shift[..., None]).flatten(-2).to(torch.float8_e4m3fn), descale
 
 
 def dequantize_kv(x: torch.Tensor, kv_format: str, scale=None, global_scale=None) -> tuple[torch.Tensor,

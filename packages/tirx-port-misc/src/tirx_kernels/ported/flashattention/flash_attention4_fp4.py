@@ -22,7 +22,7 @@ import math
 import torch
 
 from tirx_kernels.core import checks, harness, quant_ref, runtime
-from tirx_kernels.ported.flashattention import _fwd_fp8, _fwd_fp8_check, _fwd_fp8_transpose
+from tirx_kernels.ported.flashattention import _fwd_fp8, _fwd_fp8_check, _fwd_fp8_requant, _fwd_fp8_transpose
 from tirx_kernels.ported.flashattention import _fwd_fp8_prepass as prepass
 from tirx_kernels.ported.flashattention.flash_attention4 import _tma_ready, check_lse_base, check_scale
 
@@ -118,11 +118,14 @@ def compile_params(**cfg) -> dict:
 
 def get_kernel(head_dim: int, causal: bool = False, schedule: str = SCHEDULE, block_n: int | None = None,
                kind: str = "attention"):
-    """``kind``: "attention", or "transpose_v" (the V pre-pass kernel of ``_fwd_fp8_transpose``)."""
+    """``kind``: "attention", "transpose_v" (the V pre-pass kernel of ``_fwd_fp8_transpose``) or "requant_nvfp4" /
+    "requant_mxfp8" (``_fwd_fp8_requant``)."""
     if head_dim not in TILES:
         raise ValueError(f"flash_attention4_fp4: head_dim {head_dim} not one of {sorted(TILES)}")
     if kind == "transpose_v":
         return _fwd_fp8_transpose.build_transpose_v_kernel(head_dim)
+    if kind.startswith("requant_"):
+        return _fwd_fp8_requant.build_requant_kernel(kind.removeprefix("requant_"), head_dim)
     tile_n, stages, _ = TILES[head_dim]
     block_n = block_n or tile_n
     if block_n != tile_n:  # a narrower key tile (a bench row): twice the stages in the same smem
@@ -132,12 +135,17 @@ def get_kernel(head_dim: int, causal: bool = False, schedule: str = SCHEDULE, bl
 
 def artifact_params() -> list[dict]:
     return [compile_params(D=d, causal=c) for d in TILES for c in (False, True)] + \
-        [transpose_params(d) for d in TILES]
+        [transpose_params(d) for d in TILES] + [requant_params(f, d) for f in _fwd_fp8_requant.FORMATS for d in TILES]
 
 
 def transpose_params(d: int) -> dict:
     """The V pre-pass kernel's artifact params."""
     return {"head_dim": d, "kind": "transpose_v"}
+
+
+def requant_params(kv_format: str, d: int) -> dict:
+    """The NVFP4 / MXFP8 -> e4m3 kernel's artifact params."""
+    return {"head_dim": d, "kind": f"requant_{kv_format}"}
 
 
 def call_samples(rng) -> list[dict]:
@@ -159,6 +167,8 @@ def sass_expect(head_dim: int, block_n: int = 0, kind: str = "attention", **_) -
     transpose: byte permutes and 16-byte stores."""
     if kind == "transpose_v":
         return [r"PRMT", r"STG\.E\.128"]
+    if kind.startswith("requant_"):
+        return [r"F2FP\.SATFINITE\.E4M3", r"STG\.E\.128"]
     n = block_n
     return [rf"QGMMA\.64x{n}x32\.F32\.E4M3\.E4M3 R\d+, gdesc\[UR\d+\]", rf"QGMMA\.64x{head_dim}x32\.F32\.E4M3\.E4M3 "
             rf"R\d+, R\d+, gdesc\[UR\d+\]", r"UTMALDG\.4D", r"USETMAXREG"]
@@ -389,6 +399,20 @@ def _transpose_v(v: torch.Tensor) -> torch.Tensor:
     return vt
 
 
+def _requantize_kv(x: torch.Tensor, kv_format: str, scale: torch.Tensor, global_scale) -> tuple:
+    """NVFP4 / MXFP8 K or V -> (e4m3, descale [B, Hkv]) by the TIRx kernel (the bytes of ``prepass.dequantize_kv``)."""
+    B, S, H, _ = x.shape
+    D = x.shape[3] * (2 if kv_format == "nvfp4" else 1)
+    mult, descale = prepass.head_factors(kv_format, scale, global_scale)
+    src = x.view(torch.uint8).contiguous()
+    if src.data_ptr() % 16:
+        src = src.clone()
+    out = torch.empty((B, S, H, D), dtype=torch.uint8, device=x.device)
+    fn = _FUNCTIONS.get((f"requant_{kv_format}", D, x.get_device()), lambda: requant_params(kv_format, D), x.device)
+    fn(src, scale.view(torch.uint8).contiguous().view(-1), mult.view(-1), out)
+    return out.view(E4M3), descale
+
+
 def flash_attn_fp8_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_descale: torch.Tensor | None = None,
                         k_descale: torch.Tensor | None = None, v_descale: torch.Tensor | None = None,
                         causal: bool = False, softmax_scale: float | None = None, kv_format: str = "e4m3",
@@ -415,11 +439,18 @@ def flash_attn_fp8_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_des
     _check_inputs(q, k, v, q_descale, k_descale, v_descale, softmax_scale, kv_format, k_scale, v_scale,
                   k_global_scale, v_global_scale, out)
     scale = 1.0 / math.sqrt(q.shape[3]) if softmax_scale is None else float(softmax_scale)
-    inp = kernel_inputs(q, k, v, q_descale, k_descale, v_descale, kv_format, k_scale, v_scale, k_global_scale,
-                        v_global_scale, with_vt=False)
+    direct = runtime.direct_call(q, k, v, *(out or ()))
+    if direct and kv_format != "e4m3" and k.shape[1] > 0:  # the TIRx requantization (torch's under torch.compile)
+        ke, kd = _requantize_kv(k, kv_format, k_scale, k_global_scale)
+        ve, vd = _requantize_kv(v, kv_format, v_scale, v_global_scale)
+        inp = kernel_inputs(q, ke, ve, q_descale, k_descale if kd is None else _times(k_descale, kd),
+                            v_descale if vd is None else _times(v_descale, vd), with_vt=False)
+    else:
+        inp = kernel_inputs(q, k, v, q_descale, k_descale, v_descale, kv_format, k_scale, v_scale, k_global_scale,
+                            v_global_scale, with_vt=False)
     causal, variant = bool(causal), tuple(variant)
     args = [inp[n] for n in ("q", "k", "v", "q_descale", "k_descale", "v_descale")]
-    if runtime.direct_call(*args, *(out or ())):
+    if direct:
         dst = out if out is not None else _new_out(q)
         _run(inp, scale, causal, dst[0], dst[1], variant)
         if out is not None:
@@ -431,6 +462,10 @@ def flash_attn_fp8_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_des
         return tuple(torch.ops.tirx.flash_attention4_fp4(*args, scale, causal))
     torch.ops.tirx.flash_attention4_fp4_out(*args, scale, causal, out[0], out[1])
     return tuple(out)
+
+
+def _times(user, derived):
+    return derived if user is None else (user.float() * derived).contiguous()
 
 
 def _new_out(q):
