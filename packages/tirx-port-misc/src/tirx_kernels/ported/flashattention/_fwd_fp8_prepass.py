@@ -2,21 +2,21 @@
 # FP8 K/V preparation for flash_attention4_fp4 (FA3's FP8 path, arXiv 2407.08608 sec. 3.3, transposes V inside the
 # kernel; https://github.com/Dao-AILab/flash-attention commit 0251105a2fb19d2957484b7f023cd8c115286ced hopper/): read,
 # not copied. The NVFP4 / MXFP8 decode follows tirx_kernels.core.quant_ref.
-"""The pre-pass of ``flash_attention4_fp4`` (before the attention kernel), in torch:
+"""The pre-pass of ``flash_attention4_fp4`` (before the attention kernel) in torch: the specification of the op's
+TIRx pre-pass kernels (``_fwd_fp8_transpose``, ``_fwd_fp8_requant``: byte for byte), the oracle's and the tests' path,
+and the op's requantization under torch.compile.
 
-- ``transpose_v`` (the specification of the op's TIRx kernel ``_fwd_fp8_transpose``, and the tests' path): V e4m3
-  [B, Sk, Hkv, D] -> V^T [B, Hkv, D, Sk16] (``Sk16`` = Sk rounded up to 16, zero keys past Sk), because 8-bit wgmma
-  takes its B operand K-major only; inside each group of 16 keys the columns are in ``V_KEY_ORDER`` (the kernel's P
-  registers hold the keys in that order: ``_fwd_fp8`` module docstring).
+- ``transpose_v``: V e4m3 [B, Sk, Hkv, D] -> V^T [B, Hkv, D, Sk16] (``Sk16`` = Sk rounded up to 16, zero keys past
+  Sk), because 8-bit wgmma takes its B operand K-major only; inside each group of 16 keys the columns are in
+  ``V_KEY_ORDER`` (the kernel's P registers hold the keys in that order: ``_fwd_fp8`` module docstring).
 - ``dequantize_kv``: NVFP4 (packed e2m1 + e4m3 scale per 16 + a global scale) and MXFP8 (e4m3 + ue8m0 per 32)
   K/V requantized to e4m3 with one fp32 descale per (batch, kv head), taken from the block scales alone (no amax
   pass over the data): NVFP4 6 max(scale) / global_scale / 448, MXFP8 2^(max code - 127), which makes MXFP8's
   requantization exact but for values that fall into e4m3's subnormals.
 
-Cost: the e4m3 path reads and writes V once (1 B/element each way: the TIRx kernel); the NVFP4 / MXFP8 path adds a
-decode in fp32 temporaries over K and V (a handful of torch kernels). Decoding inside the transpose kernel, or in the
-producer warpgroup (FA3 transposes V there), is the next step; the GPU test ``test_prepass_cost_at_s8192`` and the
-bench rows of each format against the e4m3 row of the same shape measure what it costs now."""
+Cost (the TIRx kernels, one pass each): V^T reads and writes V once; NVFP4 / MXFP8 -> e4m3 reads 0.5 + 1/16 (1 + 1/32)
+B and writes 1 B an element of K and V. Decoding inside the producer warpgroup (FA3 transposes V there) would save
+both; ``test_prepass_cost_at_s8192`` (GPU) measures them."""
 
 from __future__ import annotations
 

@@ -13,7 +13,10 @@ The attention kernel is the bf16 kernel's mainloop (``_fwd_mainloop``: TMA produ
 ping-pong with the softmax of tile n under PV of tile n - 1) with k32 FP8 wgmma for both GEMMs and P quantized to e4m3
 in registers; V reaches it transposed (8-bit wgmma takes K-major operands only) by a TIRx pre-pass kernel that reads
 and writes V once (``_fwd_fp8_transpose``), and NVFP4 / MXFP8 K/V are decoded and requantized to e4m3 with a
-per-(batch, kv head) descale by torch ops before it (``_fwd_fp8_prepass``)."""
+per-(batch, kv head) descale by another one-pass kernel before it (``_fwd_fp8_requant``; ``_fwd_fp8_prepass`` is the
+torch specification of both, and the path under torch.compile). Byte model at b2 h16 s8192 hd128: the transpose moves
+67 MB (~22 us at 3 TB/s), the NVFP4 requantization of K and V 105 MB (~35 us), against ~1.1 ms of attention at
+1000 TFLOP/s: 2 % / 5 %."""
 
 from __future__ import annotations
 
