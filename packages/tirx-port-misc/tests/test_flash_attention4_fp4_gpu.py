@@ -142,3 +142,13 @@ def test_prepass_cost_at_s8192():
                      f"{flops / (t_all - t_vt - t_req) / 1e9:.0f} TFLOP/s")
     print("\n" + "\n".join(lines))
     assert len(lines) == 3
+
+
+@pytest.mark.parametrize("kv_format", ["nvfp4", "mxfp8"])
+def test_no_keys_in_a_block_scaled_format(kv_format):
+    m = _mod()
+    data = m.prepare_data(B=1, Sq=5, Sk=1, Hq=2, Hkv=2, D=128, kv_format=kv_format)
+    for n in ("k", "v", "k_scale", "v_scale"):
+        data[n] = data[n][:, :0]
+    out, lse = _call(m, data)
+    assert (out == 0).all() and torch.isinf(lse).all() and (lse < 0).all()

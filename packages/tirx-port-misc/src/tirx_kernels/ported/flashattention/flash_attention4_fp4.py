@@ -443,7 +443,11 @@ def flash_attn_fp8_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_des
                   k_global_scale, v_global_scale, out)
     scale = 1.0 / math.sqrt(q.shape[3]) if softmax_scale is None else float(softmax_scale)
     direct = runtime.direct_call(q, k, v, *(out or ()))
-    if direct and kv_format != "e4m3" and k.shape[1] > 0:  # the TIRx requantization (torch's under torch.compile)
+    if k.shape[1] == 0 and kv_format != "e4m3":  # no key, no scale to take a head's maximum of: pass bytes through
+        kv_format, k, v = "e4m3", k.new_empty((*k.shape[:3], q.shape[3]), dtype=E4M3), \
+            v.new_empty((*v.shape[:3], q.shape[3]), dtype=E4M3)
+        k_scale = v_scale = k_global_scale = v_global_scale = None
+    if direct and kv_format != "e4m3":  # the TIRx requantization (torch's under torch.compile)
         ke, kd = _requantize_kv(k, kv_format, k_scale, k_global_scale)
         ve, vd = _requantize_kv(v, kv_format, v_scale, v_global_scale)
         inp = kernel_inputs(q, ke, ve, q_descale, k_descale if kd is None else _times(k_descale, kd),
