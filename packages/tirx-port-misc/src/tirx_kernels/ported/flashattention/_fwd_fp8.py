@@ -13,11 +13,12 @@ exp2 online softmax), with the three things 8-bit wgmma changes:
 - one instruction consumes k32 (32 bytes): QK^T is m64nNk32 over 128-byte SW128 rows of 128 elements;
 - P goes to the PV wgmma as e4m3 *in registers*, and the 8-bit A fragment is not the f32 accumulator's layout: a
   thread holds columns ``4 t .. 4 t + 3`` (``t = lane % 4``) of each 16 in one register, but accumulator columns
-  ``2 t, 2 t + 1, 8 + 2 t, 9 + 2 t``. FA3 permutes bytes across the quad with shuffles; here the *keys* are permuted
-  instead, once, by the pre-pass that writes ``vt`` anyway: A byte ``e`` of register ``i`` (K position ``16 (i // 2)
-  + 4 t + e``) takes the thread's own accumulator column ``16 (i // 2) + 8 (e // 2) + 2 t + e % 2``, and ``vt``'s
-  column at that K position holds that key (``_fwd_fp8_prepass.V_KEY_ORDER``). PV sums over keys, so the order is
-  free: no shuffle, no extra instruction in the mainloop.
+  ``2 t, 2 t + 1, 8 + 2 t, 9 + 2 t``. The *keys* are permuted instead, by the pre-pass that writes ``vt`` anyway: A
+  byte ``e`` of register ``i`` (K position ``16 (i // 2) + 4 t + e``) takes the thread's own accumulator column
+  ``16 (i // 2) + 8 (e // 2) + 2 t + e % 2``, and ``vt``'s column at that K position holds that key
+  (``_fwd_fp8_prepass.V_KEY_ORDER``). PV sums over keys, so the order is free: no shuffle, no extra instruction in
+  the mainloop. FA3 does the same for row-major V (``permute_Cregs_fp8`` swaps registers within the thread and its
+  in-kernel V transpose writes the matching key order; byte shuffles across the quad only for column-major V).
 
 Scales (FA3's FP8 API): per (batch, kv head) fp32 descales ``q_descale``, ``k_descale``, ``v_descale`` [B, Hkv];
 ``q_descale * k_descale * softmax_scale * log2 e`` is the exp2 scale of S (one FFMA per score as in bf16), and the
