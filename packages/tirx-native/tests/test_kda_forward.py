@@ -70,7 +70,8 @@ def _run_emulated(emulated, cfg, pad=0):
     emulated(*mod.chunk_args(d["q"], d["k"], d["g"], d["beta"], d["A_log"], d["dt_bias"], tok0, clen, b["qg"],
                              b["kg"], b["kd"], b["pm"], b["tb"], b["gam"], 128 ** -0.5),
              function="chunk", hang_timeout=300.0).check()
-    emulated(*mod.scan_args(b["qg"], b["kg"], b["kd"], d["v"], b["tb"], b["pm"], b["gam"], d["cu_seqlens"], base,
+    emulated(*mod.scan_args(b["qg"], b["kg"], b["kd"], d["v"], b["tb"], b["pm"], b["gam"],
+                            mod.clamped_cu(d["cu_seqlens"], total), base,
                             b["o"], d["initial_state"], b["final_state"], torch.zeros(4, dtype=torch.int32)),
              function="scan", hang_timeout=300.0).check()
     for key, v in originals.items():
@@ -108,6 +109,9 @@ def test_chunk_table():
     assert clen.tolist()[:6] == [64, 6, 1, 64, -64, -1]
     assert all(c == 0 for c in clen.tolist()[6:]) and len(clen) == 200 // 64 + 4 + 2
     assert base.tolist() == [0, 2, 2, 3]
+    # a cu_seqlens past the tokens or decreasing is clamped as the scan clamps it: no chunk leaves [0, T)
+    tok0, clen, _ = mod.chunk_table(torch.tensor([0, 150, 100, 400]), 200)
+    assert all(t + max(c, -c) <= 200 for t, c in zip(tok0.tolist(), clen.tolist()))
 
 
 def _cpu_inputs(t=10, h=2):

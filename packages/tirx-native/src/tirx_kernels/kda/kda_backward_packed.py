@@ -173,7 +173,8 @@ def _walk(chunks, do, dht, cu_seqlens, h: int, n: int):
     scratch = torch.empty(8, dtype=torch.bfloat16, device=do.device)
     fn = _FUNCTIONS.get(("walk", do.get_device()), lambda: {"kernel": "walk"}, do.device)
     # The walk's slots: K_d where the scan takes K_g, K_g where it takes K_d, dO where it takes V.
-    fn(*fwd.scan_args(qg, kd, kg, do, tb, pm, gam, cu_seqlens, base, scratch, dht, dh0, dummy, dh_out))
+    cu = fwd.clamped_cu(cu_seqlens, do.shape[1])
+    fn(*fwd.scan_args(qg, kd, kg, do, tb, pm, gam, cu, base, scratch, dht, dh0, dummy, dh_out))
     return dh_out, dh0
 
 

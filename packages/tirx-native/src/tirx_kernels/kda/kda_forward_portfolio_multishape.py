@@ -241,11 +241,17 @@ def check_inputs(q, k, v, g, beta, A_log, dt_bias, scale, initial_state, cu_seql
     checks.same_device(OP, "q", q, **present)
 
 
+def clamped_cu(cu_seqlens, total: int):
+    """``cu_seqlens`` clamped into [0, T] and made non-decreasing (int64), what both kernels take: a bad one (a
+    device tensor, not checked without a host sync) never sends a kernel outside the token or chunk buffers."""
+    return torch.cummax(cu_seqlens.to(torch.int64).clamp(0, total), 0).values
+
+
 def chunk_table(cu_seqlens, total: int):
     """On the device, no host sync: ``(tok0, clen, chunk_base)`` of the chunk pass's ``total // 64 + N + 2`` slots
     (slot order: every sequence's chunks, then the tokens after ``cu_seqlens[-1]`` with negative lengths, then
     empty slots) and each sequence's first slot (the scan's index into the decays)."""
-    cu = cu_seqlens.to(torch.int64)
+    cu = clamped_cu(cu_seqlens, total)
     n = cu.shape[0] - 1
     lens = (cu[1:] - cu[:-1]).clamp_min(0)
     nch = (lens + CHUNK - 1) // CHUNK
@@ -303,7 +309,8 @@ def scan_pass(chunks, v, cu_seqlens, out, initial_state, final_state, ckpt=None,
     qg, kg, kd, pm, tb, gam, base = chunks
     fn = (functions or _FUNCTIONS).get(("scan", v.get_device()), lambda: {"kernel": "scan"}, v.device)
     dummy = torch.zeros(4, dtype=torch.int32, device=v.device)
-    fn(*scan_args(qg, kg, kd, v, tb, pm, gam, cu_seqlens, base, out, initial_state, final_state, dummy, ckpt))
+    cu = clamped_cu(cu_seqlens, v.shape[1])
+    fn(*scan_args(qg, kg, kd, v, tb, pm, gam, cu, base, out, initial_state, final_state, dummy, ckpt))
 
 
 def chunk_kda(q, k, v, g, beta, A_log, dt_bias, scale=None, initial_state=None, output_final_state=False,  # noqa: N803
