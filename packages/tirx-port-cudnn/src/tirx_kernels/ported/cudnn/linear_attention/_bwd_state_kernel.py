@@ -20,8 +20,8 @@ The rows of dS (values) evolve independently, so each (h, n) is two CTAs of one 
 64 w .. 64 w + 63 in registers (an m64n128 fp32 accumulator) -- twice the CTAs of one two-warpgroup CTA, for the
 batches of few sequences and heads (B * H < 132) that would leave SMs idle; the K_d / W tiles are read twice (L2).
 K_d is read K-major (rows = chunk positions = the N of Y, columns = keys = its K), W MN-major (rows = chunk positions
-= the K of the update, columns = keys = its N): two C x 64 SW128 boxes each, filled by 16-byte loads of all 128
-threads of the CTA at the swizzled offsets TMA would write.
+= the K of the update, columns = keys = its N): two C x 64 SW128 boxes each, loaded by TMA (thread 0) one chunk
+ahead into a two-stage ring. The Y product runs while dS' is stored and dS takes its decay and R_c.
 """
 
 from __future__ import annotations
@@ -33,13 +33,14 @@ CHUNKS = (64, 16)
 HAS_DFINAL = 1
 THREADS = 128
 HALVES = 2  # CTAs per (head, sequence): value rows 0-63, 64-127
+STAGES = 2  # K_d / W tile stages: chunk c - 1's TMA loads run under chunk c's products
 DIM = lay.DIM
 
 
 def build_kernel(io: str, chunk: int = 64):
     from tvm.script import tirx as T
 
-    from tirx_kernels.core.lang import tma, vector, wgmma
+    from tirx_kernels.core.lang import mbarrier, tma, wgmma
 
     if io not in IO_DTYPES:
         raise ValueError(f"gdn bprop state walk: io dtype {io!r} is not one of {IO_DTYPES}")
@@ -47,14 +48,14 @@ def build_kernel(io: str, chunk: int = 64):
         raise ValueError(f"gdn bprop state walk: chunk {chunk} is not one of {CHUNKS}")
     cvt = {"bfloat16": T.ptx.cvt.rn.bf16x2.f32, "float16": T.ptx.cvt.rn.f16x2.f32}[io]
     box = chunk * 128  # bytes of a C x 64 16-bit SW128 box
-    kd_box, w_box = 0, 2 * box
-    tile_bytes = 4 * box
-    trips = chunk * DIM * 2 // 16 // THREADS  # 16-byte vectors of one [C, K] tile a thread
+    kd_box, w_box = 0, 2 * box  # within a stage
+    stage_bytes = 4 * box
+    tile_bytes = STAGES * stage_bytes
     steps = chunk // 16  # k16 steps of the update
     mnmaj = wgmma.desc_offsets(wgmma.MN_MAJOR, wgmma.SWIZZLE_128B, mn_chunk_bytes=box)
 
-    def kmajor_step(kk):
-        return kd_box + (kk // 4) * box + (kk % 4) * 32
+    def kmajor_step(s, kk):
+        return s * stage_bytes + kd_box + (kk // 4) * box + (kk % 4) * 32
 
     def i64(x):
         return T.Cast("int64", x)
@@ -63,6 +64,16 @@ def build_kernel(io: str, chunk: int = 64):
         """Element of (value row, key column) of this thread's fragment in a [.., V, K] fp32 state row."""
         v = wg * 64 + wgmma.acc_row(warp, lane, r)
         return (head_row * DIM + v) * DIM + wgmma.acc_col(lane, j)
+
+    def issue(tiles, full, kd_map, w_map, c, s, n_heads, h):
+        """Thread 0: chunk ``c``'s K_d and W boxes into stage ``s`` (TMA, completing on full[s])."""
+        row_t = T.Cast("int32", (c * n_heads + h) * chunk)
+        mbarrier.arrive_expect_tx(full.ptr_to([s]), stage_bytes)
+        for b in range(2):
+            tma.load_2d(tiles.ptr_to([(s * stage_bytes + kd_box + b * box) // 4]), kd_map, b * 64, row_t,
+                        full.ptr_to([s]))
+            tma.load_2d(tiles.ptr_to([(s * stage_bytes + w_box + b * box) // 4]), w_map, b * 64, row_t,
+                        full.ptr_to([s]))
 
     @T.prim_func
     def gdn_bwd_state(kd_ptr: T.handle, w_ptr: T.handle, r_ptr: T.handle, gc_ptr: T.handle, ccu_ptr: T.handle,
@@ -83,6 +94,11 @@ def build_kernel(io: str, chunk: int = 64):
         DFS = T.match_buffer(dfs_ptr, (n_dfs,), "float32", align=16)
         DSE = T.match_buffer(dse_ptr, (n_dse,), "float32", align=16)
         D0 = T.match_buffer(d0_ptr, (n_d0,), "float32", align=16)
+        # Host: 2-D maps of the [NC * H * C, K] tiles, boxes of C rows x 64 keys (SW128).
+        kd_map = T.Bind(T.tvm_stack_alloca("tensormap", 1))
+        w_map = T.Bind(T.tvm_stack_alloca("tensormap", 1))
+        tma.encode_2d(kd_map, KD.data, T.Cast("int32", n_kd // DIM), DIM, DIM, chunk, 64, io)
+        tma.encode_2d(w_map, W.data, T.Cast("int32", n_kd // DIM), DIM, DIM, chunk, 64, io)
         T.device_entry()
         T.attr({"tirx.launch_bounds_min_blocks_per_sm": 1})
         h, n, wg = T.cta_id([n_heads, n_seqs, HALVES])
@@ -90,11 +106,11 @@ def build_kernel(io: str, chunk: int = 64):
 
         pool = T.SMEMPool()
         tiles = pool.alloc((tile_bytes // 4,), "uint32", align=1024)
+        full = pool.alloc((STAGES,), "uint64", align=8)
         pool.commit()
         s_acc = T.alloc_local((64,), "float32")
         y_acc = T.alloc_local((chunk // 2,), "float32")
         afrag = T.alloc_local((32,), "uint32")
-        vw = T.alloc_local((4,), "uint32")
         kd0 = T.alloc_local((1,), "uint64")
         md0 = T.alloc_local((1,), "uint64")
 
@@ -104,6 +120,14 @@ def build_kernel(io: str, chunk: int = 64):
         c0 = CCU[n]
         c1 = CCU[n + 1]
         seq_head = i64(n) * n_heads + h
+        if tid == 0:
+            for s in range(STAGES):
+                mbarrier.init(full.ptr_to([s]), 1)
+            mbarrier.fence_init()
+        T.cuda.cta_sync()
+
+        if T.And(tid == 0, c1 > c0):
+            issue(tiles, full, kd_map, w_map, c1 - 1, 0, n_heads, h)
         wgmma.encode_desc(kd0.ptr_to([0]), tiles.ptr_to([0]), lay.KMAJ[0], lay.KMAJ[1], wgmma.SWIZZLE_128B)
         wgmma.encode_desc(md0.ptr_to([0]), tiles.ptr_to([0]), mnmaj[0], mnmaj[1], wgmma.SWIZZLE_128B)
         for j in T.unroll(16):
@@ -115,25 +139,14 @@ def build_kernel(io: str, chunk: int = 64):
         for it in range(c1 - c0):
             c = c1 - 1 - it
             row = i64(c) * n_heads + h  # the chunk's (chunk, head) row of K_d / W / R / gamma_C / dS_end
-            T.cuda.cta_sync()  # the previous chunk's wgmmas (each waited for) have read the tiles
-            # K_d and W -> their SW128 boxes (16-byte vectors; box = key column / 64).
-            for i in T.unroll(trips):
-                q = i * THREADS + tid
-                tr = q // (DIM // 8)
-                col = (q % (DIM // 8)) * 8
-                off = (col // 64) * box + 2 * tma.sw128_offset(tr, col % 64, io)
-                src = row * (chunk * DIM) + i64(tr * DIM + col)
-                vector.load_v4(vw, 0, KD.ptr_to([src]))
-                vector.store_shared_v4(tiles.ptr_to([(kd_box + off) // 4]), vw, 0)
-                vector.load_v4(vw, 0, W.ptr_to([src]))
-                vector.store_shared_v4(tiles.ptr_to([(w_box + off) // 4]), vw, 0)
-            tma.fence_proxy_async()
+            s = it % STAGES
+            # Every thread is past chunk it - 1's wgmmas (each waited for): its stage is free for chunk c - 1.
             T.cuda.cta_sync()
-            # This chunk's dS' (the gradient at its end) -> dS_end; dS as the RS A operand of Y.
-            for j in T.unroll(16):
-                for r in T.unroll(2):
-                    for e in T.unroll(2):
-                        DSE[state_offset(row, wg, warp, lane, j, r) + e] = s_acc[j * 4 + r * 2 + e]
+            if T.And(tid == 0, it + 1 < c1 - c0):
+                issue(tiles, full, kd_map, w_map, c - 1, (it + 1) % STAGES, n_heads, h)
+            mbarrier.wait(full.ptr_to([s]), (it // STAGES) % 2)
+            # Y = dS K_d^T with dS as the RS A operand; while it runs, dS' goes out to dS_end and dS takes its
+            # decay and R_c (neither is an operand of the running wgmma).
             for kk in T.unroll(8):
                 for i in T.unroll(4):
                     T.evaluate(cvt(afrag[kk * 4 + i], s_acc[wgmma.acc_as_rs_a(kk, i, 1)],
@@ -141,9 +154,12 @@ def build_kernel(io: str, chunk: int = 64):
             wgmma.fence()
             for kk in range(8):
                 wgmma.mma(chunk, y_acc, [afrag[kk * 4 + i] for i in range(4)],
-                          wgmma.desc_advance(kd0[0], kmajor_step(kk)), io, scale_d=kk > 0)
+                          wgmma.desc_advance(kd0[0], kmajor_step(s, kk)), io, scale_d=kk > 0)
             wgmma.commit()
-            wgmma.wait(0)
+            for j in T.unroll(16):
+                for r in T.unroll(2):
+                    for e in T.unroll(2):
+                        DSE[state_offset(row, wg, warp, lane, j, r) + e] = s_acc[j * 4 + r * 2 + e]
             # dS = dS diag(gamma_C) + R_c - Y W
             for j in T.unroll(16):
                 for e in T.unroll(2):
@@ -151,6 +167,7 @@ def build_kernel(io: str, chunk: int = 64):
                     for r in T.unroll(2):
                         s_acc[j * 4 + r * 2 + e] = gc * s_acc[j * 4 + r * 2 + e] + R[
                             state_offset(row, wg, warp, lane, j, r) + e]
+            wgmma.wait(0)
             for kk in T.unroll(steps):
                 for i in T.unroll(4):
                     T.evaluate(cvt(afrag[kk * 4 + i], T.float32(0) - y_acc[wgmma.acc_as_rs_a(kk, i, 1)],
@@ -158,7 +175,8 @@ def build_kernel(io: str, chunk: int = 64):
             wgmma.fence()
             for kk in range(steps):
                 wgmma.mma(128, s_acc, [afrag[kk * 4 + i] for i in range(4)],
-                          wgmma.desc_advance(md0[0], w_box + kk * lay.MN_KSTEP), io, b_major=wgmma.MN_MAJOR)
+                          wgmma.desc_advance(md0[0], s * stage_bytes + w_box + kk * lay.MN_KSTEP), io,
+                          b_major=wgmma.MN_MAJOR)
             wgmma.commit()
             wgmma.wait(0)
         for j in T.unroll(16):

@@ -92,7 +92,7 @@ def call_samples(rng) -> list[dict]:
 
 
 def sass_expect(io: str, **_) -> list[str]:
-    return [r"HGMMA\.64x16x16\.F32", r"HGMMA\.64x128x16\.F32"]
+    return [r"HGMMA\.64x16x16\.F32", r"HGMMA\.64x128x16\.F32", r"UTMALDG\.2D"]
 
 
 def prepare_data(dtype: str, H: int, seqs: str, Hv: int | None = None, init: bool = False,  # noqa: N803

@@ -104,8 +104,8 @@ def call_samples(rng) -> list[dict]:
 
 
 def sass_expect(io: str, **_) -> list[str]:
-    """Both walk products on the tensor cores, A from registers."""
-    return [r"HGMMA\.64x64x16\.F32", r"HGMMA\.64x128x16\.F32"]
+    """Both walk products on the tensor cores (A from registers), the K_d / W tiles by TMA."""
+    return [r"HGMMA\.64x64x16\.F32", r"HGMMA\.64x128x16\.F32", r"UTMALDG\.2D"]
 
 
 # ---------------------------------------------------------------------------------------------------------
