@@ -229,3 +229,14 @@ def test_gpu_safe_gate():
     for got, w in zip((out[3], out[7], out[8]), want_raw):
         rel = float((got - w).norm() / w.norm())
         assert rel < 4e-2, rel
+
+
+@gpu
+def test_gpu_torch_compile_fullgraph():
+    d = mod.prepare_data("bfloat16", 2, "20+0+1+16", init=True, dfinal=True)
+    args = (d["q"], d["k"], d["v"], d["g"], d["beta"], d["w"], d["do"], d["state_checkpoints"], d["cu_seqlens"])
+    eager = mod.gdn2_bprop(*args, initial_state=d["initial_state"], d_final_state=d["d_final_state"])
+    compiled = torch.compile(mod.gdn2_bprop, fullgraph=True)(*args, initial_state=d["initial_state"],
+                                                              d_final_state=d["d_final_state"])
+    for a, b in zip(eager, compiled):
+        torch.testing.assert_close(a, b, atol=0, rtol=0)

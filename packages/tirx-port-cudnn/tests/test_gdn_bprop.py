@@ -283,3 +283,15 @@ def test_gpu_safe_gate():
     for got, w in zip((out[3], out[6], out[7]), want_raw):
         rel = float((got - w).norm() / w.norm())
         assert rel < 4e-2, rel
+
+
+@gpu
+def test_gpu_torch_compile_fullgraph():
+    """The op traces whole under torch.compile (its body is the custom op) and matches the eager call."""
+    d = mod.prepare_data("bfloat16", 2, "70+0+1+64", init=True, dfinal=True)
+    args = (d["q"], d["k"], d["v"], d["g"], d["beta"], d["do"], d["state_checkpoints"], d["cu_seqlens"])
+    eager = mod.gdn_bprop(*args, initial_state=d["initial_state"], d_final_state=d["d_final_state"])
+    compiled = torch.compile(mod.gdn_bprop, fullgraph=True)(*args, initial_state=d["initial_state"],
+                                                             d_final_state=d["d_final_state"])
+    for a, b in zip(eager, compiled):
+        torch.testing.assert_close(a, b, atol=0, rtol=0)
