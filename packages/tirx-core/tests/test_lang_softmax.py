@@ -64,3 +64,40 @@ def test_softmax_helpers_trace_into_a_kernel():
     src = build.codegen(probe)
     assert src.count("__shfl_xor_sync") >= 4  # max and sum, two xor steps each
     assert "exp2f" in src and "log2f" in src
+
+
+def test_p_offset_scales_the_weights_and_comes_off_the_lse():
+    """``p_offset`` (FA3's FP8 Max_offset) lowers the exponent base and raises log2(sum) back by the same amount; 0
+    emits exactly the unscaled code. The offset path runs against an fp32 oracle in flash_attention4_fp4's emulated
+    tests (packages/tirx-port-misc/tests/test_flash_attention4_fp4_emulated.py)."""
+    from tvm.script import tirx as T
+
+    from tirx_kernels.core import build
+    from tirx_kernels.core.lang import softmax
+
+    def probe(offset):
+        @T.prim_func
+        def f(x_ptr: T.handle, y_ptr: T.handle):
+            X = T.match_buffer(x_ptr, (128, 16), "float32")
+            Y = T.match_buffer(y_ptr, (128, 10), "float32")
+            T.device_entry()
+            tid = T.thread_id([128])
+            s_acc = T.alloc_local((8,), "float32")
+            row_max = T.alloc_local((2,), "float32")
+            row_sum = T.alloc_local((2,), "float32")
+            red = T.alloc_local((2,), "float32")
+            for i in T.unroll(8):
+                s_acc[i] = X[tid, i]
+            softmax.init(row_max, row_sum)
+            for r in T.unroll(2):
+                softmax.update(s_acc, 16, r, row_max, row_sum, red, T.float32(0.5), p_offset=offset)
+            for i in T.unroll(8):
+                Y[tid, i] = s_acc[i]
+            for r in T.unroll(2):
+                inv, lse = softmax.finalize(r, row_max, row_sum, red, T.float32(0.5), p_offset=offset)
+                Y[tid, 8 + r] = inv * lse
+        return build.codegen(f)
+
+    plain, shifted = probe(0), probe(8)
+    assert "log2f(red_ptr[0]) - 0x1p+3f" in shifted and "0x1p+3f" not in plain  # - 8 on the LSE
+    assert shifted.count("0x1p+3f") >= 4  # and on the exponent base of both row halves

@@ -132,8 +132,8 @@ def _twin_inputs(S, H, D, seed):
 
 
 def test_bound_admits_the_kernels_roundings_and_not_a_wrong_key_order():
-    """A torch twin of the kernel's roundings (P to e4m3 against the running max of 128-key tiles, the unrounded row
-    sum, bf16 out) is inside the bounds; the same with the V^T key order undone (a P register fed to the wrong keys)
+    """A torch twin of the kernel's roundings (2^8 P to e4m3 against the running max of 128-key tiles, the unrounded
+    row sum, bf16 out) is inside the bounds; the same with the V^T key order undone (a P register fed to the wrong keys)
     is not."""
     S, H, D = 384, 2, 128
     data, inp = _twin_inputs(S, H, D, 1)
@@ -150,7 +150,8 @@ def test_bound_admits_the_kernels_roundings_and_not_a_wrong_key_order():
             m_new = torch.maximum(m, st.amax(-1, keepdim=True))
             corr = torch.exp(m - m_new)
             p = torch.exp(st - m_new)
-            o = o * corr + p.to(E4M3).float() @ v[:, :, n0:n0 + 128]
+            scaled = (p * 2.0**_fwd_fp8.P_OFFSET).to(E4M3).float() * 2.0**-_fwd_fp8.P_OFFSET
+            o = o * corr + scaled @ v[:, :, n0:n0 + 128]
             ll = ll * corr + p.sum(-1, keepdim=True)
             m = m_new
         return (o / ll).transpose(1, 2).to(torch.bfloat16), (m + torch.log(ll)).squeeze(-1)
@@ -176,6 +177,10 @@ def test_oracle_matches_torch_attention():
 
 
 # ------------------------------------------------------------------------------------------------ params
+
+def test_check_module_uses_the_kernels_p_offset():
+    assert _fwd_fp8_check.P_OFFSET == _fwd_fp8.P_OFFSET
+
 
 def test_tiles_fit_registers_and_smem():
     for d, (block_n, stages, _) in mod.TILES.items():

@@ -57,11 +57,15 @@ def mask(s_acc, n: int, hidden):
                 T.buffer_store(s_acc, T.Select(hidden(r, j, e), T.float32(-math.inf), s_acc[idx]), [idx])
 
 
-def update(s_acc, n: int, r, row_max, row_sum, red, scale_log2):
+def update(s_acc, n: int, r, row_max, row_sum, red, scale_log2, p_offset: int = 0):
     """One key tile for row half ``r``: the new row max (quad-reduced), scores replaced in place by their exp2
     weights, the running sum rescaled and increased. Leaves the rescale factor for the output accumulator in
     ``red[1]`` (``exp2((old max - new max) * scale_log2)``, 0 for a row that had seen nothing) and the exponent base
-    in ``red[0]``."""
+    in ``red[0]``.
+
+    ``p_offset``: weights scaled by ``2**p_offset`` (in [0, 2**p_offset] instead of [0, 1]; the sum too, so out is
+    unchanged and :func:`finalize` takes the same offset off the LSE). FA3's FP8 path uses 8: P rounded to e4m3
+    keeps normal precision down to 2^-14 of the row max instead of 2^-6."""
     T.buffer_store(red, row_max[r], [0])
     for j in range(n // 8):
         for e in range(2):
@@ -71,7 +75,7 @@ def update(s_acc, n: int, r, row_max, row_sum, red, scale_log2):
     base = T.Select(new_max == T.float32(-math.inf), T.float32(0), new_max * scale_log2)
     T.buffer_store(red, T.exp2(row_max[r] * scale_log2 - base), [1])  # old max -inf: exp2(-inf) = 0
     T.buffer_store(row_max, new_max, [r])
-    T.buffer_store(red, base, [0])
+    T.buffer_store(red, base - T.float32(p_offset) if p_offset else base, [0])
     T.buffer_store(row_sum, row_sum[r] * red[1], [r])
     for j in range(n // 8):
         for e in range(2):
@@ -97,11 +101,13 @@ def pack_p(p_frag, s_acc, n: int, cvt_pack):
                                 s_acc[wgmma.acc_as_rs_a(kk, i, 0)]))
 
 
-def finalize(r, row_max, row_sum, red, scale_log2):
+def finalize(r, row_max, row_sum, red, scale_log2, p_offset: int = 0):
     """After the last key tile, for row half ``r``: the quad's total sum in ``red[0]``; returns ``(inv, lse)``, the
-    factor that normalises the output (0 for a row that saw no key) and the natural-log LSE (-inf there)."""
+    factor that normalises the output (0 for a row that saw no key) and the natural-log LSE (-inf there);
+    ``p_offset`` as given to :func:`update`."""
     T.buffer_store(red, quad_reduce(row_sum[r], _add), [0])
     seen = red[0] > T.float32(0)
     inv = T.Select(seen, T.float32(1) / red[0], T.float32(0))
-    lse = T.Select(seen, (row_max[r] * scale_log2 + T.log2(red[0])) * T.float32(LN2), T.float32(-math.inf))
+    log2_sum = T.log2(red[0]) - T.float32(p_offset) if p_offset else T.log2(red[0])
+    lse = T.Select(seen, (row_max[r] * scale_log2 + log2_sum) * T.float32(LN2), T.float32(-math.inf))
     return inv, lse

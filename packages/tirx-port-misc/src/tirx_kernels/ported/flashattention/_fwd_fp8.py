@@ -35,6 +35,9 @@ STORAGE = "uint8"  # how Q, K, V^T and their smem tiles are typed (the ops pass 
 FP8_CHUNK = 128  # e4m3 elements of one 128-byte SW128 row: the Q/K box's inner extent (64 / SW64 for hd <= 64)
 BLOCK_M = _fwd_kernel.BLOCK_M
 NUM_CONSUMERS = _fwd_kernel.NUM_CONSUMERS
+# P in [0, 2^8] before its e4m3 rounding (FA3's Max_offset for FP8): normal e4m3 precision down to 2^-14 of the row
+# max (2^-6 without), below 448.
+P_OFFSET = 8
 
 
 def row_bytes(d: int) -> int:
@@ -117,6 +120,7 @@ class FP8Mainloop(Mainloop):
         self.v_box = [block_n, self.dvp, 1, 1]
         self.v_stage_bytes = tma.check_box(STORAGE, self.v_box, self.v_swizzle)
         self.cvt_pack = T.ptx.cvt.rn.bf16x2.f32  # the output's pairs (pack_pair); P goes through _pack_p
+        self.p_offset = P_OFFSET
 
     def alloc_regs(self):
         from tvm.script import tirx as T

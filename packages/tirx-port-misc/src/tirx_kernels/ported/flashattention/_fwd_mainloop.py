@@ -110,6 +110,7 @@ class Mainloop:
         self.mma_dtype = dtype
         self.chunk = CHUNK
         self.qk_swizzle = wgmma.SWIZZLE_128B
+        self.p_offset = 0  # P in [0, 2^p_offset] (core.lang.softmax.update)
         self.k_stage_bytes = self.q_chunks * self.kv_tile_bytes
         self.v_stage_bytes = self.v_chunks * self.kv_tile_bytes
         self.v_swizzle = wgmma.SWIZZLE_128B
@@ -269,7 +270,7 @@ class Mainloop:
             with T.Then():
                 softmax.mask(rg.s_acc, self.block_n, lambda r, j, e: n0 + wgmma.acc_col(lane, j, e) > rg.klim[r])
         for r in range(2):
-            softmax.update(rg.s_acc, self.block_n, r, rg.row_max, rg.row_sum, rg.red, scale_log2)
+            softmax.update(rg.s_acc, self.block_n, r, rg.row_max, rg.row_sum, rg.red, scale_log2, self.p_offset)
             T.buffer_store(rg.corr, rg.red[1], [r])
 
     def causal_limits(self, rg, first_row, num_q, num_k, causal: bool, warp, lane):
@@ -420,7 +421,7 @@ class Mainloop:
         the natural-log LSE (-inf there)."""
         from tirx_kernels.core.lang import softmax
 
-        return softmax.finalize(r, rg.row_max, rg.row_sum, rg.red, scale_log2)
+        return softmax.finalize(r, rg.row_max, rg.row_sum, rg.red, scale_log2, self.p_offset)
 
     def store_o_pairs(self, rg, r, lane, inv, write_pair):
         """For each pair of adjacent output columns the thread holds in row half ``r``: ``write_pair(col, lo, hi)``
