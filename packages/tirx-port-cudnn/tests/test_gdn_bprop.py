@@ -159,20 +159,24 @@ def test_state_walk_matches_its_rounding_model(emulated):
     nc, n = sum(counts), len(counts)
     kd = (0.1 * torch.randn(nc, heads, 64, 128, generator=gen)).bfloat16()
     w = (0.1 * torch.randn(nc, heads, 64, 128, generator=gen)).bfloat16()
-    r = torch.randn(nc, heads, 128, 128, generator=gen)
+    x = (0.1 * torch.randn(nc, heads, 64, 128, generator=gen)).bfloat16()
+    do = torch.randn(nc, heads, 64, 128, generator=gen).bfloat16()
     gc = 0.5 + 0.5 * torch.rand(nc, heads, 128, generator=gen)  # per key channel (GDN-1 repeats its scalar)
     dfs = torch.randn(n, heads, 128, 128, generator=gen)
     cu = torch.tensor([0] + counts).cumsum(0).to(torch.int32)
     dse = torch.full((nc, heads, 128, 128), float("nan"))
     d0 = torch.full((n, heads, 128, 128), float("nan"))
-    emulated("bfloat16")(*sk.kernel_args(kd, w, r, gc, cu, dfs, dse, d0, torch.zeros(4)), hang_timeout=120.0).check()
+    emulated("bfloat16")(*sk.kernel_args(kd, w, x, do, gc, cu, dfs, dse, d0, torch.zeros(4)),
+                         hang_timeout=120.0).check()
     for i in range(n):
         ds = dfs[i].clone()
         for c in range(int(cu[i + 1]) - 1, int(cu[i]) - 1, -1):
-            torch.testing.assert_close(dse[c], ds, atol=1e-5, rtol=1e-5)
+            # values O(1); a bf16 rounding of dS or Y that flips with the fp32 summation order moves them ~1e-3
+            torch.testing.assert_close(dse[c], ds, atol=1e-2, rtol=1e-3)
             y = ds.bfloat16().float() @ kd[c].float().transpose(-1, -2)
-            ds = ds * gc[c][:, None, :] + r[c] - y.bfloat16().float() @ w[c].float()
-        torch.testing.assert_close(d0[i], ds, atol=1e-3, rtol=1e-4)
+            r = do[c].float().transpose(-1, -2) @ x[c].float()
+            ds = ds * gc[c][:, None, :] + r - y.bfloat16().float() @ w[c].float()
+        torch.testing.assert_close(d0[i], ds, atol=1e-2, rtol=1e-3)
 
 
 def _cpu_args(**over):

@@ -16,8 +16,8 @@ cumulative log decay per key channel, D_ijd = exp(G_id - G_jd) (j <= i):
     A   = scale (sum_d q_id k_jd D_ijd)_{j <= i}      O = scale (exp(G) o Q) S^T + A U
     S'  = S diag(exp(G_last)) + U^T K_res,  K_res = exp(G_last - G) o K
 
-The state gradient walks back as dS = dS' diag(exp(G_last)) - (dS' K_res^T) W + R with W = Tm K_dec and
-R = dO^T (scale exp(G) o Q - A W) (the TIRx walk kernel, chunk 16); every other gradient of a chunk is the
+The state gradient walks back as dS = dS' diag(exp(G_last)) - (dS' K_res^T) W + dO^T X with W = Tm K_dec and
+X = scale exp(G) o Q - A W (the TIRx walk kernel, chunk 16); every other gradient of a chunk is the
 vector-Jacobian product of the chunk function above with (dO, dS') -- batched over all chunks by torch autograd.
 """
 
@@ -121,7 +121,7 @@ def chunk_function(cmap, Q, K, V, g, B, Wg, S, scale: float):  # noqa: N803
 def chunked_grads(q, k, v, g, beta, w, do, cu_seqlens, checkpoints, scale=None, d_final_state=None,
                   dtype=torch.float32, scan=None, max_tiles: int | None = None, initial_state=None,
                   layout: str = "pre_chunk") -> dict:
-    """GDN-2's backward from the checkpoints: the walk's inputs per chunk, the walk (``scan(cmap, pieces, R,
+    """GDN-2's backward from the checkpoints: the walk's inputs per chunk, the walk (``scan(cmap, pieces,
     d_final_state)``, default the torch loop), then the chunk VJPs; the chunk-parallel steps in slabs of at most
     ``max_tiles`` (chunk, head) tiles (the pairwise decays are [16, 16, 128] a tile). Gradients of q / k / v at their
     own heads, g / beta / w / d_initial_state at HO. ``initial_state``: read by the ``cudnn`` checkpoint layout only."""
@@ -133,22 +133,20 @@ def chunked_grads(q, k, v, g, beta, w, do, cu_seqlens, checkpoints, scale=None, 
     xs = (q[:, qh], k[:, kh], v[:, vh], g, beta, w)
     ranges = [(c0, min(c0 + step, nc)) for c0 in range(0, nc, max(step, 1))]
     dev = q.device
-    pieces = {"Kd": torch.zeros(nc, hs, CHUNK, DIM, dtype=dtype, device=dev),
-              "W": torch.zeros(nc, hs, CHUNK, DIM, dtype=dtype, device=dev),
-              "gam_c": torch.zeros(nc, hs, DIM, dtype=dtype, device=dev)}
-    R = torch.zeros(nc, hs, DIM, DIM, dtype=dtype, device=dev)
+    pieces = {name: torch.zeros(nc, hs, CHUNK, DIM, dtype=dtype, device=dev) for name in ("Kd", "W", "X", "dO")}
+    pieces["gam_c"] = torch.zeros(nc, hs, DIM, dtype=dtype, device=dev)
     with torch.no_grad():
         for c0, c1 in ranges:
             sub = cmap.sub(c0, c1)
             _, _, pc = chunk_function(sub, *(sub.gather(x, dtype) for x in xs),
                                       ch.entering_states(sub, checkpoints, dtype, initial_state), scale)
-            dO = sub.gather(do, dtype)
-            R[c0:c1] = dO.transpose(-1, -2) @ (scale * pc["eGQ"] - pc["A"] @ pc["W"])
+            pc["dO"] = sub.gather(do, dtype)
+            pc["X"] = scale * pc["eGQ"] - pc["A"] @ pc["W"]
             for name in pieces:
                 pieces[name][c0:c1] = pc[name]
-        scan = scan or (lambda cm, pc, rr, dfs: ch.state_scan(cm, pc, rr, dfs, hs, dtype))
-        dS, d0 = scan(cmap, pieces, R, d_final_state)
-    del R, pieces
+        scan = scan or (lambda cm, pc, dfs: ch.state_scan(cm, pc, dfs, hs, dtype))
+        dS, d0 = scan(cmap, pieces, d_final_state)
+    del pieces
     grads = [torch.zeros(total, hs, DIM, dtype=dtype, device=dev) for _ in xs]
     for c0, c1 in ranges:
         sub = cmap.sub(c0, c1)

@@ -16,7 +16,7 @@ Backward, given dO and dS' (the state gradient at the chunk's end):
 
     dD   = P^T dO + K_d dS'^T          drhs' = Tm^T dD      dV = diag(beta) drhs'
     dA   = -(drhs' D^T)_strict          (the inverse's gradient: -Tm^T dD rhs'^T Tm^T, rhs' = diag(beta) rhs)
-    dS   = gamma_C dS' - (dS' K_d^T) W + R,   W = Tm diag(beta gamma) K,   R = dO^T (scale diag(gamma) Q - P W)
+    dS   = gamma_C dS' - (dS' K_d^T) W + dO^T X,   W = Tm diag(beta gamma) K,   X = scale diag(gamma) Q - P W
 
 The last line is the only sequential step (the reverse walk over chunks: ``state_scan`` here, the TIRx kernel
 ``_bwd_state_kernel`` on the GPU); everything else is chunk-parallel once every chunk's dS' is known. dq, dk, dbeta
@@ -164,15 +164,17 @@ def forward_pieces(cmap: ChunkMap, q, k, v, g, beta, S, scale: float, dtype):
                 Kd=Kd, W=W, S=S, strict=strict, incl=incl)
 
 
-def scan_inputs(f: dict, dO, scale: float):
-    """R = dO^T (scale diag(gamma) Q - P W) [NC, H, V, K] (the chunk's own term of the state gradient)."""
-    return dO.transpose(-1, -2) @ (scale * f["gam"][..., None] * f["Q"] - f["P"] @ f["W"])
+def scan_inputs(f: dict, dO, scale: float) -> dict:
+    """The walk's chunk terms: dO and X = scale diag(gamma) Q - P W ([NC, H, C, D]; R = dO^T X is the chunk's own
+    term of the state gradient)."""
+    return {"dO": dO, "X": scale * f["gam"][..., None] * f["Q"] - f["P"] @ f["W"]}
 
 
-def state_scan(cmap: ChunkMap, f: dict, R, d_final_state, hs: int, dtype):
-    """The reverse walk: (dS' per chunk [NC, H, V, K], dstate0 [N, H, V, K]). Reference of the TIRx kernel."""
-    dev = R.device
-    dS_end = torch.zeros_like(R)
+def state_scan(cmap: ChunkMap, f: dict, d_final_state, hs: int, dtype):
+    """The reverse walk: (dS' per chunk [NC, H, V, K], dstate0 [N, H, V, K]) from ``f``'s K_d, W, X, dO, gamma_C.
+    Reference of the TIRx kernel."""
+    dev = f["X"].device
+    dS_end = torch.zeros(cmap.n_chunks, hs, DIM, DIM, dtype=dtype, device=dev)
     d0 = torch.zeros(cmap.n_seqs, hs, DIM, DIM, dtype=dtype, device=dev)
     for n in range(cmap.n_seqs):
         ds = (d_final_state[n].to(dtype) if d_final_state is not None
@@ -181,7 +183,7 @@ def state_scan(cmap: ChunkMap, f: dict, R, d_final_state, hs: int, dtype):
             dS_end[c] = ds
             gc = f["gam_c"][c]  # [H] (GDN-1) or [H, K] (GDN-2: per key channel)
             gc = gc[:, None, None] if gc.dim() == 1 else gc[:, None, :]
-            ds = ds * gc - (ds @ f["Kd"][c].transpose(-1, -2)) @ f["W"][c] + R[c]
+            ds = ds * gc - (ds @ f["Kd"][c].transpose(-1, -2)) @ f["W"][c] + f["dO"][c].transpose(-1, -2) @ f["X"][c]
         d0[n] = ds
     return dS_end, d0
 

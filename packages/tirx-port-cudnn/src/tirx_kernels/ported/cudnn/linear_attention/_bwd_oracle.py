@@ -125,9 +125,9 @@ def chunked_grads(q, k, v, g, beta, do, cu_seqlens, checkpoints, scale=None, ini
     S = ch.entering_states(cmap, checkpoints, dtype, initial_state)
     f = ch.forward_pieces(cmap, qx, kx, vx, g, beta, S, scale, dtype)
     dO = cmap.gather(do, dtype)
-    R = ch.scan_inputs(f, dO, scale)
-    scan = scan or (lambda cm, ff, rr, dfs: ch.state_scan(cm, ff, rr, dfs, hs, dtype))
-    dS, d0 = scan(cmap, f, R, d_final_state)
+    f.update(ch.scan_inputs(f, dO, scale))
+    scan = scan or (lambda cm, ff, dfs: ch.state_scan(cm, ff, dfs, hs, dtype))
+    dS, d0 = scan(cmap, f, d_final_state)
     dq, dk, dv, dbeta, dg = ch.gradients(cmap, f, dO, dS, scale)
     res = {"dq": fold_heads(cmap.scatter(dq, total), q.shape[1]),
            "dk": fold_heads(cmap.scatter(dk, total), k.shape[1]),

@@ -301,17 +301,16 @@ def kernel_scan(io: str, fn=None, functions=None):
     """The reverse state walk on the TIRx kernel, in the ``scan`` form ``_bwd_oracle.chunked_grads`` takes
     (``fn``: the loaded / emulated function; default the runtime's artifact from ``functions``, this module's
     function cache unless given)."""
-    def scan(cmap, f, R, d_final_state):
-        dev = R.device
-        hs = R.shape[1]
+    def scan(cmap, f, d_final_state):
+        dev = f["X"].device
+        hs = f["X"].shape[1]
         if fn is None:
-            call = (functions or _FUNCTIONS).get((io, R.get_device()), lambda: {"io": io}, dev)
+            call = (functions or _FUNCTIONS).get((io, f["X"].get_device()), lambda: {"io": io}, dev)
         else:
             call = fn
         dt = _DTYPES[io]
-        kd = f["Kd"].to(dt).contiguous()
-        w = f["W"].to(dt).contiguous()
-        dS = torch.empty_like(R)
+        kd, w, x, do = (f[name].to(dt).contiguous() for name in ("Kd", "W", "X", "dO"))
+        dS = torch.empty(cmap.n_chunks, hs, ch.DIM, ch.DIM, dtype=torch.float32, device=dev)
         d0 = torch.empty(cmap.n_seqs, hs, ch.DIM, ch.DIM, dtype=torch.float32, device=dev)
         ccu = torch.tensor(cmap.chunk_cu, dtype=torch.int32, device=dev)
         dfs = None if d_final_state is None else d_final_state.float().contiguous()
@@ -320,7 +319,7 @@ def kernel_scan(io: str, fn=None, functions=None):
             return dS, d0
         gc = f["gam_c"].float()
         gc = (gc[..., None].expand(*gc.shape, ch.DIM) if gc.dim() == 2 else gc).contiguous()  # per key channel
-        res = call(*sk.kernel_args(kd, w, R.contiguous(), gc, ccu, dfs, dS, d0, _dummy(dev)))
+        res = call(*sk.kernel_args(kd, w, x, do, gc, ccu, dfs, dS, d0, _dummy(dev)))
         if hasattr(res, "check"):
             res.check()
         return dS, d0
