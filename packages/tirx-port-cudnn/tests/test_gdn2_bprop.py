@@ -16,6 +16,7 @@ import torch
 from tirx_kernels.core import harness
 from tirx_kernels.core.checks import TirxInputError
 from tirx_kernels.ported.cudnn.linear_attention import _bwd2_chunks as c2
+from tirx_kernels.ported.cudnn.linear_attention import _bwd_chunks as ch
 from tirx_kernels.ported.cudnn.linear_attention import _bwd_gates as gates
 from tirx_kernels.ported.cudnn.linear_attention import _bwd_state_kernel as sk
 from tirx_kernels.ported.cudnn.linear_attention import gdn2_bprop_f16 as mod
@@ -84,10 +85,17 @@ def _guarded(t):
     return buf, buf[1]
 
 
-def _run_emulated(emulated, label):
+def _run_emulated(emulated, label, layout="pre_chunk"):
     cfg = harness.full_config(mod, harness.find_config(mod, label))
     data = mod.prepare_data(**cfg, device="cpu")
     want = mod.reference(**data)
+    if layout == "cudnn":  # each sequence's checkpoint 0 (its initial state) apart: cuDNN's backward ABI
+        keep, row = [], 0
+        for n in ch.lengths(data["cu_seqlens"]):
+            c = -(-n // c2.CHUNK)
+            keep += list(range(row + 1, row + c))
+            row += c
+        data["state_checkpoints"] = data["state_checkpoints"][torch.tensor(keep, dtype=torch.long)]
     originals = {k: v.clone() for k, v in data.items() if isinstance(v, torch.Tensor) and k not in want}
     slabs = {}
     for key in want:
@@ -95,7 +103,7 @@ def _run_emulated(emulated, label):
     mod.run(data["q"], data["k"], data["v"], data["g"], data["beta"], data["w"], data["do"],
             data["state_checkpoints"], data["cu_seqlens"], 128 ** -0.5, data["d_final_state"], data["dq"],
             data["dk"], data["dv"], data["dg"], data["dbeta"], data["dw"], data["d_initial_state"],
-            fn=emulated(cfg["dtype"]))
+            fn=emulated(cfg["dtype"]), initial_state=data["initial_state"], layout=layout)
     for key, v in originals.items():
         assert torch.equal(v.view(torch.uint8), data[key].view(torch.uint8)), f"input {key} was modified"
     for key, slab in slabs.items():
@@ -103,8 +111,9 @@ def _run_emulated(emulated, label):
     return harness.check_outputs(mod, {k: data[k] for k in want}, want, "the fp32 oracle", cfg, originals)
 
 
-def test_ragged_batch_emulated(emulated):
-    stats = _run_emulated(emulated, "ragged_h2_init_dfinal")
+@pytest.mark.parametrize("layout", ["pre_chunk", "cudnn"])
+def test_ragged_batch_emulated(emulated, layout):
+    stats = _run_emulated(emulated, "ragged_h2_init_dfinal", layout)
     for name in GRADS:
         assert stats[name]["rel_fro"] < 2e-2, (name, stats[name])
 
