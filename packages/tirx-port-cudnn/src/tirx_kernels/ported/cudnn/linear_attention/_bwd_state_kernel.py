@@ -94,10 +94,12 @@ def build_kernel(io: str, chunk: int = 64):
         n_dfs = T.int64()
         n_dse = T.int64()
         n_d0 = T.int64()
-        KD = T.match_buffer(kd_ptr, (n_kd,), io, align=16)
-        W = T.match_buffer(w_ptr, (n_kd,), io, align=16)
-        X = T.match_buffer(x_ptr, (n_kd,), io, align=16)
-        DO = T.match_buffer(do_ptr, (n_kd,), io, align=16)
+        # Read by TMA only (the maps carry the 16-bit dtype): uint16 keeps fp16's ``half`` out of the host code,
+        # whose translation unit does not declare it.
+        KD = T.match_buffer(kd_ptr, (n_kd,), "uint16", align=16)
+        W = T.match_buffer(w_ptr, (n_kd,), "uint16", align=16)
+        X = T.match_buffer(x_ptr, (n_kd,), "uint16", align=16)
+        DO = T.match_buffer(do_ptr, (n_kd,), "uint16", align=16)
         GC = T.match_buffer(gc_ptr, (n_gc,), "float32", align=4)
         CCU = T.match_buffer(ccu_ptr, (n_cu,), "int32", align=4)
         DFS = T.match_buffer(dfs_ptr, (n_dfs,), "float32", align=16)
@@ -205,5 +207,10 @@ def kernel_args(kd, w, x, do, gamma_c, chunk_cu, d_final_state, dstate_end, dsta
     n_heads = dstate0.shape[1]
     flags = HAS_DFINAL if d_final_state is not None else 0
     dfs = dummy if d_final_state is None else d_final_state.reshape(-1)
-    return (kd.reshape(-1), w.reshape(-1), x.reshape(-1), do.reshape(-1), gamma_c.reshape(-1), chunk_cu, dfs,
+    import torch
+
+    def bits(t):  # the 16-bit tiles as the kernel's uint16 buffers
+        return t.reshape(-1).view(torch.uint16)
+
+    return (bits(kd), bits(w), bits(x), bits(do), gamma_c.reshape(-1), chunk_cu, dfs,
             dstate_end.reshape(-1), dstate0.reshape(-1), chunk_cu.shape[0] - 1, n_heads, flags)
