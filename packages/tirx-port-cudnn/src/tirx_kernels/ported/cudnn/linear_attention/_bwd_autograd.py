@@ -23,7 +23,6 @@ class _ChunkGDN(torch.autograd.Function):
                                         log_gate=True, output_final_state=output_final_state)
         ctx.save_for_backward(q, k, v, g, beta, initial_state, cu_seqlens, None if recompute else ckpt)
         ctx.scale, ctx.recompute = scale, recompute
-        ctx.mark_non_differentiable(cu_seqlens)
         return o, final
 
     @staticmethod
