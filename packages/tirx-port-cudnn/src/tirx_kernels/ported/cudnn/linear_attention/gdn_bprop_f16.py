@@ -8,10 +8,12 @@ from the forward's per-chunk state checkpoints: dq, dk, dv, dg (d loss / d log-g
 gradient.
 
 Registered as ``cudnn_sm90_gdn_bprop_f16`` (the seed's ``cudnn_sm100_gdn_bprop_f16``: tcgen05/TMEM on Blackwell).
-Status: the sequential step -- the reverse walk of the state gradient over chunks -- is the TIRx wgmma kernel
-``_bwd_state_kernel``; the chunk-parallel steps around it (the WY recompute from the checkpoints before, dq / dk / dv /
-dbeta / dg after) are batched torch (fp32) in ``_bwd_chunks``, processed in slabs of sequences. The fused wgmma form
-of those steps (cuDNN's one-kernel schedule) is the next step; until then this op is correct, not fast.
+Status: the sequential step -- the reverse walk of the state gradient over chunks, with each chunk's own term
+dO^T X -- is the TIRx wgmma kernel ``_bwd_state_kernel`` (TMA tiles one chunk ahead, two CTAs of 64 value rows per
+sequence and head); the chunk-parallel steps around it (the WY recompute from the checkpoints before, dq / dk / dv /
+dbeta / dg after) are batched torch (fp32, TF32 matmuls) in ``_bwd_chunks``, in slabs of sequences. The fused wgmma
+form of those steps (cuDNN's one-kernel schedule) is the next step; until then this op is correct, not fast (no GPU
+timing yet). Not CUDA-graph capturable: it reads ``cu_seqlens`` on the host (torch.compile sees the custom op).
 
 Training: ``_bwd_autograd.chunk_gdn_train`` ties this package's forward (checkpoints every 64 tokens, or the recompute
 kernel in the backward) to this op in a ``torch.autograd.Function``.
