@@ -299,3 +299,43 @@ def test_gpu_torch_compile_fullgraph():
                                                              d_final_state=d["d_final_state"])
     for a, b in zip(eager, compiled):
         torch.testing.assert_close(a, b)
+
+
+@gpu
+def test_gpu_stage_breakdown(monkeypatch, capsys):
+    """Where the op's time goes at the issue's anchor shape (B1 T8192 H16): the whole call against its state walk
+    (printed; run with -s). The torch steps around the walk are what a fused kernel replaces next."""
+    d = mod.prepare_data("bfloat16", 16, "8192")
+    args = (d["q"], d["k"], d["v"], d["g"], d["beta"], d["do"], d["state_checkpoints"], d["cu_seqlens"])
+    walk_ms = []
+    real = mod.kernel_scan
+
+    def timed_scan(io, fn=None, functions=None):
+        inner = real(io, fn, functions)
+
+        def scan(*a):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            out = inner(*a)
+            end.record()
+            torch.cuda.synchronize()
+            walk_ms.append(start.elapsed_time(end))
+            return out
+        return scan
+
+    mod.gdn_bprop(*args)  # build / load, warm up
+    monkeypatch.setattr(mod, "kernel_scan", timed_scan)
+    totals = []
+    for _ in range(5):
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        mod.gdn_bprop(*args)
+        end.record()
+        torch.cuda.synchronize()
+        totals.append(start.elapsed_time(end))
+    total, walk = sorted(totals)[2], sorted(walk_ms)[2]
+    with capsys.disabled():
+        print(f"\ngdn_bprop B1 T8192 H16 bf16: whole call {total * 1e3:.0f} us, state walk {walk * 1e3:.0f} us "
+              f"(incl. its tile casts), torch steps {(total - walk) * 1e3:.0f} us")
+    assert 0 < walk < total
