@@ -59,15 +59,23 @@ def run_clusters(module, x: torch.Tensor, k: int, row_pad: int = 0, force_scalar
     return vals, idx
 
 
-# A 512-thread CTA of a 2-CTA cluster costs seconds here: CI runs the first two (ties over the cluster with the
-# vector path; edge values with 16-bit keys on the scalar path); TIRX_EMULATE_FULL=1 runs the rest.
+# Each emulated module costs ~20 s of g++ here: CI compiles one (fp32, 2-CTA cluster) and runs it twice (ties over
+# the cluster on the bulk-copy path; edge values on the scalar path); TIRX_EMULATE_FULL=1 runs the rest (16-bit keys,
+# 4- and 8-CTA clusters, constant rows).
 _FULL = os.environ.get("TIRX_EMULATE_FULL") == "1"
 full_only = pytest.mark.skipif(not _FULL, reason="set TIRX_EMULATE_FULL=1 (minutes of CPU on 2 cores)")
 
 
+def test_emulated_both_load_paths(emulated):
+    module = emulated("float32", 2)
+    x = make_rows("ties", 1, 6000, torch.float32, seed=1)
+    _check(*run_clusters(module, x, 1000), x, 1000)
+    x = make_rows("special", 1, 5001, torch.float32, seed=2)
+    _check(*run_clusters(module, x, 257, row_pad=1), x, 257)
+
+
 @pytest.mark.parametrize("kind, M, N, k, cluster, dtype, row_pad", [
-    ("ties", 1, 6000, 1000, 2, torch.float32, 0),
-    ("special", 1, 5001, 257, 2, torch.float16, 3),
+    pytest.param("special", 1, 5001, 257, 2, torch.float16, 3, marks=full_only),
     pytest.param("random", 2, 9000, 300, 4, torch.float32, 0, marks=full_only),
     pytest.param("constant", 1, 9000, 4000, 4, torch.float32, 0, marks=full_only),
     pytest.param("special", 1, 9001, 700, 2, torch.float32, 1, marks=full_only),
@@ -129,10 +137,16 @@ def test_gpu_exact_and_deterministic(M, N, k, kind, dtype):
     x = make_rows(kind, M, N, dtype, seed=7).cuda()
     want_v, want_i = oracle(x.cpu(), k)
     raw = _RAW[dtype]
+    assert mod.plan_cluster(M, N, str(dtype)[6:], torch.cuda.get_device_properties(0).multi_processor_count)
     for v, i in (mod.fast_topk_clusters(x, k), single.top_k(x, k), single.top_k(x, k, deterministic=True)):
         assert torch.equal(i.cpu(), want_i) and torch.equal(v.cpu().view(raw), want_v.view(raw))
+    # sorted: the single-CTA kernel's sorted result, bit for bit
     sv, si = mod.fast_topk_clusters(x, k, sorted=True)
-    tv, ti = single.top_k(x, k, sorted=True)
+    tv, ti = torch.empty_like(sv), torch.empty_like(si)
+    single._run(x, k, tv, ti, sort=False, dispatch=False)
+    from tirx_kernels.ported.flashinfer.topk import stable_sort_topk_by_value as sorter
+
+    sorter.run(tv, ti, k, tv, ti)
     assert torch.equal(si, ti) and torch.equal(sv.view(raw), tv.view(raw))
 
 

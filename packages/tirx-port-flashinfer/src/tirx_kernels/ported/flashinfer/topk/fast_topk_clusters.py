@@ -71,6 +71,7 @@ BENCH_CONFIGS = [
     {"label": "f32_r1_l131072_k2048", "dtype": "float32", "M": 1, "N": 131072, "k": 2048},
     {"label": "f32_r64_l131072_k2048", "dtype": "float32", "M": 64, "N": 131072, "k": 2048},
     {"label": "f32_plain_b64_l65536_k1024", "dtype": "float32", "M": 64, "N": 65536, "k": 1024},
+    {"label": "f32_r64_l32768_k512", "dtype": "float32", "M": 64, "N": 32768, "k": 512},
 ]
 
 DEFAULTS = {"dtype": "float32", "ties": False}
