@@ -37,6 +37,7 @@ def chain(buf_ptr: T.handle, delta_ptr: T.handle, flag_ptr: T.handle, seen_ptr: 
         for later in range(bx + 1, CTAS):
             peer.signal_add(Flag.ptr_to([later]))
         peer.async_writes_to_generic()
+        peer.system_fence()
 
 
 def test_flag_chain_and_peer_offsets():

@@ -44,6 +44,12 @@ def signal_add(flag_ptr, value=1):
     T.evaluate(T.ptx["red.relaxed.sys.global.add.s32"](flag_ptr, T.int32(value)))
 
 
+def system_fence():
+    """``fence.acq_rel.sys``: this thread's earlier writes (peer stores too) are ordered before its later ones for
+    every observer in the system; at a kernel's end, before a host-side barrier publishes them."""
+    T.evaluate(T.ptx["fence.acq_rel.sys"]())
+
+
 def async_writes_to_generic():
     """``fence.proxy.async.global``: orders this thread's completed async-proxy (TMA) global accesses with its
     later generic ones (a flag release after TMA stores) and its generic acquires with its later TMA loads."""
