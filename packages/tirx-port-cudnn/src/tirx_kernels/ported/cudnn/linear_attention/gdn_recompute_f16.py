@@ -102,6 +102,11 @@ def roofline(**cfg) -> dict:
     return common.roofline(with_q=False, **cfg)
 
 
+def get_baselines(**cfg) -> dict:
+    """None runnable on Hopper: cuDNN Frontend's recompute needs sm100, fla has no checkpoint-only forward."""
+    return {}
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Public op
 # ---------------------------------------------------------------------------------------------------------
