@@ -171,12 +171,22 @@ def _produce(ml, sm, q_map, k_map, v_map, m0, h, hk, b, n_blocks):
     ml.produce_kv(sm, 0, n_blocks, load_k, load_v)
 
 
-def build_fp8_fwd_kernel(head_dim: int, causal: bool, block_n: int, num_stages: int, schedule: str = "overlap"):
+# setmaxnreg splits (consumer -> producer) that fill 3 x 128 threads x 168 registers exactly: 40 / 232 (the bf16
+# kernel's), 24 / 240 (FA3's; hd256's 128 x 128 tile with the overlap spilled 48 bytes at 232, none at 240).
+PRODUCER_REGS = {232: 40, 240: 24}
+
+
+def build_fp8_fwd_kernel(head_dim: int, causal: bool, block_n: int, num_stages: int, schedule: str = "overlap",
+                         consumer_regs: int = 232):
     """The batch-padded FP8 kernel: one CTA per (query tile, query head, batch entry), longest causal tiles first."""
     from tvm.script import tirx as T
 
     from tirx_kernels.core.lang import roles, tma, wgmma
 
+    if consumer_regs not in PRODUCER_REGS:
+        raise ValueError(f"flash_attention4_fp4: consumer_regs={consumer_regs} not one of {sorted(PRODUCER_REGS)}")
+    producer_regs = PRODUCER_REGS[consumer_regs]
+    assert roles.register_split_fits(NUM_CONSUMERS, producer_regs, consumer_regs)
     ml = FP8Mainloop(head_dim, block_n, num_stages, schedule)
 
     @T.prim_func
@@ -236,7 +246,7 @@ def build_fp8_fwd_kernel(head_dim: int, causal: bool, block_n: int, num_stages: 
         T.cuda.cta_sync()
 
         if wg == 0:
-            roles.producer_role()
+            roles.producer_role(producer_regs)
             if tid == 0:
                 _produce(ml, sm, q_map, k_map, v_map, m0, h, hk, b, n_blocks)
         else:
@@ -244,7 +254,8 @@ def build_fp8_fwd_kernel(head_dim: int, causal: bool, block_n: int, num_stages: 
             scales[0] = softmax_scale * QD[b, hk] * KD[b, hk]
             scales[1] = VD[b, hk]
             first_row, warp, lane, scale_log2 = _fwd_kernel._consumer(ml, sm, rg, wg, tid, scales[0], m0, Sq, Sk,
-                                                                      n_blocks, causal)
+                                                                      n_blocks, causal,
+                                                                      consumer_regs=consumer_regs)
             Ow = T.decl_buffer((B * Sq * Hq * head_dim // 2,), "uint32", data=Out.data)
             for r in T.unroll(2):
                 inv, lse_row = ml.finalize(rg, r, scale_log2)

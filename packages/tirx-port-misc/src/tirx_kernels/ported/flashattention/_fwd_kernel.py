@@ -66,14 +66,16 @@ NUM_CONSUMERS = 2
 BLOCK_M = NUM_CONSUMERS * 64  # one m64 wgmma row block per consumer
 
 
-def _consumer(ml, sm, rg, wg, tid, softmax_scale, m0, num_q, num_k, n_blocks, causal, clear_v: bool = False):
+def _consumer(ml, sm, rg, wg, tid, softmax_scale, m0, num_q, num_k, n_blocks, causal, clear_v: bool = False,
+              consumer_regs: int | None = None):
     """Math warpgroup ``wg``: its 64 rows of the query tile at ``m0`` against key tiles 0 .. n_blocks - 1; returns
-    (row of row half r, the mainloop's registers, lane) for the epilogue."""
+    (row of row half r, the mainloop's registers, lane) for the epilogue. ``consumer_regs``: the setmaxnreg.inc
+    target (default ``roles.CONSUMER_REGS``)."""
     from tvm.script import tirx as T
 
     from tirx_kernels.core.lang import roles, softmax
 
-    cw, _, warp, lane = roles.consumer_role(wg, tid)
+    cw, _, warp, lane = roles.consumer_role(wg, tid, consumer_regs or roles.CONSUMER_REGS)
     scale_log2 = softmax_scale * T.float32(softmax.LOG2E)
     first_row = m0 + cw * 64
     mask_from = ml.causal_limits(rg, first_row, num_q, num_k, causal, warp, lane)

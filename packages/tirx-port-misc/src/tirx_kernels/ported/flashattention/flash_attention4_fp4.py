@@ -85,9 +85,12 @@ BENCH_CONFIGS = [
     {"label": "e4m3_b2_h16_s8192_d256", "B": 2, "Sq": 8192, "Sk": 8192, "Hq": 16, "Hkv": 16, "D": 256},
     {"label": "e4m3_b2_h16_s8192_d256_causal", "B": 2, "Sq": 8192, "Sk": 8192, "Hq": 16, "Hkv": 16, "D": 256,
      "causal": True},
-    # hd256's other spill-free variant: 64-key tiles (4 stages) with the intra-warpgroup overlap, vs 128 x pingpong.
+    # hd256's other spill-free variants beside 128 keys + overlap at 240 registers: 128 keys + pingpong and 64-key
+    # tiles (4 stages) + overlap, both at 232.
+    {"label": "e4m3_b2_h16_s8192_d256_pingpong", "B": 2, "Sq": 8192, "Sk": 8192, "Hq": 16, "Hkv": 16, "D": 256,
+     "schedule": "pingpong", "consumer_regs": 232},
     {"label": "e4m3_b2_h16_s8192_d256_bn64_overlap", "B": 2, "Sq": 8192, "Sk": 8192, "Hq": 16, "Hkv": 16, "D": 256,
-     "block_n": 64, "schedule": "overlap"},
+     "block_n": 64, "schedule": "overlap", "consumer_regs": 232},
     {"label": "e4m3_b2_h16_s8192_d128_pingpong", "B": 2, "Sq": 8192, "Sk": 8192, "Hq": 16, "Hkv": 16, "D": 128,
      "schedule": "pingpong"},
     {"label": "nvfp4_b2_h16_s8192_d128", "B": 2, "Sq": 8192, "Sk": 8192, "Hq": 16, "Hkv": 16, "D": 128,
@@ -96,14 +99,15 @@ BENCH_CONFIGS = [
      "kv_format": "mxfp8"},
 ]
 
-DEFAULTS = {"causal": False, "kv_format": "e4m3", "schedule": None, "block_n": None}
+DEFAULTS = {"causal": False, "kv_format": "e4m3", "schedule": None, "block_n": None, "consumer_regs": None}
 COMPARATORS = _fwd_fp8_check.COMPARATORS
 
-# head_dim -> (block_n, stages, schedule): FA3's FP8 tile for hd256 is 128 x 128; V^T rows are one key tile of
-# block_n bytes (a swizzle span), so block_n is 64 or 128 here (FA3 takes 224 keys at hd128 with an in-kernel
-# transpose). hd256 x 128 keys under "overlap" (P of tile n - 1, S of tile n and O live together: 208 fragment
-# registers) spilled 48 bytes (ptxas, 2026-12-06); "pingpong" builds spill-free.
-TILES = {64: (128, 2, "overlap"), 128: (128, 2, "overlap"), 256: (128, 2, "pingpong")}
+# head_dim -> (block_n, stages, schedule, consumer registers): FA3's FP8 tile for hd256 is 128 x 128; V^T rows are
+# one key tile of block_n bytes (a swizzle span), so block_n is 64 or 128 here (FA3 takes 224 keys at hd128 with an
+# in-kernel transpose). hd256 x 128 keys under "overlap" (P of tile n - 1, S of tile n and O live together: 208
+# fragment registers) spilled 48 bytes with 232 consumer registers and none with FA3's 240 (producer 24; ptxas,
+# 2026-12-06); "pingpong" at 232 and 64-key tiles are bench rows beside it.
+TILES = {64: (128, 2, "overlap", 232), 128: (128, 2, "overlap", 232), 256: (128, 2, "overlap", 240)}
 SCHEDULE = "overlap"  # the mainloop's default; TILES names each head dim's
 _INT32_MAX = 2**31 - 1
 _OP = "flash_attn_fp8_func"
@@ -114,13 +118,13 @@ def compile_params(**cfg) -> dict:
     """What changes the code: head dim, causal, the tile and schedule (TILES unless a row names others). B, S, H,
     strides and the scales are run-time arguments."""
     d = int(cfg["D"])
-    block_n, _, schedule = TILES.get(d, (None, None, SCHEDULE))
+    block_n, _, schedule, regs = TILES.get(d, (None, None, SCHEDULE, 232))
     return {"head_dim": d, "causal": bool(cfg.get("causal")), "schedule": cfg.get("schedule") or schedule,
-            "block_n": int(cfg.get("block_n") or block_n or 0)}
+            "block_n": int(cfg.get("block_n") or block_n or 0), "consumer_regs": int(cfg.get("consumer_regs") or regs)}
 
 
 def get_kernel(head_dim: int, causal: bool = False, schedule: str = SCHEDULE, block_n: int | None = None,
-               kind: str = "attention"):
+               consumer_regs: int = 232, kind: str = "attention"):
     """``kind``: "attention", "transpose_v" (the V pre-pass kernel of ``_fwd_fp8_transpose``) or "requant_nvfp4" /
     "requant_mxfp8" (``_fwd_fp8_requant``)."""
     if head_dim not in TILES:
@@ -129,11 +133,11 @@ def get_kernel(head_dim: int, causal: bool = False, schedule: str = SCHEDULE, bl
         return _fwd_fp8_transpose.build_transpose_v_kernel(head_dim)
     if kind.startswith("requant_"):
         return _fwd_fp8_requant.build_requant_kernel(kind.removeprefix("requant_"), head_dim)
-    tile_n, stages, _ = TILES[head_dim]
+    tile_n, stages, _, _ = TILES[head_dim]
     block_n = block_n or tile_n
     if block_n != tile_n:  # a narrower key tile (a bench row): twice the stages in the same smem
         stages = stages * tile_n // block_n
-    return _fwd_fp8.build_fp8_fwd_kernel(head_dim, causal, block_n, stages, schedule)
+    return _fwd_fp8.build_fp8_fwd_kernel(head_dim, causal, block_n, stages, schedule, consumer_regs)
 
 
 def artifact_params() -> list[dict]:
@@ -209,9 +213,9 @@ def encode_kv(x: torch.Tensor, kv_format: str) -> dict:
 
 def prepare_data(B: int, Sq: int, Sk: int, Hq: int, Hkv: int, D: int, causal: bool = False,  # noqa: N803
                  kv_format: str = "e4m3", schedule: str | None = None, block_n: int | None = None,
-                 device: str = "cuda") -> dict:
+                 consumer_regs: int | None = None, device: str = "cuda") -> dict:
     """Fresh random e4m3 Q (descale per (batch, kv head)) and K/V in ``kv_format``; poisoned out / lse (``schedule``
-    and ``block_n``, a kernel variant, are read by ``launch`` from the config)."""
+    ``block_n`` and ``consumer_regs``, a kernel variant, are read by ``launch`` from the config)."""
     q32 = _realistic(B, Sq, Hkv, (Hq // Hkv) * D, device=device)
     q, q_descale = prepass.quantize_per_head(q32)
     k, v = encode_kv(_realistic(B, Sk, Hkv, D, device=device), kv_format), \
@@ -253,7 +257,8 @@ def launch(cfg: dict, data: dict) -> None:
     keys = ("q_descale", "k_descale", "v_descale", "kv_format", "k_scale", "v_scale", "k_global_scale",
             "v_global_scale")
     flash_attn_fp8_func(data["q"], data["k"], data["v"], causal=data["causal"], softmax_scale=data["softmax_scale"],
-                        out=(data["out"], data["lse"]), variant=(cfg.get("schedule"), cfg.get("block_n")),
+                        out=(data["out"], data["lse"]), variant=(cfg.get("schedule"), cfg.get("block_n"),
+                                                                      cfg.get("consumer_regs")),
                         **{n: data[n] for n in keys})
 
 
@@ -372,7 +377,7 @@ def _check_inputs(q, k, v, q_descale, k_descale, v_descale, softmax_scale, kv_fo
 _FUNCTIONS = runtime.FunctionCache(__name__)
 
 
-def _run(inp: dict, softmax_scale: float, causal: bool, out, lse, variant=(None, None)) -> None:
+def _run(inp: dict, softmax_scale: float, causal: bool, out, lse, variant=(None, None, None)) -> None:
     q, k = inp["q"], inp["k"]
     B, Sq, Hq, D = q.shape
     if B == 0 or Sq == 0 or Hq == 0:
@@ -384,7 +389,8 @@ def _run(inp: dict, softmax_scale: float, causal: bool, out, lse, variant=(None,
     checks.aligned(_OP, "out[0]", out, 16)
     check_lse_base(_OP, lse)
     fn = _FUNCTIONS.get((D, causal, variant, q.get_device()),
-                        lambda: compile_params(D=D, causal=causal, schedule=variant[0], block_n=variant[1]), q.device)
+                        lambda: compile_params(D=D, causal=causal, schedule=variant[0], block_n=variant[1],
+                                               consumer_regs=variant[2]), q.device)
     vt = inp["vt"] if inp.get("vt") is not None else _transpose_v(inp["v"])
     fn(_tma_ready(q.view(torch.uint8)), _tma_ready(k.view(torch.uint8)), vt.view(torch.uint8),
        inp["q_descale"], inp["k_descale"], inp["v_descale"], out, lse, float(softmax_scale))
@@ -422,7 +428,7 @@ def flash_attn_fp8_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_des
                         k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
                         k_global_scale=None, v_global_scale=None,
                         out: tuple[torch.Tensor, torch.Tensor] | None = None,
-                        variant: tuple = (None, None)) -> tuple[torch.Tensor, torch.Tensor]:
+                        variant: tuple = (None, None, None)) -> tuple[torch.Tensor, torch.Tensor]:
     """FP8 attention forward with flash-attn's FP8 conventions (FA3's ``flash_attn_func`` with e4m3 inputs).
 
     - q: float8_e4m3fn [B, Sq, Hq, D], D in (64, 128, 256); ``q_descale``, ``k_descale``, ``v_descale``: fp32 [B, Hkv]
@@ -437,8 +443,8 @@ def flash_attn_fp8_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_des
       the kernel, times ``k_descale`` / ``v_descale`` when given.
     ``softmax_scale`` defaults to 1/sqrt(D); ``causal`` masks bottom-right aligned (key j visible to query i iff
     j <= i + Sk - Sq). Returns (out bf16 [B, Sq, Hq, D], lse fp32 [B, Hq, Sq], natural log of the descaled scores),
-    written into ``out`` = (out, lse) when given (contiguous). ``variant`` = (schedule, block_n) picks a kernel variant
-    other than ``TILES``' (measurements)."""
+    written into ``out`` = (out, lse) when given (contiguous). ``variant`` = (schedule, block_n, consumer_regs)
+    picks a kernel variant other than ``TILES``' (measurements)."""
     _check_inputs(q, k, v, q_descale, k_descale, v_descale, softmax_scale, kv_format, k_scale, v_scale,
                   k_global_scale, v_global_scale, out)
     scale = 1.0 / math.sqrt(q.shape[3]) if softmax_scale is None else float(softmax_scale)
