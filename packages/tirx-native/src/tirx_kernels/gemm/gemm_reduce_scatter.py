@@ -83,7 +83,7 @@ def call_samples(rng) -> list[dict]:
     out = []
     for dtype in _DTYPES:
         for w in (1, 2, 4, 8):
-            for n in (rng.randint(1, 255) * 8, rng.randint(256, 4096) * 8):
+            for n in (rng.randint(1, 255) * 8, rng.randint(256, 4096) * 8, rng.randint(1, 8192) * 8):
                 out.append({"dtype": dtype, "M": w * rng.randint(1, 2048), "N": n, "K": 8 * w * rng.randint(1, 2048),
                             "world_size": w})
     return out
