@@ -26,7 +26,7 @@ def build_kernel(dtype: str, C: int, cap: int, threads: int, U: int, E: int):  #
     warps = threads // 32
     tile = threads * E
     piece = cap // PIECES  # scores a bulk copy (and its mbarrier) brings
-    assert threads >= R and piece % vec == 0
+    assert threads >= R and piece % vec == 0 and cap <= 1 << 16  # candidate positions are uint16
 
     def i64(v):
         return T.Cast("int64", v)

@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 # Port of FlashInfer's cluster top-k (a thread-block cluster per row, histograms reduced over distributed shared
 # memory). Upstream: flashinfer (https://github.com/flashinfer-ai/flashinfer), include/flashinfer/
-# fast_topk_clusters_exact.cuh, release v0.7.4 (commit 77039051b0be921788dc2784ec41423b558878ec).
+# fast_topk_clusters_exact.cuh, release v0.7.4 (commit 77039051b0be921788dc2784ec41423b558878ec; the algorithm was
+# read from the file at commit 3a3c46981ef9220acb7fcfcbea9b64f6424f9b80).
 # Written anew in TIRx: the row is read from global memory once and stays in shared memory; the result is
 # top_k's deterministic one (see below), where upstream's order and tie choice follow its atomics.
 """Top-k of rows that a cluster's shared memory holds: one cluster of ``C`` CTAs (2, 4 or 8: portable sizes) a row.
