@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from tirx_kernels.core import harness, symm
+from tirx_kernels.core import checks, harness, symm
 from tirx_kernels.ported.deepep import _host, _layout
 
 KERNEL_META = {
@@ -153,8 +153,9 @@ def dispatch(x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor
     recv_src_idx`` holds each received row's index on its source rank."""
     _, rank, world = symm.group_rank_size(group)
     _host.check_dispatch(_OP, x, topk_idx, topk_weights, num_experts, world, expert_alignment)
-    if torch.compiler.is_compiling():
-        return torch.ops.tirx.deepep_dispatch(x, topk_idx, topk_weights, num_experts)
+    if torch.compiler.is_compiling():  # the handle is a host object: the custom op (recv tensors only) is the way in
+        raise checks.TirxInputError(f"{_OP}: argument 'x': dispatch returns a host handle torch.compile cannot trace; "
+                                    "call torch.ops.tirx.deepep_dispatch for the received tensors")
     per_rank, per_expert, in_rank = _layout.layout(topk_idx, num_experts, world)
     counts, per_expert_all = _host.exchange_counts(group, per_rank, per_expert)
     prefix = _layout.rank_prefix_matrix(counts)
