@@ -140,12 +140,11 @@ def test_gemm_reduce_scatter_emulated_three_ranks(emulated):
 
 
 @pytest.mark.parametrize("kernel, params", [
-    ("allgather_gemm", {"dtype": "float16", "tile": "persistent_128x256x64_s4_e128_g8"}),
-    ("gemm_reduce_scatter", {"dtype": "float16", "tile": "persistent_128x256x64_s4_e128_g8", "part": "gemm"}),
     ("gemm_reduce_scatter", {"dtype": "float16", "tile": "persistent_128x256x64_s4_e128_g8", "part": "reduce"}),
 ])
 def test_distributed_gemm_builds_without_spills(kernel, params):
-    """CI's one representative artifact per kernel: nvcc for sm_90a, no spills or local memory, the expected SASS."""
+    """The artifacts test_build_kernels.py does not build (it builds compile_params of every config: the GEMMs):
+    nvcc for sm_90a, no spills or local memory, the expected SASS."""
     pytest.importorskip("tvm", reason="apache-tvm is needed to build kernels")
     import importlib
 
