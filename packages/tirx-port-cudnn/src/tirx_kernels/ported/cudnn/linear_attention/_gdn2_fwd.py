@@ -1,0 +1,168 @@
+# SPDX-License-Identifier: Apache-2.0
+# GDN-2 as cuDNN Frontend's gdn2_prefill_f16 / gdn2_recompute_f16 define it (python/cudnn/linear_attention/frost,
+# https://github.com/NVIDIA/cudnn-frontend v1.28.0, commit 1dbd2c09432dfd6cbf13a0ad85a071446398c082); read for
+# semantics only. The state scan is tirx-native's KDA scan kernel (tirx_kernels.kda._kda_scan, commit 27efdc4).
+"""The GDN-2 forward of ``cudnn_sm90_gdn2_prefill_f16`` / ``_recompute_f16``: a torch chunk pass, then the wgmma state
+scan of tirx-native's KDA forward, then the checkpoints.
+
+GDN-2 (``core.gdn2_ref``): per-key-channel decay g and erase gate b, per-value-channel write gate w. Over a chunk of
+64 tokens (G the inclusive cumulative log decay per key channel) its WY form is exactly the KDA scan's chunk step
+
+    Y = V_in - K_g S^T,   Delta = T Y,   S = S diag(gamma) + Delta^T K_d,   O = Q_g S^T + P Delta
+
+with V_in = w * v, K_g = b * k * exp(G), T = (I + A)^-1 (A[i, j] = sum_d b_i k_i k_j exp(G_i - G_j), j < i),
+K_d = k * exp(G_last - G), Q_g = scale q * exp(G), P[i, j] = scale sum_d q_i k_j exp(G_i - G_j) (j <= i), gamma =
+exp(G_last). The chunk pass computes these in fp32 torch (chunk-parallel, pairwise decays: exact for any gate sign)
+and rounds them to bf16 as the scan takes them; the scan (one CTA per head, sequence and value half, the state in
+registers) stores the state entering every chunk (fp32, [slots, H, K, V]). cuDNN's checkpoints (every 16 / 32 / 48
+tokens: inside a chunk) are then advanced from the chunk's entering state in torch. A host read of ``cu_seqlens``
+builds the chunk table (not CUDA-graph capturable; a device-side chunk kernel is the next step).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tirx_kernels.core import delta_rule_ref, gdn2_ref
+
+DIM = 128
+CHUNK = 64  # the scan's chunk (cuDNN's GDN-2 kernels use 16: a schedule choice, the math is the same)
+CADENCES = (0, 16, 32, 48)
+_CKPT_BATCH = 64  # checkpoints advanced at a time
+_PAIR_BATCH = 64  # (chunk, head) pairs per pairwise-decay block: 64 x 64 x 64 x 128 fp32 = 128 MiB
+
+
+def chunk_list(cu: list[int]) -> tuple[list[tuple[int, int]], list[int]]:
+    """((first token, length) of every 64-token chunk, sequences in order; each sequence's first chunk index)."""
+    chunks, base = [], []
+    for n in range(len(cu) - 1):
+        base.append(len(chunks))
+        chunks += [(t0, min(CHUNK, cu[n + 1] - t0)) for t0 in range(cu[n], cu[n + 1], CHUNK)]
+    return chunks, base
+
+
+def _pairwise(G, left, right):
+    """[B, 64, 64]: sum_d left_i[d] right_j[d] exp(G_i[d] - G_j[d]) for j <= i (0 above), in blocks of pairs."""
+    out = torch.empty(*G.shape[:-1], G.shape[-2], dtype=G.dtype, device=G.device)
+    lower = torch.ones(CHUNK, CHUNK, dtype=torch.bool, device=G.device).tril()
+    for s in range(0, G.shape[0], _PAIR_BATCH):
+        g = G[s:s + _PAIR_BATCH]
+        dec = torch.exp((g[:, :, None, :] - g[:, None, :, :]).masked_fill(~lower[None, :, :, None], float("-inf")))
+        out[s:s + _PAIR_BATCH] = torch.einsum("bid,bjd,bijd->bij", left[s:s + _PAIR_BATCH], right[s:s + _PAIR_BATCH],
+                                              dec)
+    return out
+
+
+def chunk_pass(q, k, v, g, b, w, scale, cu: list[int]):
+    """The scan's operands on per-state-head fp32 inputs [T, H, *] (``q`` None: zeros, the recompute). Returns a dict:
+    ``qg, kg, kd, v_in`` [T, H, 128] and ``tb, pm`` [T, H, 64] bf16 (token rows), ``gam`` [chunks, H, 128] fp32, and
+    the fp32 chunk tensors the checkpoints need (``kg_c``, ``vin_c``, ``tb_c``, ``k_c``, ``G``: [chunks, H, 64, *])."""
+    total, hs = k.shape[0], k.shape[1]
+    dev = k.device
+    chunks, _ = chunk_list(cu)
+    nc = len(chunks)
+    t0 = torch.tensor([c[0] for c in chunks], device=dev, dtype=torch.long)
+    ln = torch.tensor([c[1] for c in chunks], device=dev, dtype=torch.long)
+    i = torch.arange(CHUNK, device=dev)
+    tok = (t0[:, None] + i[None]).clamp_max(max(total - 1, 0))  # [nc, 64]
+    live = (i[None] < ln[:, None])  # [nc, 64]
+
+    def gather(x):  # [T, H, D] -> [nc, H, 64, D], rows past the chunk zero
+        return torch.where(live[:, :, None, None], x[tok], torch.zeros((), device=dev)).permute(0, 2, 1, 3)
+
+    K, V, Gl, B, W = (gather(x) for x in (k, v, g, b, w))
+    G = torch.cumsum(Gl, 2)  # flat past the chunk's end (g = 0 there)
+    eG = torch.exp(G)
+    glast = G[:, :, -1]
+    flat = (nc * hs, CHUNK, DIM)
+    A = _pairwise(G.reshape(flat), (B * K).reshape(flat), K.reshape(flat)).view(nc, hs, CHUNK, CHUNK)
+    A = A * (1 - torch.eye(CHUNK, device=dev))
+    eye = torch.eye(CHUNK, device=dev).expand(nc, hs, CHUNK, CHUNK)
+    Tb = torch.linalg.solve_triangular(eye + A, eye, upper=False, unitriangular=True)
+    ops = {"kg": B * K * eG, "kd": K * torch.exp(glast[:, :, None] - G), "v_in": W * V, "tb": Tb}
+    if q is not None:
+        Q = gather(q)
+        ops["qg"] = scale * Q * eG
+        ops["pm"] = scale * _pairwise(G.reshape(flat), Q.reshape(flat), K.reshape(flat)).view(nc, hs, CHUNK, CHUNK)
+
+    rows = tok[live]  # the chunk rows that are tokens of their sequence
+
+    def scatter(x, width):
+        out = torch.zeros(total, hs, width, dtype=torch.bfloat16, device=dev)
+        if nc:
+            out[rows] = x.permute(0, 2, 1, 3)[live].to(torch.bfloat16)
+        return out
+
+    res = {name: scatter(ops[name], DIM) for name in ("kg", "kd", "v_in")}
+    res["tb"] = scatter(Tb, CHUNK)
+    res["qg"] = scatter(ops["qg"], DIM) if q is not None else torch.zeros(total, hs, DIM, dtype=torch.bfloat16,
+                                                                           device=dev)
+    res["pm"] = scatter(ops["pm"], CHUNK) if q is not None else torch.zeros(total, hs, CHUNK, dtype=torch.bfloat16,
+                                                                            device=dev)
+    res["gam"] = torch.exp(glast).contiguous()
+    res.update(kg_c=ops["kg"], vin_c=ops["v_in"], tb_c=Tb, k_c=K, G=G)
+    return res
+
+
+def expand_inputs(q, k, v, g, b, w, use_qk_l2norm: bool, safe_gate: bool, a_log, dt_bias, lower_bound,
+                  use_beta_sigmoid: bool):
+    """Per-state-head fp32 [T, H, *] inputs (head maps of ``delta_rule_ref``; ``q`` may be None), gates applied."""
+    ref = q if q is not None else k
+    hs, qh, kh, vh = delta_rule_ref.head_maps(ref.shape[1], k.shape[1], v.shape[1])
+    if use_qk_l2norm:
+        k = gdn2_ref.l2norm(k)
+        q = None if q is None else gdn2_ref.l2norm(q)
+    gf, bf, wf = gdn2_ref.gates(g, b, w, safe_gate, a_log, dt_bias, lower_bound, use_beta_sigmoid)
+    qf = None if q is None else q.float()[:, qh]
+    return qf, k.float()[:, kh], v.float()[:, vh], gf, bf, wf.float(), hs
+
+
+def checkpoints(ops, ck64, cu: list[int], cadence: int, dtype):
+    """cuDNN's checkpoints [count, H, V, K] in ``dtype`` from the states entering each chunk (``ck64`` [chunks, H, K,
+    V] fp32): at an offset m inside a chunk, S_m = S_0 diag(exp(G_{m-1})) + sum_{j<m} u_j (k_j exp(G_{m-1} - G_j))^T
+    with the chunk's writes U = T (V_in - K_g S_0^T)."""
+    chunks, base = chunk_list(cu)
+    where = []  # (chunk, offset) of every checkpoint, sequences in order
+    for n in range(len(cu) - 1):
+        where += [(base[n] + p // CHUNK, p % CHUNK) for p in range(0, cu[n + 1] - cu[n], cadence)]
+    hs = ck64.shape[1]
+    dev = ck64.device
+    out = torch.empty(len(where), hs, DIM, DIM, dtype=dtype, device=dev)
+    for s in range(0, len(where), _CKPT_BATCH):
+        part = where[s:s + _CKPT_BATCH]
+        c = torch.tensor([x[0] for x in part], device=dev)
+        m = torch.tensor([x[1] for x in part], device=dev)
+        S0 = ck64[c].transpose(-1, -2).float()  # [n, H, V, K]
+        U = ops["tb_c"][c] @ (ops["vin_c"][c] - ops["kg_c"][c] @ S0.transpose(-1, -2))  # [n, H, 64, V]
+        G = ops["G"][c]  # [n, H, 64, K]
+        gm = torch.gather(G, 2, (m - 1).clamp_min(0)[:, None, None, None].expand(-1, hs, 1, DIM))  # G_{m-1}
+        before = (torch.arange(CHUNK, device=dev)[None] < m[:, None]).float()  # j < m
+        Kt = ops["k_c"][c] * torch.exp(gm - G) * before[:, None, :, None]
+        S = S0 * torch.exp(gm) + U.transpose(-1, -2) @ Kt
+        out[s:s + len(part)] = torch.where((m > 0)[:, None, None, None], S, S0)
+    return out
+
+def scan_torch(ops, cu: list[int], initial_state, with_output: bool = True):
+    """The scan kernel's chunk steps in torch on the fp32 chunk tensors (the CPU tests' stand-in for the kernel):
+    ``(out [T, H, V] or None, final [N, H, K, V], entering states [chunks, H, K, V])``, fla's state layout."""
+    chunks, base = chunk_list(cu)
+    hs, dev = ops["gam"].shape[1], ops["gam"].device
+    n = len(cu) - 1
+    final = torch.zeros(n, hs, DIM, DIM, device=dev)
+    ck = torch.zeros(len(chunks), hs, DIM, DIM, device=dev)
+    out = torch.zeros(ops["kg"].shape[0], hs, DIM, device=dev) if with_output else None
+    for s in range(n):
+        S = (torch.zeros(hs, DIM, DIM, device=dev) if initial_state is None
+             else initial_state[s].transpose(-1, -2).float())  # [H, V, K]
+        for c in range(base[s], base[s + 1] if s + 1 < n else len(chunks)):
+            t0, L = chunks[c]
+            ck[c] = S.transpose(-1, -2)
+            delta = ops["tb_c"][c] @ (ops["vin_c"][c] - ops["kg_c"][c] @ S.transpose(-1, -2))  # [H, 64, V]
+            if with_output:
+                qg = ops["qg"][t0:t0 + L].float().transpose(0, 1)
+                pm = ops["pm"][t0:t0 + L].float().transpose(0, 1)[:, :, :CHUNK]
+                out[t0:t0 + L] = (qg @ S.transpose(-1, -2) + pm @ delta).transpose(0, 1)
+            kd = ops["k_c"][c] * torch.exp(ops["G"][c][:, -1:, :] - ops["G"][c])
+            S = S * ops["gam"][c][:, None, :] + delta.transpose(-1, -2) @ kd
+        final[s] = S.transpose(-1, -2)
+    return out, final, ck
