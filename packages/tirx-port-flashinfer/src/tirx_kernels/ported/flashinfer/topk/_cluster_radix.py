@@ -66,7 +66,7 @@ def build_kernel(dtype: str, C: int, cap: int, threads: int, U: int, E: int):  #
         pool.commit()
 
         words = T.alloc_local((U,), "uint32")
-        part = T.alloc_local((4,), "float32")
+        part = T.alloc_local((4 * C,), "float32")
         remote = T.alloc_local((1,), "uint32")
         acc = T.alloc_local((4,), "uint32")
         prefix = T.alloc_local((1,), "uint32")
@@ -144,13 +144,13 @@ def build_kernel(dtype: str, C: int, cap: int, threads: int, U: int, E: int):  #
             # Every CTA's histogram of this pass complete and visible cluster-wide (release / acquire).
             cl.sync()
             if tid < R // 4:
-                for q in range(4):
-                    acc[q] = T.uint32(0)
+                # every rank's 16-byte load issued before the first add: one DSMEM latency, not C
                 for r in range(C):
-                    cl.load_v4_f32(part, 0, hist.ptr_to([hb + 4 * tid]), r, remote[0])
-                    for q in range(4):
-                        acc[q] = acc[q] + T.reinterpret("uint32", part[q])
+                    cl.load_v4_f32(part, 4 * r, hist.ptr_to([hb + 4 * tid]), r, remote[0])
                 for q in range(4):
+                    acc[q] = T.reinterpret("uint32", part[q])
+                    for r in range(1, C):
+                        acc[q] = acc[q] + T.reinterpret("uint32", part[4 * r + q])
                     tot[4 * tid + q] = acc[q]
             if p + 1 < P and tid < R:
                 # the other buffer: its last readers (pass p - 1) arrived at the barrier above after reading
