@@ -94,3 +94,44 @@ def test_dispatch_and_combine_emulated(world):
         sent = lays[r][2].any(dim=1)
         assert torch.equal(cw[sent], torch.where(idx[r] >= 0, w[r], torch.zeros_like(w[r]))[sent])
 
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not installed")
+def test_host_paths_on_the_emulator(monkeypatch):
+    """The ops' host side (workspace geometry, views, per-rank byte offsets, handles) with the kernels on the CPU
+    emulator: simulate_dispatch / simulate_combine for 3 ranks and the public dispatch / combine with one rank, against
+    the torch oracle."""
+    pytest.importorskip("tvm", reason="apache-tvm is needed to generate the kernels")
+    from tirx_kernels.core import build, emulate
+    from tirx_kernels.ported.deepep import _kernels, combine, dispatch
+
+    mod = emulate.compile_module(build.codegen_many({"dispatch": _kernels.build_dispatch_kernel(),
+                                                     "combine": _kernels.build_combine_kernel()}))
+    from tirx_kernels.core import checks
+
+    tensor_check = checks.tensor
+    monkeypatch.setattr(checks, "tensor", lambda *a, **kw: tensor_check(*a, **{**kw, "cuda": False}))  # CPU tensors
+    monkeypatch.setattr(_host, "kernel", lambda name, params, device: (
+        lambda *args: mod(*args, function=params["kernel"], hang_timeout=60.0).check()))
+    world, t, h, e, k = 3, 9, 64, 12, 3
+    idx, w = _routing(world, t, e, k, 5)
+    x = torch.randn(world, t, h).bfloat16()
+    ref = _layout.reference_dispatch(list(x), list(idx), list(w), e, 4)
+    outs = dispatch.simulate_dispatch(x, idx, w, e, 4)
+    for r in range(world):
+        for got, want in zip(outs[r][:4], ref[r][:4]):
+            assert torch.equal(got, want), r
+        assert outs[r][4] == ref[r][4]
+    ys = [torch.randn(o[0].shape[0], h).bfloat16() for o in outs]
+    got = combine.simulate_combine(ys, [o[2] for o in outs], [o[5] for o in outs])
+    want = _layout.reference_combine(ys, [o[2] for o in outs], [o[5].is_token_in_rank for o in outs],
+                                     [o[5].positions for o in outs])
+    for r in range(world):
+        assert torch.equal(got[r][0], want[r][0]) and torch.equal(got[r][1], want[r][1]), r
+    recv_x, recv_idx, recv_w, counts, handle = dispatch.dispatch(x[0], idx[0], w[0], e, expert_alignment=4)
+    one = _layout.reference_dispatch([x[0]], [idx[0]], [w[0]], e, 4)[0]
+    assert torch.equal(recv_x, one[0]) and torch.equal(recv_idx, one[1]) and torch.equal(recv_w, one[2])
+    assert torch.equal(handle.recv_src_idx, one[3]) and counts == one[4]
+    cx, cw = combine.combine(recv_x, handle, recv_w)
+    want1 = _layout.reference_combine([recv_x], [recv_w], [handle.is_token_in_rank], [handle.positions])[0]
+    assert torch.equal(cx, want1[0]) and torch.equal(cw, want1[1])
