@@ -16,8 +16,8 @@ Design (the owner reduces with peer loads after per-tile flags; re-derived for t
   ``REDUCE_CTAS`` persistent CTAs, so both are resident at once whatever the launch order: the reduce's waits end
   because every rank's GEMM never waits. Where the device has fewer SMs than both need, the reduce runs after the
   GEMM (no overlap, still correct).
-- Per call: the flags are zeroed, then a barrier (every rank's flags zero and every rank's previous reduce done
-  reading this rank's P) before any GEMM writes; buffers are reused across calls.
+- Per call: the flags are zeroed, then a barrier (every rank's flags zero) before any GEMM writes, and a closing
+  barrier (no peer still reads this rank's P when the next op writes the group's workspace); buffers are reused.
 
 ``simulate_ranks`` runs W ranks on one GPU (all workspaces in one allocation): every rank's GEMM first, then every
 rank's reduce (a reduce must not hold SMs a later rank's GEMM needs), so it checks the protocol, not the overlap.
@@ -262,8 +262,12 @@ def _gemm_reduce_scatter(a, w, group, out, tile):
         ptrs = symm.buffer_ptrs
         deltas = torch.tensor([ptrs[q] - ptrs[rank] for q in range(world)], dtype=torch.int64, device=a.device)
         flags.zero_()
-        symm.barrier()  # every rank's flags zero, every previous reduce done reading this rank's P
+        symm.barrier()  # every rank's flags zero
     gemm_then_reduce(a, w, p, flags, deltas, out, rank, world, tile, overlap=_fits(a.device))
+    if world > 1:
+        # Every peer done reading this rank's P: the next op on this group's workspace (any op: torch keeps one per
+        # group) may write it before its own first barrier.
+        symm.barrier()
     return out
 
 
