@@ -14,10 +14,10 @@ holding 64 fp32 state rows each in registers (``flashinfer.gdn_prefill._kernel``
 What cuDNN's contract adds:
 
 - per-chunk **state checkpoints**: with a cadence of ``cc`` chunks (``checkpoint_every_n_tokens / 64``), the state
-  *entering* chunk ``it`` (``it % cc == 0``) goes, rounded to the I/O dtype (the rounding of the chunk's own 16-bit
-  copy Sb), to row ``ckpt_offsets[n] + it / cc`` of ``checkpoints [count, H, V, K]``: a sequence's checkpoint 0 is
-  its initial state and a sequence of L tokens has ceil(L / cadence) of them (cuDNN's pre-chunk indexing, the
-  backward's input);
+  *entering* chunk ``it`` (``it % cc == 0``), rounded to the I/O dtype, is the chunk's own 16-bit copy Sb: its two
+  smem boxes go by TMA to row ``ckpt_offsets[n] + it / cc`` of ``checkpoints [count, H, V, K]``. A sequence's
+  checkpoint 0 is its initial state and a sequence of L tokens has ceil(L / cadence) of them (cuDNN's pre-chunk
+  indexing, the backward's input);
 - the **recompute** form: no Q and no O. Only K and V are loaded; the checkpoints and / or the final state are its
   outputs.
 
@@ -93,15 +93,18 @@ def build_kernel(io: str, mode: str = "prefill"):
         for r in range(2):
             T.buffer_store(b.gam, T.exp2(vec[lay.vec_g(s, wgmma.acc_row(warp, lane, r))]), [r])
         T.buffer_store(b.gam, T.exp2(vec[lay.vec_g(s, lay.CHUNK - 1)]), [2])  # G is flat past L
-        # The checkpoint of the state entering this chunk (ck_row < 0: none): the fragment's pairs as 16-bit words.
-        with T.If(ck_row >= 0):
-            with T.Then():
-                for j, r in lay.frag_pairs(128):
-                    T.evaluate(cvt(packed[0], s_acc[wgmma.acc_index(j, r, 1)], s_acc[wgmma.acc_index(j, r, 0)]))
-                    T.buffer_store(b.ckw, packed[0], [state_offset(ck_row, h, Hs, cw, warp, lane, j, r) // 2])
         # Sb = S rounded to 16 bits, two K-major boxes (keys 0-63, 64-127).
         _wy.store_frag(tiles, sb, s_acc, 128, warp, lane, io, packed)
         sync()
+        # The checkpoint of the state entering this chunk (ck_row < 0: none) is Sb: its two boxes go out by TMA
+        # (rows v of checkpoint row ck_row, head h), read back from smem before the chunk's last sync.
+        issuer = T.And(ck_row >= 0, T.And(warp == 0, lane == 0))
+        with T.If(issuer):
+            with T.Then():
+                for bb in range(2):
+                    tma.store(b.ck_map, [bb * 64, cw * lay.V_PER_CONSUMER, ck_row * Hs + h],
+                              tiles.ptr_to([(sb + bb * lay.BOX) // 4]))
+                tma.store_commit()
         # K Sb^T
         wgmma.fence()
         for kk in range(8):
@@ -127,6 +130,9 @@ def build_kernel(io: str, mode: str = "prefill"):
         wgmma.commit()
         wgmma.wait(0)
         _wy.store_frag(tiles, yd, t_acc, 64, warp, lane, io, packed)
+        with T.If(issuer):
+            with T.Then():
+                tma.store_wait_read(0)  # Sb is rewritten next chunk; the syncs from here on order every thread after
         sync()
         # S = gamma_last S + Delta^T K_d, then (prefill) Q Sb^T, the output's inter-chunk part, behind it.
         for i in range(wgmma.acc_regs(128)):
@@ -200,6 +206,11 @@ def build_kernel(io: str, mode: str = "prefill"):
         tma.encode(q_map, Q.data, [lay.DIM, Hq, total], [lay.DIM, Hq * lay.DIM], [64, 1, lay.CHUNK], io)
         tma.encode(k_map, K.data, [lay.DIM, Hk, total], [lay.DIM, Hk * lay.DIM], [64, 1, lay.CHUNK], io)
         tma.encode(v_map, V.data, [lay.DIM, Hv, total], [lay.DIM, Hv * lay.DIM], [64, 1, lay.CHUNK], io)
+        # Checkpoints [count, H, V, K] as (K, V, count x H) rows; a call without them passes a small dummy (one
+        # row declared, never stored to).
+        ck_map = T.Bind(T.tvm_stack_alloca("tensormap", 1))
+        tma.encode(ck_map, CK.data, [lay.DIM, lay.DIM, T.max(T.Cast("int32", n_ck // (lay.DIM * lay.DIM)), 1)],
+                   [lay.DIM, lay.DIM * lay.DIM], [64, 64, 1], io)
         T.device_entry()
         T.attr({"tirx.launch_bounds_min_blocks_per_sm": 1})
         h, n = T.cta_id([T.max(Hq, Hv), n_seqs])
@@ -311,7 +322,6 @@ def build_kernel(io: str, mode: str = "prefill"):
             wgmma.encode_desc(kd0.ptr_to([0]), tiles.ptr_to([0]), lay.KMAJ[0], lay.KMAJ[1], wgmma.SWIZZLE_128B)
             wgmma.encode_desc(md0.ptr_to([0]), tiles.ptr_to([0]), lay.MNMAJ[0], lay.MNMAJ[1], wgmma.SWIZZLE_128B)
             ow = T.decl_buffer((n_o // 2,), "uint32", data=OUT.data)
-            ckw = T.decl_buffer((n_ck // 2,), "uint32", data=CK.data)
             has_ck = flag(flags, HAS_CKPT)
             ck0 = T.if_then_else(has_ck, CKOFF[T.if_then_else(has_ck, n, 0)], 0)
             for j in T.unroll(16):
@@ -327,7 +337,7 @@ def build_kernel(io: str, mode: str = "prefill"):
                 qkv_ring.consumer_wait(qkv_full, it)
                 consumer_chunk(SimpleNamespace(tiles=tiles, vec=vec, s_acc=s_acc, t_acc=t_acc, packed=packed, gam=gam,
                                                kdesc=kd0, mdesc=md0, aux_full=aux_full, aux_empty=aux_empty,
-                                               qkv_empty=qkv_empty, ph=aux_ring.phase(it), ow=ow, ckw=ckw),
+                                               qkv_empty=qkv_empty, ph=aux_ring.phase(it), ow=ow, ck_map=ck_map),
                                s, L, bos + it * lay.CHUNK, h, Hs, scale, cw, warp, lane, ck_row)
             if flag(flags, lay.HAS_FINAL):
                 for j in T.unroll(16):

@@ -153,7 +153,7 @@ def dummy(device, dtype):
     key = (str(device), dtype)
     t = _DUMMY.get(key)
     if t is None:
-        t = _DUMMY[key] = torch.zeros(64, dtype=dtype, device=device)
+        t = _DUMMY[key] = torch.zeros(DIM * DIM, dtype=dtype, device=device)  # a checkpoint row (its tensor map)
     return t
 
 
