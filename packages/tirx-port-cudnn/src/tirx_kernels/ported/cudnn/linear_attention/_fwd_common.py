@@ -123,7 +123,7 @@ def roofline(with_q: bool, **cfg) -> dict:
 def call_samples(rng, with_q: bool) -> list[dict]:
     out = []
     for d in DTYPES:
-        for hq, hv in ((16, 16), (16, 32), (8, 32), (32, 8), (4, 4), (64, 64)):
+        for hq, hv in ((16, 16), (16, 32), (8, 32), (32, 8), (4, 4), (64, 64)) * 2:
             seqs = "+".join(str(rng.choice([0, 1, 63, 64, 65, 1000, 8192])) for _ in range(rng.randint(1, 4)))
             out.append({**DEFAULTS, "dtype": d, "Hq": hq, "Hk": hq if hv >= hq else hv, "Hv": hv, "seqs": seqs,
                         "gate": rng.choice(["log", "linear", "safe"]), "init": rng.random() < 0.5,

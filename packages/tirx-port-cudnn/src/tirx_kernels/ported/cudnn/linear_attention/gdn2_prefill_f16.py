@@ -74,8 +74,9 @@ def artifact_params() -> list[dict]:
 
 
 def call_samples(rng) -> list[dict]:
-    return [{**DEFAULTS, "Hq": h, "Hv": h, "seqs": rng.choice(["1", "64", "1000+3", "8192"]),
-             "checkpoint": rng.choice([0, 16, 32, 48])} for h in (1, 16, 64)]
+    return [{**DEFAULTS, "Hq": hq, "Hk": hq, "Hv": hv, "seqs": rng.choice(["1", "64", "0+17", "1000+3", "8192"]),
+             "checkpoint": rng.choice([0, 16, 32, 48]), "l2norm": rng.random() < 0.5, "init": rng.random() < 0.5}
+            for hq, hv in ((1, 1), (16, 16), (64, 64), (16, 32), (8, 32), (4, 8)) * 4]
 
 
 def sass_expect(**_) -> list[str]:
