@@ -12,7 +12,7 @@ GDN-2 (``core.gdn2_ref``): per-key-channel decay g and erase gate b, per-value-c
 
 with V_in = w * v, K_g = b * k * exp(G), T = (I + A)^-1 (A[i, j] = sum_d b_i k_i k_j exp(G_i - G_j), j < i),
 K_d = k * exp(G_last - G), Q_g = scale q * exp(G), P[i, j] = scale sum_d q_i k_j exp(G_i - G_j) (j <= i), gamma =
-exp(G_last). The chunk pass computes these in fp32 torch (chunk-parallel, pairwise decays: exact for any gate sign)
+exp(G_last). The chunk pass computes these in fp32 torch (chunk-parallel; decays factored per 16-token block)
 and rounds them to bf16 as the scan takes them; the scan (one CTA per head, sequence and value half, the state in
 registers) stores the state entering every chunk (fp32, [slots, H, K, V]). cuDNN's checkpoints (every 16 / 32 / 48
 tokens: inside a chunk) are then advanced from the chunk's entering state in torch. A host read of ``cu_seqlens``
@@ -29,7 +29,8 @@ DIM = 128
 CHUNK = 64  # the scan's chunk (cuDNN's GDN-2 kernels use 16: a schedule choice, the math is the same)
 CADENCES = (0, 16, 32, 48)
 _CKPT_BATCH = 64  # checkpoints advanced at a time
-_PAIR_BATCH = 64  # (chunk, head) pairs per pairwise-decay block: 64 x 64 x 64 x 128 fp32 = 128 MiB
+_SUB = 16  # the pairwise decays' diagonal blocks (16 x 16 x 128 per chunk and head)
+_DIAG_BATCH = 8192  # (chunk, head) pairs per block of diagonal decays: 1 GiB
 
 
 def chunk_list(cu: list[int]) -> tuple[list[tuple[int, int]], list[int]]:
@@ -42,14 +43,26 @@ def chunk_list(cu: list[int]) -> tuple[list[tuple[int, int]], list[int]]:
 
 
 def _pairwise(G, left, right):
-    """[B, 64, 64]: sum_d left_i[d] right_j[d] exp(G_i[d] - G_j[d]) for j <= i (0 above), in blocks of pairs."""
-    out = torch.empty(*G.shape[:-1], G.shape[-2], dtype=G.dtype, device=G.device)
-    lower = torch.ones(CHUNK, CHUNK, dtype=torch.bool, device=G.device).tril()
-    for s in range(0, G.shape[0], _PAIR_BATCH):
-        g = G[s:s + _PAIR_BATCH]
-        dec = torch.exp((g[:, :, None, :] - g[:, None, :, :]).masked_fill(~lower[None, :, :, None], float("-inf")))
-        out[s:s + _PAIR_BATCH] = torch.einsum("bid,bjd,bijd->bij", left[s:s + _PAIR_BATCH], right[s:s + _PAIR_BATCH],
-                                              dec)
+    """[B, 64, 64]: sum_d left_i[d] right_j[d] exp(G_i[d] - G_j[d]) for j <= i (0 above). G is non-increasing along
+    the chunk (log decays <= 0, cuDNN's contract), so per 16-token row block I with r its reference (the last token
+    before it) both factors exp(G_i - G_r) and exp(G_r - G_j) (j <= r) are <= 1: the blocks left of the diagonal are
+    one matmul each; the 16 x 16 diagonal blocks take the pairwise decays directly."""
+    nb, c, d = G.shape
+    sub = _SUB
+    out = torch.zeros(nb, c, c, dtype=G.dtype, device=G.device)
+    lower = torch.ones(sub, sub, dtype=torch.bool, device=G.device).tril()
+    for i0 in range(0, c, sub):
+        rows = slice(i0, i0 + sub)
+        g = G[:, rows]
+        for b0 in range(0, nb, _DIAG_BATCH):  # 16 x 16 x 128 fp32 decays: 128 KiB per (chunk, head)
+            gb = g[b0:b0 + _DIAG_BATCH]
+            dec = torch.exp((gb[:, :, None, :] - gb[:, None, :, :]).masked_fill(~lower[None, :, :, None],
+                                                                                float("-inf")))
+            out[b0:b0 + _DIAG_BATCH, rows, rows] = torch.einsum("bid,bjd,bijd->bij", left[b0:b0 + _DIAG_BATCH, rows],
+                                                                right[b0:b0 + _DIAG_BATCH, rows], dec)
+        if i0:
+            gr = G[:, i0 - 1:i0]  # [B, 1, d]
+            out[:, rows, :i0] = (left[:, rows] * torch.exp(g - gr)) @ (right[:, :i0] * torch.exp(gr - G[:, :i0])).mT
     return out
 
 
