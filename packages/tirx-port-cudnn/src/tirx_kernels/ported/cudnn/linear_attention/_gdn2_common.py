@@ -6,11 +6,11 @@
 model and the launch (``run``: ``_gdn2_fwd``'s chunk pass, the KDA scan kernel, the checkpoints).
 
 cuDNN's conventions: q [T, Hq, 128], k [T, Hk, 128], v [T, Hv, 128] bf16 (fp16 is not served yet: the scan kernel is
-bf16), H = max(Hq, Hv) state heads (the recompute: max(Hk, Hv)); gate fp32 [T, H, 128] (the natural-log decay, or
-with ``safe_gate`` the raw gate of ``lower_bound * sigmoid(exp(a_log[h]) (x + dt_bias[h]))``, a_log [H], dt_bias
-[H, 128]), beta [T, H, 128] (post-sigmoid, or logits with ``use_beta_sigmoid``) and w [T, H, 128] in the I/O dtype,
-states [N, H, V, K] fp32 / bf16, checkpoints [count, H, V, K] in the I/O dtype every 16 / 32 / 48 tokens
-(checkpoint i of a sequence = the state entering its token i x cadence); ``use_qk_l2norm_in_kernel``."""
+bf16), H = max(Hq, Hv) state heads (the recompute: max(Hk, Hv)); gate fp32 [T, H, 128] (the natural-log decay, <= 0
+as upstream requires, or with ``safe_gate`` the raw gate of ``lower_bound * sigmoid(exp(a_log[h]) (x + dt_bias[h]))``,
+a_log [H], dt_bias [H, 128]), beta [T, H, 128] (post-sigmoid, or logits with ``use_beta_sigmoid``) and w [T, H, 128]
+in the I/O dtype, states [N, H, V, K] fp32 / bf16, checkpoints [count, H, V, K] in the I/O dtype every 16 / 32 / 48
+tokens (checkpoint i of a sequence = the state entering its token i x cadence); ``use_qk_l2norm_in_kernel``."""
 
 from __future__ import annotations
 
