@@ -13,5 +13,5 @@ python3 -m tirx_kernels.registry --strict >/dev/null
 # The main job first: every artifact of every installed kernel, batched per kernel on every core (2026-12-05, this
 # 2-core machine: 311 artifacts, 8.3 MiB, 172 s cold). The build tests below then find their artifacts in the cache.
 python3 -m tirx_kernels.build --all --out build/artifacts
-python3 -m pytest -n "${TIRX_TEST_JOBS:-2}" -q -rs packages/*/tests "$@"
+python3 -m pytest -n "${TIRX_TEST_JOBS:-2}" -q -rs --durations=40 packages/*/tests "$@"
 echo "test.sh: $(( $(date +%s) - start )) s"
