@@ -11,13 +11,14 @@ import torch
 
 from tirx_kernels.core import artifacts
 from tirx_kernels.core.checks import TirxInputError
+from tirx_kernels.gemm import _host
 from tirx_kernels.gemm import fp16_bf16_gemm as mod
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
 class _CpuKernel:
-    """Stands in for ``mod._FUNCTIONS``: records each call's params and arguments and computes the kernel's result
+    """Stands in for ``_host._FUNCTIONS``: records each call's params and arguments and computes the kernel's result
     in fp32 on the CPU (``alpha * a @ op(b) + beta * c + bias``), so the host plan around it is checked end to end."""
 
     def __init__(self):
@@ -46,7 +47,7 @@ class _CpuKernel:
 @pytest.fixture
 def kernel(monkeypatch):
     k = _CpuKernel()
-    monkeypatch.setattr(mod, "_FUNCTIONS", k)
+    monkeypatch.setattr(_host, "_FUNCTIONS", k)
     return k
 
 
@@ -104,7 +105,7 @@ def test_host_plan(kernel, M, N, K, layout, out_dtype, epilogue, bias_dtype, out
     """Every call form's result through the host plan equals the oracle; the kernel sees TMA-addressable operands
     (K % 8 == 0, 16-byte rows; C too unless "stg"), a bias of C's width, and params a bundle serves."""
     a, b, out, kw, ref = _call(layout, "bfloat16", M, N, K, out_dtype, epilogue, bias_dtype, out_kind)
-    mod._run(a, b, out, None, layout, kw.get("bias"), kw.get("alpha", 1.0), kw.get("beta", 0.0))
+    _host._run(a, b, out, None, layout, kw.get("bias"), kw.get("alpha", 1.0), kw.get("beta", 0.0))
     assert len(kernel.calls) == 1
     params, ka, kb, kc, rest = kernel.calls[0]
     assert ka.shape[1] % 8 == 0 and ka.stride(0) % 8 == 0 and kb.stride(0) % 8 == 0
@@ -113,7 +114,7 @@ def test_host_plan(kernel, M, N, K, layout, out_dtype, epilogue, bias_dtype, out
     if params.get("c_store") == "stg":
         assert kc.data_ptr() == out.data_ptr() and layout == "nt" and epilogue == "none" and out_dtype is None
     else:
-        assert mod._tma_rows(kc)
+        assert _host._tma_rows(kc)
     if "bias" in kw:
         assert rest[0].shape == (n_kernel,)
     assert _served(params, _bundle())
@@ -135,7 +136,7 @@ def test_random_shapes_resolve_to_bundle(kernel):
         bias_dtype = rng.choice([dtype, "float32"]) if epilogue in ("bias", "alpha_beta_bias") else None
         a, b, out, kw, _ = _call(layout, dtype, M, N, K, out_dtype, epilogue, bias_dtype)
         kernel.calls.clear()
-        mod._run(a, b, out, None, layout, kw.get("bias"), kw.get("alpha", 1.0), kw.get("beta", 0.0))
+        _host._run(a, b, out, None, layout, kw.get("bias"), kw.get("alpha", 1.0), kw.get("beta", 0.0))
         params = kernel.calls[0][0]
         assert _served(params, bundle), (M, N, K, dtype, layout, out_dtype, epilogue, bias_dtype, params)
 
@@ -148,8 +149,8 @@ def test_configs_rows_are_what_the_op_loads(kernel):
         a, b, out, kw, _ = _call(c.get("layout", "nt"), c["dtype"], c["M"], c["N"], c["K"], c.get("out_dtype"),
                                  c.get("epilogue", "none"), c.get("bias_dtype"))
         kernel.calls.clear()
-        mod._run(a, b, out, c.get("tile"), c.get("layout", "nt"), kw.get("bias"), kw.get("alpha", 1.0),
-                 kw.get("beta", 0.0))
+        _host._run(a, b, out, c.get("tile"), c.get("layout", "nt"), kw.get("bias"), kw.get("alpha", 1.0),
+                   kw.get("beta", 0.0))
         assert kernel.calls[0][0] == mod.compile_params(**c), c["label"]
 
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from tirx_kernels.core.checks import TirxInputError
+from tirx_kernels.gemm import _select, _tile_table
 from tirx_kernels.gemm import fp16_bf16_gemm as mod
 
 bf16 = torch.bfloat16
@@ -240,7 +241,7 @@ def test_config_rows_match_what_the_op_compiles():
     for c in mod.CONFIGS:
         epi = c.get("epilogue", "none")
         bias = object() if epi in ("bias", "alpha_beta_bias") else None
-        assert mod._epilogue(bias, c.get("alpha", 1.0), c.get("beta", 0.0)) == epi, c["label"]
+        assert _select._epilogue(bias, c.get("alpha", 1.0), c.get("beta", 0.0)) == epi, c["label"]
         if mod.is_variant(c["dtype"], c.get("layout"), c.get("out_dtype"), epi):
             assert mod.TILE_CONFIGS[c["tile"]]["kind"] == "persistent", c["label"]
 
@@ -259,7 +260,7 @@ def test_ws_kernel_rejects_variants():
 def test_variant_avoids_register_tail_tiles(monkeypatch):
     # A persistent tile whose last 32 columns are stored from registers (128x224) builds only the plain kernel:
     # a variant on a shape the table gives such a tile falls back to VARIANT_TILE; the plain op keeps it.
-    monkeypatch.setattr(mod, "TILE_TABLE", [(None, None, None, "persistent_128x224x64_s4_g8")])
+    monkeypatch.setattr(_tile_table, "TILE_TABLE", [(None, None, None, "persistent_128x224x64_s4_g8")])
     base = {"dtype": "bfloat16", "M": 512, "N": 7168, "K": 2048}
     assert mod.compile_params(**base)["tile"] == "persistent_128x224x64_s4_g8"
     assert mod.compile_params(**base, epilogue="bias")["tile"] == mod.VARIANT_TILE
@@ -276,7 +277,7 @@ def test_stream_k_tiles_take_only_the_plain_call(monkeypatch):
         mod.gemm_nt(a, b, bias=_t(32), tile=tile)
     with pytest.raises(TirxInputError, match="gemm_nn: argument 'tile': expected a persistent tile without stream-K"):
         mod.gemm_nn(a, b.t().contiguous(), tile=tile)
-    monkeypatch.setattr(mod, "TILE_TABLE", [(None, None, None, tile)])
+    monkeypatch.setattr(_tile_table, "TILE_TABLE", [(None, None, None, tile)])
     base = {"dtype": "bfloat16", "M": 512, "N": 4096, "K": 14336}
     assert mod.compile_params(**base)["tile"] == tile
     assert mod.compile_params(**base, out_dtype="float32")["tile"] == mod.VARIANT_TILE
