@@ -40,6 +40,18 @@ def sass_expect(**_) -> list[str]:
     return [r"QGMMA\.64x\d+x32\.F32\.E4M3\.E4M3", r"UTMALDG\.2D", r"SYNCS"]
 
 
+def tile_artifacts(accumulate: bool = False) -> list[dict]:
+    """The bundle: one artifact per tile (and per ``accumulate`` where the op takes C)."""
+    if accumulate:
+        return [{"tile": t, "accumulate": a} for t in TILES for a in (False, True)]
+    return [{"tile": t} for t in TILES]
+
+
+def kernel_function(functions, t: torch.Tensor, **params):
+    """The bundle's function of ``params`` from the module's ``runtime.FunctionCache`` on ``t``'s device."""
+    return functions.get((*params.values(), t.get_device()), lambda: params, t.device)
+
+
 # ------------------------------------------------------------------------------------------------- checks
 def calc_diff(x: torch.Tensor, y: torch.Tensor) -> float:
     """DeepGEMM's ``calc_diff``: ``1 - 2<x, y> / (|x|^2 + |y|^2)`` in float64 (0 for equal tensors)."""
@@ -85,6 +97,41 @@ def check_operand(op: str, name: str, t, ndim: int) -> None:
 def check_recipe(op: str, recipe, also: str = "") -> None:
     if recipe not in (None, (1, 128, 128)):
         fail(op, "recipe", f"None or (1, 128, 128) (SM90's 1x128 / 128x128 scales{also})", recipe)
+
+
+def check_sm100_recipes(op: str, recipe_a, recipe_b) -> None:
+    """DeepGEMM's per-operand recipes (SM100 forms): None only."""
+    if recipe_a is not None or recipe_b is not None:
+        fail(op, "recipe_a" if recipe_a is not None else "recipe_b", "None (per-operand recipes are SM100's)",
+             recipe_a if recipe_a is not None else recipe_b)
+
+
+def operand_pairs(op: str, a, b, ndim_a: int, ndim_b: int | None):
+    """``(a, sfa, b, sfb)`` of the ``(tensor, scales)`` pairs ``a`` and ``b``, the codes checked e4m3 K-major (``b``'s
+    only where ``ndim_b`` is given)."""
+    (a, sfa), (b, sfb) = pair(op, "a", a), pair(op, "b", b)
+    check_operand(op, "a[0]", a, ndim_a)
+    if ndim_b is not None:
+        check_operand(op, "b[0]", b, ndim_b)
+    return a, sfa, b, sfb
+
+
+def check_scales(op: str, name: str, sf, shape: tuple) -> None:
+    """fp32 scales of ``shape``, any strides (the layout is made the kernel's at the launch)."""
+    checks.tensor(op, name, sf, dtypes=(torch.float32,), shape=shape, inner_contiguous=False, cuda=False)
+
+
+def check_rows(op: str, k_name: str, K: int, n_name: str, N: int, operands: str = "A and B",  # noqa: N803
+               pairs: str = "D is written in 4-byte pairs") -> None:
+    """K a multiple of 16 (16-byte TMA rows of the operands) and N of 8 (D's pairs)."""
+    checks.multiple_of(op, k_name, K, 16, f"TMA needs 16-byte rows of {operands}")
+    checks.multiple_of(op, n_name, N, 8, f"{pairs}; DeepGEMM needs 16-byte rows")
+
+
+def check_even_strides(op: str, d, what: str = "an even row stride") -> None:
+    """bf16 ``d``'s outer strides even: the kernel stores 4-byte pairs."""
+    if any(st % 2 for st in d.stride()[:-1]):
+        fail(op, "d", f"{what} (4-byte pairs)", f"strides {tuple(d.stride())}")
 
 
 def check_cuda(op: str, **tensors) -> None:
@@ -141,6 +188,22 @@ def c_into_d(c: torch.Tensor | None, d: torch.Tensor) -> None:
     eager direct path and the custom op's body), never in the public op's traced Python."""
     if c is not None and c.data_ptr() != d.data_ptr():
         d.copy_(c)
+
+
+def c_or_zero(c: torch.Tensor | None, d: torch.Tensor) -> None:
+    """No kernel to run (an empty K): ``d`` = ``c`` (traced as a copy; ``c`` that is ``d`` itself is left) or 0."""
+    if c is None:
+        d.zero_()
+    elif c is not d:
+        d.copy_(c)
+
+
+def run_dense(functions, kernel_args, a, sfa, b, sfb, d, c=None, tile: str | None = None) -> None:
+    """The launch of ``fp8_gemm_nt`` (both recipes; the eager body of their custom ops too): C into D, then the
+    kernel, accumulating where ``c`` is given."""
+    c_into_d(c, d)
+    fn = kernel_function(functions, a, tile=tile or choose_tile(a.shape[0], b.shape[0]), accumulate=c is not None)
+    fn(*kernel_args(a, sfa, b, sfb, d))
 
 
 def d_words(d: torch.Tensor) -> torch.Tensor:

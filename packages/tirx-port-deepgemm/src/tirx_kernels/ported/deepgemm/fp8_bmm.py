@@ -32,6 +32,7 @@ import torch
 from tirx_kernels.core import checks, harness, runtime
 
 from . import _fp8_cast as C
+from . import _fp8_gemm_common as F
 from . import _fp8_gemm_op as O
 
 KERNEL_META = {
@@ -79,7 +80,7 @@ def compile_params(b: int = 4096, h: int = 8, d: int = 1024, tile: str | None = 
 
 
 def artifact_params() -> list[dict]:
-    return [{"tile": t} for t in TILES]
+    return O.tile_artifacts()
 
 
 def call_samples(rng) -> list[dict]:
@@ -111,10 +112,7 @@ def quantized_operands(x: torch.Tensor, y: torch.Tensor):
 def prepare_data(b: int, h: int, r: int, d: int, **_) -> dict:
     """bf16 activations (tokens of magnitudes 1e-2 .. 1e1) and weights cast by DeepGEMM's recipe, ``z`` a fresh
     output."""
-    import os
-
-    seed = int(os.environ.get("TIRX_SEED", "0")) or int.from_bytes(os.urandom(4), "little")
-    g = torch.Generator(device="cuda").manual_seed(seed)
+    g, _ = F.cuda_generator()
     x = torch.randn(b, h, r, generator=g, device="cuda") * torch.logspace(-2, 1, b, device="cuda")[:, None, None]
     y = torch.randn(h, d, r, generator=g, device="cuda")
     x_fp8, sfx, y_fp8, sfy = quantized_operands(x.to(torch.bfloat16), y.to(torch.bfloat16))
@@ -144,53 +142,32 @@ def get_baselines(**cfg) -> dict:
     ``torch._scaled_mm``, one call per head (x's heads made contiguous, their scales M-major and an [h, b, d] output,
     laid out once per data and untimed: the layouts ``_scaled_mm`` takes); bf16: the bf16 einsum of the dequantized
     operands through ``torch.bmm`` (cuBLAS; DeepGEMM's own comparison is cuBLASLt bf16)."""
-    def torch_ref():
-        return lambda d: reference(**d)
+    def deepgemm(dg, d, out):
+        dg.fp8_einsum(EQUATION, (d["x"], d["sfx"]), (d["y"], d["sfy"]), out)
 
-    def deepgemm_ref():
-        import deep_gemm
+    def cublas_plan(d):  # each head of x contiguous, its scales M-major, and an [h, b, d] output (cuBLASLt writes a
+        # contiguous [b, d] per head; returned as its [b, h, d] view)
+        h = d["x"].shape[1]
+        return ([d["x"][:, g].contiguous() for g in range(h)], [F.m_major(d["sfx"][:, g]) for g in range(h)],
+                torch.empty(h, d["x"].shape[0], d["y"].shape[1], dtype=torch.bfloat16, device=d["x"].device))
 
-        def run(d):
-            out = torch.empty_like(d["z"])
-            deep_gemm.fp8_einsum(EQUATION, (d["x"], d["sfx"]), (d["y"], d["sfy"]), out)
-            return {"z": out}
+    def cublas(d, plan):
+        xs, sfs, out = plan
+        for g in range(len(xs)):
+            O.scaled_mm_blockwise(xs[g], sfs[g], d["y"][g], d["sfy"][g], out=out[g])
+        return {"z": out.transpose(0, 1)}
 
-        return run
+    def bf16_plan(d):  # the bf16 operands: [h, b, r] and [h, r, d]
+        return (O.dequantize_a(d["x"], d["sfx"]).to(torch.bfloat16).transpose(0, 1).contiguous(),
+                O.dequantize_b(d["y"], d["sfy"]).to(torch.bfloat16).transpose(1, 2).contiguous())
 
-    def cublas_ref():
-        O.scaled_mm_probe()
-        plans = {}
+    def bf16(d, plan):
+        xb, yb = plan
+        return {"z": torch.bmm(xb, yb).transpose(0, 1)}
 
-        def run(d):
-            key = (d["x"].data_ptr(), d["z"].data_ptr())
-            if key not in plans:  # once per data, untimed: each head of x contiguous, its scales M-major, and an
-                # [h, b, d] output (cuBLASLt writes a contiguous [b, d] per head; returned as its [b, h, d] view)
-                h = d["x"].shape[1]
-                plans[key] = ([d["x"][:, g].contiguous() for g in range(h)],
-                              [d["sfx"][:, g].t().contiguous().t() for g in range(h)],
-                              torch.empty(h, d["x"].shape[0], d["y"].shape[1], dtype=torch.bfloat16,
-                                          device=d["x"].device))
-            xs, sfs, out = plans[key]
-            for g in range(len(xs)):
-                O.scaled_mm_blockwise(xs[g], sfs[g], d["y"][g], d["sfy"][g], out=out[g])
-            return {"z": out.transpose(0, 1)}
-
-        return run
-
-    def bf16_ref():
-        plans = {}
-
-        def run(d):
-            key = (d["x"].data_ptr(), d["y"].data_ptr())
-            if key not in plans:  # bf16 operands once per data: [h, b, r] and [h, r, d]
-                plans[key] = (O.dequantize_a(d["x"], d["sfx"]).to(torch.bfloat16).transpose(0, 1).contiguous(),
-                              O.dequantize_b(d["y"], d["sfy"]).to(torch.bfloat16).transpose(1, 2).contiguous())
-            xb, yb = plans[key]
-            return {"z": torch.bmm(xb, yb).transpose(0, 1)}
-
-        return run
-
-    return {"torch": torch_ref, "deepgemm": deepgemm_ref, "cublas": cublas_ref, "bf16": bf16_ref}
+    return {"torch": F.oracle_baseline(reference), "deepgemm": F.deepgemm_baseline(deepgemm, out="z"),
+            "cublas": F.cublas_baseline(("x", "z"), cublas_plan, cublas),
+            "bf16": lambda: F.planned(("x", "y"), bf16_plan, bf16)}
 
 
 # ------------------------------------------------------------------------------------------------- public op
@@ -204,8 +181,7 @@ def check_inputs(equation, a, b, d, c=None, recipe=(1, 128, 128), cuda: bool = T
         why = (" (SM100 only in DeepGEMM: it contracts over b, the outer dimension of both FP8 operands, with 1x128 "
                "scales along b)" if equation in SM100_EQUATIONS else "")
         _fail("equation", f"'{EQUATION}' or '{TRANSPOSED_Y}' on SM90", f"{equation!r}{why}")
-    (x, sfx), (y, sfy) = O.pair(_OP, "a", a), O.pair(_OP, "b", b)
-    O.check_operand(_OP, "a[0]", x, 3)
+    x, sfx, y, sfy = O.operand_pairs(_OP, a, b, 3, None)
     nb, h, r = x.shape  # r: the contracted dimension (d in the second form)
     if equation == EQUATION:
         O.check_operand(_OP, "b[0]", y, 3)
@@ -220,18 +196,16 @@ def check_inputs(equation, a, b, d, c=None, recipe=(1, 128, 128), cuda: bool = T
             _fail("b[0]", f"[h={h}, d={r}, r] (a[0] is {tuple(x.shape)})", f"shape {tuple(y.shape)}")
         sfy_shape = (h, C.ceil_div(r, C.GRAN), C.ceil_div(n, C.GRAN))
     kb = C.ceil_div(r, C.GRAN)
-    checks.tensor(_OP, "a[1]", sfx, dtypes=(torch.float32,), shape=(nb, h, kb), inner_contiguous=False, cuda=False)
-    checks.tensor(_OP, "b[1]", sfy, dtypes=(torch.float32,), shape=sfy_shape, inner_contiguous=False, cuda=False)
+    O.check_scales(_OP, "a[1]", sfx, (nb, h, kb))
+    O.check_scales(_OP, "b[1]", sfy, sfy_shape)
     checks.tensor(_OP, "d", d, dtypes=(torch.bfloat16,), shape=(nb, h, n), inner_contiguous=True, cuda=False)
     if c is not None:
         _fail("c", "None (bf16 D; DeepGEMM's SM90 fp8_bmm accumulates no C)", type(c).__name__)
     O.check_recipe(_OP, None if recipe in (None, (1, 128, 128)) else recipe)
     if r == 0:
         _fail("a[0]", "r > 0", f"shape {tuple(x.shape)}")
-    checks.multiple_of(_OP, "a[0].shape[2]", r, 16, "TMA needs 16-byte rows of x and y")
-    checks.multiple_of(_OP, "d.shape[2]", n, 8, "z is written in 4-byte pairs; DeepGEMM needs 16-byte rows")
-    if d.stride(0) % 2 or d.stride(1) % 2:
-        _fail("d", "even b and h strides (4-byte pairs)", f"strides {tuple(d.stride())}")
+    O.check_rows(_OP, "a[0].shape[2]", r, "d.shape[2]", n, operands="x and y", pairs="z is written in 4-byte pairs")
+    O.check_even_strides(_OP, d, "even b and h strides")
     if cuda:
         O.check_cuda(_OP, **{"a[0]": x, "a[1]": sfx, "b[0]": y, "b[1]": sfy, "d": d})
     return x, sfx, y, sfy
@@ -254,8 +228,7 @@ _FUNCTIONS = runtime.FunctionCache(__name__)
 
 
 def _run(x, sfx, y, sfy, z, tile: str | None = None) -> None:
-    params = {"tile": tile or O.choose_tile(x.shape[0] * x.shape[1], y.shape[1])}
-    fn = _FUNCTIONS.get((params["tile"], x.get_device()), lambda: params, x.device)
+    fn = O.kernel_function(_FUNCTIONS, x, tile=tile or O.choose_tile(x.shape[0] * x.shape[1], y.shape[1]))
     fn(*kernel_args(x, sfx, y, sfy, z))
 
 

@@ -22,6 +22,7 @@ import torch
 from tirx_kernels.core import checks, harness, runtime
 
 from . import _fp8_cast as C
+from . import _fp8_gemm_common as F
 from . import _fp8_gemm_op as O
 
 KERNEL_META = {
@@ -67,7 +68,7 @@ def compile_params(M: int = 4096, N: int = 4096, accumulate: bool = True, tile: 
 
 
 def artifact_params() -> list[dict]:
-    return [{"tile": t, "accumulate": a} for t in TILES for a in (False, True)]
+    return O.tile_artifacts(accumulate=True)
 
 
 def call_samples(rng) -> list[dict]:
@@ -79,17 +80,13 @@ def get_kernel(tile: str, accumulate: bool = True):
     return O.build(KERNEL_META["name"], tile, "dense", accumulate, recipe="1d1d")
 
 
-def sass_expect(**_) -> list[str]:
-    return O.sass_expect()
+sass_expect = O.sass_expect
 
 
 def prepare_data(M: int, N: int, K: int, accumulate: bool = True, **_) -> dict:  # noqa: N803
     """bf16 operands (rows of A of magnitudes 1e-2 .. 1e1) cast per token (1x128) on both sides by DeepGEMM's
     recipe, the scales MN-major; ``c`` fp32 (DeepGEMM's wgrad test: randn * 32) when accumulating."""
-    import os
-
-    seed = int(os.environ.get("TIRX_SEED", "0")) or int.from_bytes(os.urandom(4), "little")
-    g = torch.Generator(device="cuda").manual_seed(seed)
+    g, _ = F.cuda_generator()
     x = torch.randn(M, K, generator=g, device="cuda") * torch.logspace(-2, 1, M, device="cuda")[:, None]
     w = torch.randn(N, K, generator=g, device="cuda")
     a, sfa, b, sfb = quantized_operands(x.to(torch.bfloat16), w.to(torch.bfloat16))
@@ -125,34 +122,19 @@ def get_baselines(**cfg) -> dict:
     """torch: the fp32 oracle; deepgemm: ``deep_gemm.fp8_gemm_nt(..., recipe=(1, 1, 128))`` (it needs ``c``: zeros
     stand in without one); cublas: cuBLASLt blockwise 1x128 x 1x128 ``torch._scaled_mm`` with fp32 out, then ``+= c``
     (one elementwise pass more than a fused accumulation)."""
-    def torch_ref():
-        return lambda d: reference(**d)
+    def deepgemm(dg, d, out):
+        O.c_or_zero(d.get("c"), out)
+        dg.fp8_gemm_nt((d["a"], d["sfa"]), (d["b"], d["sfb"]), out, c=out, recipe=RECIPE)
 
-    def deepgemm_ref():
-        import deep_gemm
+    def cublas(d, _):
+        out = d["d"]
+        O.scaled_mm_blockwise(d["a"], d["sfa"], d["b"], d["sfb"], out=out, out_dtype=torch.float32)
+        if d.get("c") is not None:
+            out += d["c"]
+        return {"d": out}
 
-        def run(d):
-            out = torch.empty_like(d["d"])
-            c = d.get("c")
-            out.copy_(c) if c is not None else out.zero_()
-            deep_gemm.fp8_gemm_nt((d["a"], d["sfa"]), (d["b"], d["sfb"]), out, c=out, recipe=RECIPE)
-            return {"d": out}
-
-        return run
-
-    def cublas_ref():
-        O.scaled_mm_probe(one_by_one=True)
-
-        def run(d):
-            out = d["d"]
-            O.scaled_mm_blockwise(d["a"], d["sfa"], d["b"], d["sfb"], out=out, out_dtype=torch.float32)
-            if d.get("c") is not None:
-                out += d["c"]
-            return {"d": out}
-
-        return run
-
-    return {"torch": torch_ref, "deepgemm": deepgemm_ref, "cublas": cublas_ref}
+    return {"torch": F.oracle_baseline(reference), "deepgemm": F.deepgemm_baseline(deepgemm),
+            "cublas": F.cublas_baseline((), lambda d: None, cublas, one_by_one=True)}
 
 
 # ------------------------------------------------------------------------------------------------- public op
@@ -162,23 +144,20 @@ def _fail(name: str, expected: str, got) -> None:
 
 def check_inputs(a, b, d, c=None, recipe=RECIPE, cuda: bool = True):
     """Validate the call; returns ``(a, sfa, b, sfb, M, N, K)``."""
-    (a, sfa), (b, sfb) = O.pair(_OP, "a", a), O.pair(_OP, "b", b)
-    O.check_operand(_OP, "a[0]", a, 2)
-    O.check_operand(_OP, "b[0]", b, 2)
+    a, sfa, b, sfb = O.operand_pairs(_OP, a, b, 2, 2)
     M, K = a.shape  # noqa: N806
     N = b.shape[0]  # noqa: N806
     if b.shape[1] != K:
         _fail("b[0]", f"K={K} columns (a[0] is {tuple(a.shape)})", f"shape {tuple(b.shape)}")
     kb = C.ceil_div(K, C.GRAN)
-    checks.tensor(_OP, "a[1]", sfa, dtypes=(torch.float32,), shape=(M, kb), inner_contiguous=False, cuda=False)
-    checks.tensor(_OP, "b[1]", sfb, dtypes=(torch.float32,), shape=(N, kb), inner_contiguous=False, cuda=False)
+    O.check_scales(_OP, "a[1]", sfa, (M, kb))
+    O.check_scales(_OP, "b[1]", sfb, (N, kb))
     checks.tensor(_OP, "d", d, dtypes=(torch.float32,), shape=(M, N), cuda=False)
     if c is not None:
         checks.tensor(_OP, "c", c, dtypes=(torch.float32,), shape=(M, N), cuda=False)
     if recipe not in (None, RECIPE):
         _fail("recipe", f"{RECIPE} (1x128 scales on both operands; fp8_gemm_1d2d takes (1, 128, 128))", recipe)
-    checks.multiple_of(_OP, "a[0].shape[1]", K, 16, "TMA needs 16-byte rows of A and B")
-    checks.multiple_of(_OP, "d.shape[1]", N, 8, "D is written in pairs; DeepGEMM needs 16-byte rows")
+    O.check_rows(_OP, "a[0].shape[1]", K, "d.shape[1]", N, pairs="D is written in pairs")
     if cuda:
         O.check_cuda(_OP, **{"a[0]": a, "a[1]": sfa, "b[0]": b, "b[1]": sfb, "d": d, "c": c})
     return a, sfa, b, sfb, M, N, K
@@ -198,11 +177,7 @@ _FUNCTIONS = runtime.FunctionCache(__name__)
 
 def _run(a, sfa, b, sfb, d, c=None, tile: str | None = None) -> None:
     """The launch (eager body of the custom op too): C into D, then the kernel, accumulating where ``c`` is given."""
-    accumulate = c is not None
-    O.c_into_d(c, d)
-    params = {"tile": tile or O.choose_tile(a.shape[0], b.shape[0]), "accumulate": bool(accumulate)}
-    fn = _FUNCTIONS.get((params["tile"], params["accumulate"], a.get_device()), lambda: params, a.device)
-    fn(*kernel_args(a, sfa, b, sfb, d))
+    O.run_dense(_FUNCTIONS, kernel_args, a, sfa, b, sfb, d, c, tile)
 
 
 def fp8_gemm_nt(a, b, d: torch.Tensor, c: torch.Tensor | None = None, recipe=RECIPE, compiled_dims: str = "nk",
@@ -213,11 +188,8 @@ def fp8_gemm_nt(a, b, d: torch.Tensor, c: torch.Tensor | None = None, recipe=REC
     a_, sfa, b_, sfb, M, N, K = check_inputs(a, b, d, c, recipe)  # noqa: N806
     if M == 0 or N == 0:
         return
-    if K == 0:  # no kernel: D = C (traced as a copy; C that is D itself copies onto itself) or 0
-        if c is None:
-            d.zero_()
-        elif c is not d:
-            d.copy_(c)
+    if K == 0:
+        O.c_or_zero(c, d)
         return
     if runtime.direct_call(a_, sfa, b_, sfb, d, c):
         _run(a_, sfa, b_, sfb, d, c)

@@ -22,6 +22,7 @@ import torch
 from tirx_kernels.core import checks, harness, runtime
 
 from . import _fp8_cast as C
+from . import _fp8_gemm_common as F
 from . import _fp8_gemm_op as O
 
 KERNEL_META = {
@@ -71,7 +72,7 @@ def compile_params(M: int = 4096, N: int = 4096, accumulate: bool = False, tile:
 
 
 def artifact_params() -> list[dict]:
-    return [{"tile": t, "accumulate": a} for t in TILES for a in (False, True)]
+    return O.tile_artifacts(accumulate=True)
 
 
 def call_samples(rng) -> list[dict]:
@@ -92,10 +93,7 @@ def prepare_data(M: int, N: int, K: int, accumulate: bool = False, **_) -> dict:
     """bf16 activations and weights (rows of magnitudes 1e-2 .. 1e1) cast by DeepGEMM's recipe (the torch oracle of
     the casts), ``sfa`` in the MN-major TMA-aligned layout, ``d`` a fresh output; ``c`` random bf16 when
     accumulating."""
-    import os
-
-    seed = int(os.environ.get("TIRX_SEED", "0")) or int.from_bytes(os.urandom(4), "little")
-    g = torch.Generator(device="cuda").manual_seed(seed)
+    g, _ = F.cuda_generator()
     x = (torch.randn(M, K, generator=g, device="cuda") * torch.logspace(-2, 1, M, device="cuda")[:, None])
     w = torch.randn(N, K, generator=g, device="cuda")
     a, sfa, b, sfb = O.quantized_operands(x.to(torch.bfloat16), w.to(torch.bfloat16))
@@ -125,41 +123,20 @@ def get_baselines(**cfg) -> dict:
     """torch: the fp32 oracle (dequantized operands, fp32 matmul); deepgemm: ``deep_gemm.fp8_gemm_nt`` (SM90 1d2d,
     no ``c``); cublas: cuBLASLt blockwise (1x128 x 128x128) ``torch._scaled_mm``, the issue's speed reference (``+ c``
     in one elementwise pass more where accumulating)."""
-    def torch_ref():
-        return lambda d: reference(**d)
+    def deepgemm(dg, d, out):
+        dg.fp8_gemm_nt((d["a"], d["sfa"]), (d["b"], d["sfb"]), out)
+        if d.get("c") is not None:  # DeepGEMM's SM90 1d2d has no C: accumulate on the host side
+            return (d["c"].float() + out.float()).to(torch.bfloat16)
 
-    def deepgemm_ref():
-        import deep_gemm
+    def cublas(d, sfa):  # sfa: the M-major scale copy cuBLASLt takes, made once per data
+        out = d["d"]
+        O.scaled_mm_blockwise(d["a"], sfa, d["b"], d["sfb"], out=out)
+        if d.get("c") is not None:
+            out += d["c"]
+        return {"d": out}
 
-        def run(d):
-            out = torch.empty_like(d["d"])
-            if d.get("c") is not None:
-                out.copy_(d["c"])  # DeepGEMM's SM90 1d2d has no C: accumulate on the host side
-                tmp = torch.empty_like(out)
-                deep_gemm.fp8_gemm_nt((d["a"], d["sfa"]), (d["b"], d["sfb"]), tmp)
-                return {"d": (out.float() + tmp.float()).to(torch.bfloat16)}
-            deep_gemm.fp8_gemm_nt((d["a"], d["sfa"]), (d["b"], d["sfb"]), out)
-            return {"d": out}
-
-        return run
-
-    def cublas_ref():
-        O.scaled_mm_probe()
-        plans = {}
-
-        def run(d):
-            key = d["sfa"].data_ptr()
-            if key not in plans:  # the M-major scale copy cuBLASLt takes, once per data
-                plans[key] = d["sfa"].t().contiguous().t()
-            out = d["d"]
-            O.scaled_mm_blockwise(d["a"], plans[key], d["b"], d["sfb"], out=out)
-            if d.get("c") is not None:
-                out += d["c"]
-            return {"d": out}
-
-        return run
-
-    return {"torch": torch_ref, "deepgemm": deepgemm_ref, "cublas": cublas_ref}
+    return {"torch": F.oracle_baseline(reference), "deepgemm": F.deepgemm_baseline(deepgemm),
+            "cublas": F.cublas_baseline(("sfa",), lambda d: F.m_major(d["sfa"]), cublas)}
 
 
 # ------------------------------------------------------------------------------------------------- public op
@@ -169,25 +146,20 @@ def _fail(name: str, expected: str, got) -> None:
 
 def check_inputs(a, b, d, c=None, recipe=None, cuda: bool = True):
     """Validate the call; returns ``(a, sfa, b, sfb, M, N, K)``."""
-    (a, sfa), (b, sfb) = O.pair(_OP, "a", a), O.pair(_OP, "b", b)
-    O.check_operand(_OP, "a[0]", a, 2)
-    O.check_operand(_OP, "b[0]", b, 2)
+    a, sfa, b, sfb = O.operand_pairs(_OP, a, b, 2, 2)
     M, K = a.shape  # noqa: N806
     N = b.shape[0]  # noqa: N806
     if b.shape[1] != K:
         _fail("b[0]", f"K={K} columns (a[0] is {tuple(a.shape)})", f"shape {tuple(b.shape)}")
     kb = C.ceil_div(K, C.GRAN)
-    checks.tensor(_OP, "a[1]", sfa, dtypes=(torch.float32,), shape=(M, kb), inner_contiguous=False, cuda=False)
-    checks.tensor(_OP, "b[1]", sfb, dtypes=(torch.float32,), shape=(C.ceil_div(N, C.GRAN), kb),
-                  inner_contiguous=False, cuda=False)
+    O.check_scales(_OP, "a[1]", sfa, (M, kb))
+    O.check_scales(_OP, "b[1]", sfb, (C.ceil_div(N, C.GRAN), kb))
     checks.tensor(_OP, "d", d, dtypes=(torch.bfloat16,), shape=(M, N), cuda=False)
     if c is not None:
         checks.tensor(_OP, "c", c, dtypes=(torch.bfloat16,), shape=(M, N), cuda=False)
     O.check_recipe(_OP, recipe, also="; (1, 1, 128) is the 1d1d GEMM")
-    checks.multiple_of(_OP, "a[0].shape[1]", K, 16, "TMA needs 16-byte rows of A and B")
-    checks.multiple_of(_OP, "d.shape[1]", N, 8, "D is written in 4-byte pairs; DeepGEMM needs 16-byte rows")
-    if d.stride(0) % 2:
-        _fail("d", "an even row stride (4-byte pairs)", f"strides {tuple(d.stride())}")
+    O.check_rows(_OP, "a[0].shape[1]", K, "d.shape[1]", N)
+    O.check_even_strides(_OP, d)
     if cuda:
         O.check_cuda(_OP, **{"a[0]": a, "a[1]": sfa, "b[0]": b, "b[1]": sfb, "d": d, "c": c})
     return a, sfa, b, sfb, M, N, K
@@ -203,13 +175,7 @@ _FUNCTIONS = runtime.FunctionCache(__name__)
 
 def _run(a, sfa, b, sfb, d, c=None, tile: str | None = None) -> None:
     """The launch (eager body of the custom op too): C into D, then the kernel, accumulating where ``c`` is given."""
-    accumulate = c is not None
-    O.c_into_d(c, d)
-    M, K = a.shape  # noqa: N806
-    N = b.shape[0]  # noqa: N806
-    params = {"tile": tile or choose_tile(M, N), "accumulate": bool(accumulate)}
-    fn = _FUNCTIONS.get((params["tile"], params["accumulate"], a.get_device()), lambda: params, a.device)
-    fn(*kernel_args(a, sfa, b, sfb, d))
+    O.run_dense(_FUNCTIONS, kernel_args, a, sfa, b, sfb, d, c, tile)
 
 
 def kernel_args(a, sfa, b, sfb, d) -> tuple:
@@ -235,11 +201,8 @@ def fp8_gemm_nt(a, b, d: torch.Tensor, c: torch.Tensor | None = None, recipe=Non
     a_, sfa, b_, sfb, M, N, K = check_inputs(a, b, d, c, recipe)  # noqa: N806
     if M == 0 or N == 0:
         return
-    if K == 0:  # no kernel: D = C (traced as a copy; C that is D itself copies onto itself) or 0
-        if c is None:
-            d.zero_()
-        elif c is not d:
-            d.copy_(c)
+    if K == 0:
+        O.c_or_zero(c, d)
         return
     if runtime.direct_call(a_, sfa, b_, sfb, d, c):
         _run(a_, sfa, b_, sfb, d, c)

@@ -27,6 +27,7 @@ import torch
 from tirx_kernels.core import checks, harness, runtime
 
 from . import _fp8_cast as C
+from . import _fp8_gemm_common as F
 from . import _fp8_gemm_op as O
 
 KERNEL_META = {
@@ -83,7 +84,7 @@ def compile_params(m: int = 4096, n: int = 4096, tile: str | None = None, **_) -
 
 
 def artifact_params() -> list[dict]:
-    return [{"tile": t} for t in TILES]
+    return O.tile_artifacts()
 
 
 def call_samples(rng) -> list[dict]:
@@ -95,8 +96,7 @@ def get_kernel(tile: str):
     return O.build(KERNEL_META["name"], tile, "dense", True, recipe="1d1d")
 
 
-def sass_expect(**_) -> list[str]:
-    return O.sass_expect()
+sass_expect = O.sass_expect
 
 
 def quantized_operands(xs: list[torch.Tensor], ws: list[torch.Tensor], m: int, n: int, device):
@@ -122,10 +122,7 @@ def quantized_operands(xs: list[torch.Tensor], ws: list[torch.Tensor], m: int, n
 def prepare_data(G: int, m: int, n: int, k: int, empty=None, **_) -> dict:  # noqa: N803
     """Each group's bf16 activation-gradient and input blocks cast per token (DeepGEMM's wgrad operands), ``c``
     fp32 (DeepGEMM's test: randn * 32), ``d`` a fresh output."""
-    import os
-
-    seed = int(os.environ.get("TIRX_SEED", "0")) or int.from_bytes(os.urandom(4), "little")
-    g = torch.Generator(device="cuda").manual_seed(seed)
+    g, _ = F.cuda_generator()
     ks = group_ks(G, k, empty)
     xs = [torch.randn(m, kg, generator=g, device="cuda").to(torch.bfloat16) for kg in ks]
     ws = [torch.randn(n, kg, generator=g, device="cuda").to(torch.bfloat16) for kg in ks]
@@ -174,39 +171,24 @@ def get_baselines(**cfg) -> dict:
     1x128 x 1x128 ``torch._scaled_mm`` per group (fp32 out) then ``+= c[g]``."""
     ks = group_ks(**cfg)
 
-    def torch_ref():
-        return lambda d: reference(**d)
+    def deepgemm(dg, d, out):
+        out.copy_(d["c"])
+        dg.k_grouped_fp8_gemm_nt_contiguous((d["a"], d["sfa"]), (d["b"], d["sfb"]), out, ks, d["grouped_layout"], out)
 
-    def deepgemm_ref():
-        import deep_gemm
+    def plan(d):  # M-major copies of each group's scales
+        m, n = d["d"].shape[1], d["d"].shape[2]
+        return [(g, ag, F.m_major(sag), bg, F.m_major(sbg))
+                for g, ag, sag, bg, sbg in group_blocks(d["a"], d["sfa"], d["b"], d["sfb"], m, n, ks)]
 
-        def run(d):
-            out = d["c"].clone()
-            deep_gemm.k_grouped_fp8_gemm_nt_contiguous((d["a"], d["sfa"]), (d["b"], d["sfb"]), out, ks,
-                                                       d["grouped_layout"], out)
-            return {"d": out}
+    def cublas(d, plan):
+        out = d["d"]
+        out.copy_(d["c"])
+        for g, ag, sag, bg, sbg in plan:
+            out[g] += O.scaled_mm_blockwise(ag, sag, bg, sbg, out_dtype=torch.float32)
+        return {"d": out}
 
-        return run
-
-    def cublas_ref():
-        O.scaled_mm_probe(one_by_one=True)
-        plans = {}
-
-        def run(d):
-            out = d["d"]
-            key = (d["a"].data_ptr(), out.data_ptr())
-            if key not in plans:  # M-major copies of each group's scales, once per data
-                m, n = out.shape[1], out.shape[2]
-                plans[key] = [(g, ag, sag.t().contiguous().t(), bg, sbg.t().contiguous().t())
-                              for g, ag, sag, bg, sbg in group_blocks(d["a"], d["sfa"], d["b"], d["sfb"], m, n, ks)]
-            out.copy_(d["c"])
-            for g, ag, sag, bg, sbg in plans[key]:
-                out[g] += O.scaled_mm_blockwise(ag, sag, bg, sbg, out_dtype=torch.float32)
-            return {"d": out}
-
-        return run
-
-    return {"torch": torch_ref, "deepgemm": deepgemm_ref, "cublas": cublas_ref}
+    return {"torch": F.oracle_baseline(reference), "deepgemm": F.deepgemm_baseline(deepgemm),
+            "cublas": F.cublas_baseline(("a", "d"), plan, cublas, one_by_one=True)}
 
 
 # ------------------------------------------------------------------------------------------------- public op
@@ -228,8 +210,8 @@ def check_inputs(a, b, d, ks, grouped_layout, c=None, recipe=RECIPE, cuda: bool 
     for name, t, rows in (("a[0]", a, m), ("b[0]", b, n)):
         checks.tensor(_OP, name, t, dtypes=(O.E4M3,), shape=(sum_k * rows,), contiguous=True, cuda=False)
     sf_k = sum_k // C.GRAN
-    checks.tensor(_OP, "a[1]", sfa, dtypes=(torch.float32,), shape=(m, sf_k), inner_contiguous=False, cuda=False)
-    checks.tensor(_OP, "b[1]", sfb, dtypes=(torch.float32,), shape=(n, sf_k), inner_contiguous=False, cuda=False)
+    O.check_scales(_OP, "a[1]", sfa, (m, sf_k))
+    O.check_scales(_OP, "b[1]", sfb, (n, sf_k))
     checks.tensor(_OP, "grouped_layout", grouped_layout, dtypes=(torch.int32,), shape=(G,), contiguous=True,
                   cuda=False)
     if c is not None:
@@ -266,8 +248,7 @@ def _run(a, sfa, b, sfb, d, ks: list[int], c=None, tile: str | None = None) -> N
         d.zero_()
     else:
         O.c_into_d(c, d)
-    params = {"tile": tile or O.choose_tile(d.shape[1], d.shape[2])}
-    fn = _FUNCTIONS.get((params["tile"], a.get_device()), lambda: params, a.device)
+    fn = O.kernel_function(_FUNCTIONS, a, tile=tile or O.choose_tile(d.shape[1], d.shape[2]))
     for args in group_kernel_args(a, sfa, b, sfb, d, ks):
         fn(*args)
 
@@ -281,11 +262,8 @@ def k_grouped_fp8_gemm_nt_contiguous(a, b, d: torch.Tensor, ks, grouped_layout: 
     if use_psum_layout:
         _fail("use_psum_layout", "False (SM90's k-grouped NT GEMM takes the host-side ks)", use_psum_layout)
     a_, sfa, b_, sfb, G, m, n, ks = check_inputs(a, b, d, ks, grouped_layout, c, recipe)  # noqa: N806
-    if m == 0 or n == 0 or sum(ks) == 0:  # no kernel: D = C (traced as a copy; C that is D copies onto itself) or 0
-        if c is None:
-            d.zero_()
-        elif c is not d:
-            d.copy_(c)
+    if m == 0 or n == 0 or sum(ks) == 0:
+        O.c_or_zero(c, d)
         return
     if runtime.direct_call(a_, sfa, b_, sfb, d, c):
         _run(a_, sfa, b_, sfb, d, ks, c)

@@ -25,6 +25,7 @@ import torch
 from tirx_kernels.core import checks, harness, runtime
 
 from . import _fp8_cast as C
+from . import _fp8_gemm_common as F
 from . import _fp8_gemm_op as O
 
 KERNEL_META = {
@@ -97,7 +98,7 @@ def compile_params(G: int = 4, m: int = 4096, N: int = 4096, tile: str | None = 
 
 
 def artifact_params() -> list[dict]:
-    return [{"tile": t} for t in TILES]
+    return O.tile_artifacts()
 
 
 def call_samples(rng) -> list[dict]:
@@ -109,17 +110,13 @@ def get_kernel(tile: str):
     return O.build(KERNEL_META["name"], tile, "m_contiguous")
 
 
-def sass_expect(**_) -> list[str]:
-    return O.sass_expect()
+sass_expect = O.sass_expect
 
 
 def prepare_data(G: int, m: int, N: int, K: int, empty=None, pad_tiles: int = 0, **_) -> dict:  # noqa: N803
     """bf16 activations (rows of magnitudes 1e-2 .. 1e1, zero padding rows as DeepGEMM's generator writes) and
     per-expert weights, cast by DeepGEMM's recipe (the torch oracle of the casts); ``d`` a fresh output."""
-    import os
-
-    seed = int(os.environ.get("TIRX_SEED", "0")) or int.from_bytes(os.urandom(4), "little")
-    g = torch.Generator(device="cuda").manual_seed(seed)
+    g, _ = F.cuda_generator()
     M = total_rows(G, m, empty, pad_tiles)  # noqa: N806
     layout = make_layout(group_rows(G, m, empty), M, "cuda")
     x = torch.randn(M, K, generator=g, device="cuda") * torch.logspace(-2, 1, M, device="cuda")[:, None]
@@ -181,44 +178,28 @@ def get_baselines(**cfg) -> dict:
     """torch: the fp32 oracle; deepgemm: ``deep_gemm.m_grouped_fp8_gemm_nt_contiguous``; cublas: cuBLASLt blockwise
     (1x128 x 128x128) ``torch._scaled_mm`` per group over the group's aligned rows (the runnable reference where
     DeepGEMM has no wheel)."""
-    def torch_ref():
-        return lambda d: reference(**d)
+    def deepgemm(dg, d, out):
+        dg.m_grouped_fp8_gemm_nt_contiguous((d["a"], d["sfa"]), (d["b"], d["sfb"]), out, d["grouped_layout"])
 
-    def deepgemm_ref():
-        import deep_gemm
+    def plan(d):  # each group's aligned rows with their M-major scales, and the rows no group covers
+        segs = segments(d["grouped_layout"], d["b"].shape[0])
+        covered = torch.zeros(d["d"].shape[0], dtype=torch.bool)
+        for _, s, e in segs:
+            covered[s:e] = True
+        return ([(g, s, e, F.m_major(d["sfa"][s:e])) for g, s, e in segs],
+                (~covered).nonzero().flatten().to(d["d"].device))
 
-        def run(d):
-            out = torch.empty_like(d["d"])
-            deep_gemm.m_grouped_fp8_gemm_nt_contiguous((d["a"], d["sfa"]), (d["b"], d["sfb"]), out,
-                                                        d["grouped_layout"])
-            return {"d": out}
+    def cublas(d, plan):
+        segs, uncovered = plan
+        out = d["d"]
+        for g, s, e, sfa_g in segs:
+            O.scaled_mm_blockwise(d["a"][s:e], sfa_g, d["b"][g], d["sfb"][g], out=out[s:e])
+        if uncovered.numel():
+            out[uncovered] = 0
+        return {"d": out}
 
-        return run
-
-    def cublas_ref():
-        O.scaled_mm_probe()
-        plans = {}
-
-        def run(d):
-            key = (d["a"].data_ptr(), d["d"].data_ptr())
-            if key not in plans:  # host-side plan once per data (the timed calls do no sync)
-                segs = segments(d["grouped_layout"], d["b"].shape[0])
-                covered = torch.zeros(d["d"].shape[0], dtype=torch.bool)
-                for _, s, e in segs:
-                    covered[s:e] = True
-                plans[key] = ([(g, s, e, d["sfa"][s:e].t().contiguous().t()) for g, s, e in segs],
-                              (~covered).nonzero().flatten().to(d["d"].device))
-            segs, uncovered = plans[key]
-            out = d["d"]
-            for g, s, e, sfa_g in segs:
-                O.scaled_mm_blockwise(d["a"][s:e], sfa_g, d["b"][g], d["sfb"][g], out=out[s:e])
-            if uncovered.numel():
-                out[uncovered] = 0
-            return {"d": out}
-
-        return run
-
-    return {"torch": torch_ref, "deepgemm": deepgemm_ref, "cublas": cublas_ref}
+    return {"torch": F.oracle_baseline(reference), "deepgemm": F.deepgemm_baseline(deepgemm),
+            "cublas": F.cublas_baseline(("a", "d"), plan, cublas)}
 
 
 # ------------------------------------------------------------------------------------------------- public op
@@ -228,9 +209,7 @@ def _fail(name: str, expected: str, got) -> None:
 
 def check_inputs(a, b, d, grouped_layout, recipe=None, cuda: bool = True):
     """Validate the call; returns ``(a, sfa, b, sfb, M, N, K, G)``."""
-    (a, sfa), (b, sfb) = O.pair(_OP, "a", a), O.pair(_OP, "b", b)
-    O.check_operand(_OP, "a[0]", a, 2)
-    O.check_operand(_OP, "b[0]", b, 3)
+    a, sfa, b, sfb = O.operand_pairs(_OP, a, b, 2, 3)
     M, K = a.shape  # noqa: N806
     G, N = b.shape[0], b.shape[1]  # noqa: N806
     if b.shape[2] != K:
@@ -238,17 +217,14 @@ def check_inputs(a, b, d, grouped_layout, recipe=None, cuda: bool = True):
     if G == 0:
         _fail("b[0]", "at least one group", f"shape {tuple(b.shape)}")
     kb = C.ceil_div(K, C.GRAN)
-    checks.tensor(_OP, "a[1]", sfa, dtypes=(torch.float32,), shape=(M, kb), inner_contiguous=False, cuda=False)
-    checks.tensor(_OP, "b[1]", sfb, dtypes=(torch.float32,), shape=(G, C.ceil_div(N, C.GRAN), kb),
-                  inner_contiguous=False, cuda=False)
+    O.check_scales(_OP, "a[1]", sfa, (M, kb))
+    O.check_scales(_OP, "b[1]", sfb, (G, C.ceil_div(N, C.GRAN), kb))
     checks.tensor(_OP, "d", d, dtypes=(torch.bfloat16,), shape=(M, N), cuda=False)
     checks.tensor(_OP, "grouped_layout", grouped_layout, dtypes=(torch.int32,), shape=(M,), contiguous=True,
                   cuda=False)
     O.check_recipe(_OP, recipe)
-    checks.multiple_of(_OP, "a[0].shape[1]", K, 16, "TMA needs 16-byte rows of A and B")
-    checks.multiple_of(_OP, "d.shape[1]", N, 8, "D is written in 4-byte pairs; DeepGEMM needs 16-byte rows")
-    if d.stride(0) % 2:
-        _fail("d", "an even row stride (4-byte pairs)", f"strides {tuple(d.stride())}")
+    O.check_rows(_OP, "a[0].shape[1]", K, "d.shape[1]", N)
+    O.check_even_strides(_OP, d)
     if cuda:
         O.check_cuda(_OP, **{"a[0]": a, "a[1]": sfa, "b[0]": b, "b[1]": sfb, "d": d,
                              "grouped_layout": grouped_layout})
@@ -267,8 +243,7 @@ _FUNCTIONS = runtime.FunctionCache(__name__)
 
 
 def _run(a, sfa, b, sfb, d, grouped_layout, tile: str | None = None) -> None:
-    params = {"tile": tile or O.choose_tile(a.shape[0], b.shape[1])}
-    fn = _FUNCTIONS.get((params["tile"], a.get_device()), lambda: params, a.device)
+    fn = O.kernel_function(_FUNCTIONS, a, tile=tile or O.choose_tile(a.shape[0], b.shape[1]))
     fn(*kernel_args(a, sfa, b, sfb, d, grouped_layout))
 
 
@@ -280,9 +255,7 @@ def m_grouped_fp8_gemm_nt_contiguous(a, b, d: torch.Tensor, grouped_layout: torc
     (b[0][g] * b[1][g]).T`` for ``g = grouped_layout[m]`` (0 where it is -1), in place. SM90's recipe only
     (``recipe`` None or (1, 128, 128)); ``recipe_a`` / ``recipe_b`` and the psum layout are SM100 forms and raise;
     ``compiled_dims``, ``disable_ue8m0_cast`` and ``ensure_zero_padding`` are accepted and ignored."""
-    if recipe_a is not None or recipe_b is not None:
-        _fail("recipe_a" if recipe_a is not None else "recipe_b", "None (per-operand recipes are SM100's)",
-              recipe_a if recipe_a is not None else recipe_b)
+    O.check_sm100_recipes(_OP, recipe_a, recipe_b)
     if use_psum_layout or expected_m_for_psum_layout is not None:
         _fail("use_psum_layout", "False (the psum layout is not ported: one group index per row)", use_psum_layout)
     a_, sfa, b_, sfb, M, N, K, G = check_inputs(a, b, d, grouped_layout, recipe)  # noqa: N806

@@ -24,6 +24,7 @@ import torch
 from tirx_kernels.core import checks, harness, runtime
 
 from . import _fp8_cast as C
+from . import _fp8_gemm_common as F
 from . import _fp8_gemm_op as O
 
 KERNEL_META = {
@@ -84,7 +85,7 @@ def compile_params(G: int = 1, m: int = 128, N: int = 4096, tile: str | None = N
 
 
 def artifact_params() -> list[dict]:
-    return [{"tile": t} for t in TILES]
+    return O.tile_artifacts()
 
 
 def call_samples(rng) -> list[dict]:
@@ -100,18 +101,14 @@ def get_kernel(tile: str):
     return O.build(KERNEL_META["name"], tile, "m_masked")
 
 
-def sass_expect(**_) -> list[str]:
-    return O.sass_expect()
+sass_expect = O.sass_expect
 
 
 def prepare_data(G: int, max_m: int, m: int, N: int, K: int, exact: bool = False, masked_m=None,  # noqa: N803
                  **_) -> dict:
     """bf16 activations (rows of magnitudes 1e-2 .. 1e1) and per-expert weights cast by DeepGEMM's recipe, fresh
     counts per call (DeepGEMM's draw, unless the config fixes them), ``d`` a fresh output."""
-    import os
-
-    seed = int(os.environ.get("TIRX_SEED", "0")) or int.from_bytes(os.urandom(4), "little")
-    g = torch.Generator(device="cuda").manual_seed(seed)
+    g, seed = F.cuda_generator()
     rows = counts(G, max_m, m, exact, masked_m, random.Random(seed))
     x = torch.randn(G, max_m, K, generator=g, device="cuda") * torch.logspace(-2, 1, max_m, device="cuda")[:, None]
     w = torch.randn(G, N, K, generator=g, device="cuda")
@@ -170,38 +167,21 @@ def get_baselines(**cfg) -> dict:
     """torch: the fp32 oracle; deepgemm: ``deep_gemm.m_grouped_fp8_gemm_nt_masked``; cublas: cuBLASLt blockwise
     (1x128 x 128x128) ``torch._scaled_mm`` per group over its counted rows (the counts read once per data, on the
     host: a reference that could not be captured in a graph)."""
-    def torch_ref():
-        return lambda d: reference(**d)
+    def deepgemm(dg, d, out):
+        dg.m_grouped_fp8_gemm_nt_masked((d["a"], d["sfa"]), (d["b"], d["sfb"]), out, d["masked_m"], cfg["m"])
 
-    def deepgemm_ref():
-        import deep_gemm
+    def plan(d):  # each group's counted rows with their M-major scales
+        max_m = d["a"].shape[1]
+        return [(g, r, F.m_major(d["sfa"][g, :r])) for g, r in enumerate(d["masked_m"].clamp(0, max_m).tolist()) if r]
 
-        def run(d):
-            out = torch.empty_like(d["d"])
-            deep_gemm.m_grouped_fp8_gemm_nt_masked((d["a"], d["sfa"]), (d["b"], d["sfb"]), out, d["masked_m"],
-                                                   cfg["m"])
-            return {"d": out}
+    def cublas(d, plan):
+        out = d["d"]
+        for g, r, sfa_g in plan:
+            O.scaled_mm_blockwise(d["a"][g, :r], sfa_g, d["b"][g], d["sfb"][g], out=out[g, :r])
+        return {"d": out}
 
-        return run
-
-    def cublas_ref():
-        O.scaled_mm_probe()
-        plans = {}
-
-        def run(d):
-            key = (d["a"].data_ptr(), d["d"].data_ptr())
-            if key not in plans:  # host-side plan once per data (the timed calls do no sync)
-                max_m = d["a"].shape[1]
-                plans[key] = [(g, r, d["sfa"][g, :r].t().contiguous().t())
-                              for g, r in enumerate(d["masked_m"].clamp(0, max_m).tolist()) if r]
-            out = d["d"]
-            for g, r, sfa_g in plans[key]:
-                O.scaled_mm_blockwise(d["a"][g, :r], sfa_g, d["b"][g], d["sfb"][g], out=out[g, :r])
-            return {"d": out}
-
-        return run
-
-    return {"torch": torch_ref, "deepgemm": deepgemm_ref, "cublas": cublas_ref}
+    return {"torch": F.oracle_baseline(reference), "deepgemm": F.deepgemm_baseline(deepgemm),
+            "cublas": F.cublas_baseline(("a", "d"), plan, cublas)}
 
 
 # ------------------------------------------------------------------------------------------------- public op
@@ -211,9 +191,7 @@ def _fail(name: str, expected: str, got) -> None:
 
 def check_inputs(a, b, d, masked_m, expected_m, recipe=None, cuda: bool = True):
     """Validate the call; returns ``(a, sfa, b, sfb, G, max_m, N, K)``."""
-    (a, sfa), (b, sfb) = O.pair(_OP, "a", a), O.pair(_OP, "b", b)
-    O.check_operand(_OP, "a[0]", a, 3)
-    O.check_operand(_OP, "b[0]", b, 3)
+    a, sfa, b, sfb = O.operand_pairs(_OP, a, b, 3, 3)
     G, max_m, K = a.shape  # noqa: N806
     N = b.shape[1]  # noqa: N806
     if b.shape[0] != G or b.shape[2] != K:
@@ -221,10 +199,8 @@ def check_inputs(a, b, d, masked_m, expected_m, recipe=None, cuda: bool = True):
     if G == 0:
         _fail("a[0]", "at least one group", f"shape {tuple(a.shape)}")
     kb = C.ceil_div(K, C.GRAN)
-    checks.tensor(_OP, "a[1]", sfa, dtypes=(torch.float32,), shape=(G, max_m, kb), inner_contiguous=False,
-                  cuda=False)
-    checks.tensor(_OP, "b[1]", sfb, dtypes=(torch.float32,), shape=(G, C.ceil_div(N, C.GRAN), kb),
-                  inner_contiguous=False, cuda=False)
+    O.check_scales(_OP, "a[1]", sfa, (G, max_m, kb))
+    O.check_scales(_OP, "b[1]", sfb, (G, C.ceil_div(N, C.GRAN), kb))
     checks.tensor(_OP, "d", d, dtypes=(torch.bfloat16,), shape=(G, max_m, N), cuda=False)
     checks.tensor(_OP, "masked_m", masked_m, dtypes=(torch.int32,), shape=(G,), contiguous=True, cuda=False)
     if isinstance(expected_m, bool) or not isinstance(expected_m, int) or expected_m <= 0:
@@ -232,10 +208,8 @@ def check_inputs(a, b, d, masked_m, expected_m, recipe=None, cuda: bool = True):
     O.check_recipe(_OP, recipe)
     if K == 0:
         _fail("a[0]", "K > 0 (DeepGEMM's masked GEMM requires it)", f"shape {tuple(a.shape)}")
-    checks.multiple_of(_OP, "a[0].shape[2]", K, 16, "TMA needs 16-byte rows of A and B")
-    checks.multiple_of(_OP, "d.shape[2]", N, 8, "D is written in 4-byte pairs; DeepGEMM needs 16-byte rows")
-    if d.stride(0) % 2 or d.stride(1) % 2:
-        _fail("d", "even row and group strides (4-byte pairs)", f"strides {tuple(d.stride())}")
+    O.check_rows(_OP, "a[0].shape[2]", K, "d.shape[2]", N)
+    O.check_even_strides(_OP, d, "even row and group strides")
     if cuda:
         O.check_cuda(_OP, **{"a[0]": a, "a[1]": sfa, "b[0]": b, "b[1]": sfb, "d": d, "masked_m": masked_m})
     return a, sfa, b, sfb, G, max_m, N, K
@@ -254,8 +228,7 @@ _FUNCTIONS = runtime.FunctionCache(__name__)
 
 
 def _run(a, sfa, b, sfb, d, masked_m, expected_m: int, tile: str | None = None) -> None:
-    params = {"tile": tile or O.choose_tile(a.shape[0] * expected_m, b.shape[1])}
-    fn = _FUNCTIONS.get((params["tile"], a.get_device()), lambda: params, a.device)
+    fn = O.kernel_function(_FUNCTIONS, a, tile=tile or O.choose_tile(a.shape[0] * expected_m, b.shape[1]))
     fn(*kernel_args(a, sfa, b, sfb, d, masked_m))
 
 
@@ -266,9 +239,7 @@ def m_grouped_fp8_gemm_nt_masked(a, b, d: torch.Tensor, masked_m: torch.Tensor, 
     (a[0][g] * a[1][g])[:masked_m[g]] @ (b[0][g] * b[1][g]).T`` in place, the other rows untouched. SM90's recipe only
     (``recipe`` None or (1, 128, 128)); ``recipe_a`` / ``recipe_b`` are SM100's and raise; ``compiled_dims`` and
     ``disable_ue8m0_cast`` are accepted and ignored."""
-    if recipe_a is not None or recipe_b is not None:
-        _fail("recipe_a" if recipe_a is not None else "recipe_b", "None (per-operand recipes are SM100's)",
-              recipe_a if recipe_a is not None else recipe_b)
+    O.check_sm100_recipes(_OP, recipe_a, recipe_b)
     a_, sfa, b_, sfb, G, max_m, N, K = check_inputs(a, b, d, masked_m, expected_m, recipe)  # noqa: N806
     if max_m == 0 or N == 0:
         return

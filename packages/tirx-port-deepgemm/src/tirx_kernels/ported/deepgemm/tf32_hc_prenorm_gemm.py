@@ -28,6 +28,7 @@ import torch
 
 from tirx_kernels.core import checks, harness, runtime
 
+from . import _fp8_gemm_common as F
 from . import _fp8_gemm_op as O
 from . import _tf32_hc_prenorm_kernel as H
 
@@ -106,10 +107,7 @@ def tf32(x: torch.Tensor, rounding: str = "truncate") -> torch.Tensor:
 
 def prepare_data(M: int, K: int, N: int = 24, num_splits: int | None = None, **_) -> dict:  # noqa: N803
     """DeepGEMM's inputs (randn bf16 A, randn fp32 B) and fresh outputs of the split form."""
-    import os
-
-    seed = int(os.environ.get("TIRX_SEED", "0")) or int.from_bytes(os.urandom(4), "little")
-    g = torch.Generator(device="cuda").manual_seed(seed)
+    g, _ = F.cuda_generator()
     a = torch.randn(M, K, generator=g, device="cuda").to(torch.bfloat16)
     b = torch.randn(N, K, generator=g, device="cuda")
     lead = () if num_splits is None else (num_splits,)
@@ -170,18 +168,8 @@ def get_baselines(**cfg) -> dict:
     """torch: the fp64 oracle; deepgemm: ``deep_gemm.tf32_hc_prenorm_gemm`` (same split convention: checked); tf32 /
     fp32 (timed only): torch matmul of A (as fp32) by B^T with TF32 allowed / not, plus ``A.float().square().sum(-1)``
     (the unfused pair, unsplit)."""
-    def torch_ref():
-        return lambda d: reference(**d)
-
-    def deepgemm_ref():
-        import deep_gemm
-
-        def run(d):
-            out, sq = torch.empty_like(d["d"]), torch.empty_like(d["sqr_sum"])
-            deep_gemm.tf32_hc_prenorm_gemm(d["a"], d["b"], out, sq, num_splits=d["num_splits"])
-            return {"d": out, "sqr_sum": sq}
-
-        return run
+    def deepgemm(dg, d, out, sq):
+        dg.tf32_hc_prenorm_gemm(d["a"], d["b"], out, sq, num_splits=d["num_splits"])
 
     def matmul_ref(allow_tf32: bool):
         def build():
@@ -198,7 +186,8 @@ def get_baselines(**cfg) -> dict:
 
         return build
 
-    return {"torch": torch_ref, "deepgemm": deepgemm_ref, "tf32": matmul_ref(True), "fp32": matmul_ref(False)}
+    return {"torch": F.oracle_baseline(reference), "deepgemm": F.deepgemm_baseline(deepgemm, out=("d", "sqr_sum")),
+            "tf32": matmul_ref(True), "fp32": matmul_ref(False)}
 
 
 # ------------------------------------------------------------------------------------------------- public op
@@ -250,8 +239,7 @@ _FUNCTIONS = runtime.FunctionCache(__name__)
 
 
 def _run(a, b, d, sqr_sum, splits: int) -> None:
-    params = {"n": b.shape[0]}
-    fn = _FUNCTIONS.get((params["n"], a.get_device()), lambda: params, a.device)
+    fn = O.kernel_function(_FUNCTIONS, a, n=b.shape[0])
     fn(*kernel_args(a, b, d, sqr_sum, splits))
 
 
