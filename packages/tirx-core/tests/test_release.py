@@ -161,12 +161,19 @@ def test_wheels_of_core_and_one_port_list_exactly_its_kernels(tmp_path):
 
 def test_a_package_runs_its_tests_from_its_own_directory():
     # `pytest` inside packages/<p> (what a per-package release runs) finds the repository's pytest.ini from there and
-    # runs only that package's tests. The caller's environment is kept: a GPU host may import the packages through
-    # PYTHONPATH.
+    # collects only that package's tests; one of its files then runs (the whole suite is CI's job: ~50 s here). The
+    # caller's environment is kept: a GPU host may import the packages through PYTHONPATH.
     pkg = os.path.join(ROOT, "packages", "tirx-port-cudnn")
-    r = subprocess.run([sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider"], cwd=pkg,
+    r = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider"], cwd=pkg,
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    # --collect-only names tests from the rootdir (where pytest.ini is), -v from the invocation directory.
+    collected = [line for line in r.stdout.splitlines() if "::" in line]
+    assert collected and all(line.startswith("packages/tirx-port-cudnn/tests/") for line in collected), \
+        r.stdout[-2000:]
+    r = subprocess.run([sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "tests/test_package.py"],
+                       cwd=pkg, capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     ran = [line for line in r.stdout.splitlines() if "::" in line]
-    assert ran and all(line.startswith("tests/") and "PASSED" in line for line in ran), \
+    assert ran and all(line.startswith("tests/test_package.py::") and "PASSED" in line for line in ran), \
         r.stdout[-2000:]

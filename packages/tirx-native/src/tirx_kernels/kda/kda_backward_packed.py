@@ -87,7 +87,7 @@ def artifact_params() -> list[dict]:
 
 
 def call_samples(rng) -> list[dict]:
-    return [{"H": rng.choice([1, 4, 16, 96]), "seqs": rng.choice(["1", "64", "1000+3", "18432"])} for _ in range(6)]
+    return [{"H": rng.choice([1, 4, 16, 96]), "seqs": rng.choice(["1", "64", "1000+3", "18432"])} for _ in range(24)]
 
 
 def sass_expect(kernel: str = "walk", **_) -> list[str]:

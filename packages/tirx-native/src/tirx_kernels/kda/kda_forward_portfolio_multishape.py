@@ -107,7 +107,7 @@ def artifact_params() -> list[dict]:
 
 
 def call_samples(rng) -> list[dict]:
-    return [{"H": rng.choice([1, 8, 16, 64, 96]), "seqs": rng.choice(["1", "64", "1000+3", MIXED])} for _ in range(8)]
+    return [{"H": rng.choice([1, 8, 16, 64, 96]), "seqs": rng.choice(["1", "64", "1000+3", MIXED])} for _ in range(24)]
 
 
 def sass_expect(kernel: str = "scan", **_) -> list[str]:

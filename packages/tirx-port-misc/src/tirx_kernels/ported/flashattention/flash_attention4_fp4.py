@@ -158,7 +158,7 @@ def requant_params(kv_format: str, d: int) -> dict:
 def call_samples(rng) -> list[dict]:
     """Every head dim, mask and K/V format, with random batch, lengths and GQA ratios."""
     out = []
-    for d in TILES:
+    for d in list(TILES) * 2:
         for c in (False, True):
             for fmt in prepass.KV_FORMATS:
                 hkv = rng.choice([1, 2, 8])

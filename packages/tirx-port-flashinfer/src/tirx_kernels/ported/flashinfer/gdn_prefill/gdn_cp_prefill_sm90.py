@@ -92,6 +92,13 @@ STATE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": 
 COMPARATORS = {"output_state": base._compare_state}
 
 
+def call_samples(rng) -> list[dict]:
+    """The one-kernel prefill's call space (dtypes, head maps, ragged lengths, gates, initial states) with this op's
+    own axes: the state dtype and a forced split or the cost model's choice."""
+    return [{**call, "state_dtype": rng.choice(list(STATE_DTYPES)), "segments": rng.choice([None, 1, 2, 5, 16])}
+            for call in base.call_samples(rng)]
+
+
 def compile_params(dtype: str = "bfloat16", **_) -> dict:
     """The transition kernel's params (phase 3 runs gdn_prefill_sm90's artifact of the same dtype)."""
     return {"io": dtype}
