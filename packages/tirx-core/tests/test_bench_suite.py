@@ -237,6 +237,41 @@ def test_promote_refuses(tmp_root, tmp_path, entries, how, match):
     assert not os.path.exists(os.path.join(tmp_root, "bench_suite", "baseline.json"))
 
 
+def _split(run, at):
+    a, b = copy.deepcopy(run), copy.deepcopy(run)
+    a["rows"], b["rows"] = run["rows"][:at], run["rows"][at:]
+    b["provenance"]["gpu"]["uuid"] = "GPU-other-host"
+    return a, b
+
+
+def test_promote_joins_the_parts_of_one_cards_run(tmp_root, tmp_path, entries):
+    run = synthetic_run(tmp_root, entries)
+    a, b = _split(run, 2)
+    paths = [write(tmp_path, "part1.json", a), write(tmp_path, "part2.json", b)]
+    # One part alone lacks the other's rows.
+    with pytest.raises(promote.PromoteError, match="roster row missing from the run"):
+        promote.promote(paths[0], tmp_root, entries)
+    assert cli.main(["promote", *paths, "--root", tmp_root]) == 0
+    h200 = json.load(open(os.path.join(tmp_root, "bench_suite", "baseline.json")))["cards"]["H200"]
+    assert [(r["kernel"], r["config"]) for r in h200["rows"]] == [(r["kernel"], r["config"]) for r in run["rows"]]
+    assert [p["from"] for p in h200["parts"]] == ["part1.json", "part2.json"]
+    assert h200["parts"][1]["gpu"]["uuid"] == "GPU-other-host"
+    assert h200["promoted"]["from"] == "part1.json + part2.json"
+
+
+@pytest.mark.parametrize("how, match", [
+    (lambda a, b: b["provenance"]["gpu"].update(name="NVIDIA H100 80GB HBM3"), "different cards"),
+    (lambda a, b: b["provenance"]["git"].update(commit="b" * 40), "different source states"),
+    (lambda a, b: b["rows"].append(copy.deepcopy(a["rows"][0])), "measured by both part1.json and part2.json"),
+])
+def test_promote_refuses_parts_that_do_not_join(tmp_root, tmp_path, entries, how, match):
+    a, b = _split(synthetic_run(tmp_root, entries), 2)
+    how(a, b)
+    with pytest.raises(promote.PromoteError, match=match):
+        promote.promote([write(tmp_path, "part1.json", a), write(tmp_path, "part2.json", b)], tmp_root, entries)
+    assert not os.path.exists(os.path.join(tmp_root, "bench_suite", "baseline.json"))
+
+
 def test_promote_refuses_a_kernel_without_roster(tmp_root, entries):
     os.remove(os.path.join(tmp_root, "config", "tirx-native", "rmsnorm.yaml"))
     run = synthetic_run(tmp_root, entries)

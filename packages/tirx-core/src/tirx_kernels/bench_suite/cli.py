@@ -48,7 +48,8 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--no-progress", action="store_true")
 
     p = add("promote", "pin a clean, complete, retry-free run as its card's rows of bench_suite/baseline.{json,md,png}")
-    p.add_argument("run_json")
+    p.add_argument("run_json", nargs="+",
+                   help="one run, or the parts of one card's run (same commit; a device call is 10 minutes at most)")
 
     d = add("ratio_diff", "compare two runs: fail rows with after/before >= 1.01 or differing provenance")
     d.add_argument("before")

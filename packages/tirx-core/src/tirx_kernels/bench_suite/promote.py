@@ -87,11 +87,60 @@ def problems(run: dict, root: str, entries=None) -> list[str]:
     return out
 
 
-def promote(run_path: str, root: str, entries=None) -> dict:
+def join(runs: list[dict], names: list[str]) -> dict:
+    """Several runs of one card and one clean commit as one run (their rows together).
+
+    A device call may run at most 10 minutes and the whole roster takes longer, so a card's baseline is measured
+    in parts (``run --kernel ...`` per part). Each part keeps its own ceilings and device UUID per row; the
+    joined run takes the first part's provenance and lists every part's under ``parts``. Parts of different
+    cards, commits or tree states, or two parts measuring the same row, are refused.
+    """
+    if len(runs) == 1:
+        return runs[0]
+    out = []
+    card_of = {name: cards.run_card(r) for name, r in zip(names, runs)}
+    if len(set(card_of.values())) > 1:
+        out.append("the runs were measured on different cards: "
+                   + ", ".join(f"{n} {c}" for n, c in card_of.items()))
+    commits = {n: (r.get("provenance", {}).get("git", {}).get("commit"),
+                   r.get("provenance", {}).get("git", {}).get("dirty")) for n, r in zip(names, runs)}
+    if len(set(commits.values())) > 1:
+        out.append("the runs come from different source states: "
+                   + ", ".join(f"{n} {c[0]} (dirty {c[1]})" for n, c in commits.items()))
+    seen = {}
+    for name, run in zip(names, runs):
+        for key in ((r["kernel"], r["config"]) for r in run.get("rows", [])):
+            if key in seen:
+                out.append(f"{key[0]} {key[1]}: measured by both {seen[key]} and {name}")
+            seen[key] = name
+    if out:
+        raise PromoteError(out)
+    first = runs[0]
+    rows = [r for run in runs for r in run.get("rows", [])]
+    joined = {**first, "rows": rows, "summary": {k: sum(r.get("summary", {}).get(k, 0) for r in runs)
+                                                 for k in first.get("summary", {})},
+              "options": {**first.get("options", {}),
+                          "rounds": min(r.get("options", {}).get("rounds", 0) for r in runs)},
+              "with_references": all(r.get("with_references") for r in runs),
+              "parts": [{"from": n, "created": r.get("created"), "rows": len(r.get("rows", [])),
+                         "gpu": r.get("provenance", {}).get("gpu"), "ceilings": r.get("provenance", {}).get("ceilings")}
+                        for n, r in zip(names, runs)]}
+    # Completeness is the rosters' business: ``problems`` checks every expected row against the joined rows.
+    joined.pop("complete", None)
+    joined.pop("missing_rows", None)
+    return joined
+
+
+def promote(run_path: str | list[str], root: str, entries=None) -> dict:
     """Pin the run's card in baseline.json / .md / .png under ``<root>/bench_suite`` (other cards kept);
-    raises ``PromoteError`` listing problems."""
-    with open(run_path) as f:
-        run = json.load(f)
+    several run paths are joined first (``join``); raises ``PromoteError`` listing problems."""
+    paths = [run_path] if isinstance(run_path, str) else list(run_path)
+    loaded = []
+    for path in paths:
+        with open(path) as f:
+            loaded.append(json.load(f))
+    run = join(loaded, [os.path.basename(p) for p in paths])
+    run_path = paths[0] if len(paths) == 1 else " + ".join(os.path.basename(p) for p in paths)
     found = problems(run, root, entries)
     if found:
         raise PromoteError(found)
