@@ -213,3 +213,14 @@ def test_gpu_under_compile():
     want = mod.reference(data["a"], data["b"], 4)
     mod.COMPARATORS["d"](d, want["d"], {}, data)
     mod.COMPARATORS["sqr_sum"](s, want["sqr_sum"], {}, data)
+
+
+def test_host_split_ranges_need_no_tvm(monkeypatch):
+    """The oracle partitions K with ``k_range`` on the GPU host, where apache-tvm is not installed (the 2026-12-07
+    H100 run: every config failed with ModuleNotFoundError: tvm before this)."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "tvm", None)
+    monkeypatch.setitem(sys.modules, "tvm.script", None)
+    ranges = [H.k_range(s, 3, 10) for s in range(3)]
+    assert ranges == [(0, 4), (4, 3), (7, 3)]

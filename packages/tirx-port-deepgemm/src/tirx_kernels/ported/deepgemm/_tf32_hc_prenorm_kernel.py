@@ -46,12 +46,14 @@ def smem_bytes(n: int, num_stages: int) -> int:
 
 
 def k_range(split, num_splits, k_blocks):
-    """``(first K block, K blocks)`` of split ``split`` (host ints or traced values): DeepGEMM's partition."""
-    from tvm.script import tirx as T
-
+    """``(first K block, K blocks)`` of split ``split`` (host ints or traced values): DeepGEMM's partition.
+    The host form runs where apache-tvm is absent (the GPU host: the oracle calls it), so TVM is imported only
+    for traced values."""
     per, rem = k_blocks // num_splits, k_blocks % num_splits
     if isinstance(split, int) and isinstance(num_splits, int) and isinstance(k_blocks, int):
         return split * per + min(split, rem), per + (1 if split < rem else 0)
+    from tvm.script import tirx as T
+
     return split * per + T.min(split, rem), per + T.Select(split < rem, 1, 0)
 
 
