@@ -8,6 +8,10 @@ reason, never pass silently.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import tempfile
+
 import pytest
 
 from tirx_kernels import registry
@@ -32,11 +36,39 @@ def load_or_skip(kernel: str):
     return mod
 
 
+# Configs whose roofline bytes reach this (their fp32 oracles take several times more) run one at a time across
+# pytest-xdist workers: with 8 workers on an 80 GB H100, the large KDA backward / GDN context-parallel rows and their
+# oracles ran out of memory side by side (2026-12-07, docs/measurements/2026-12-07-h100).
+EXCLUSIVE_FROM_BYTES = 256 << 20
+
+
+@contextlib.contextmanager
+def exclusive_if_large(mod, cfg: dict):
+    """Hold a host-wide file lock while a large config runs (no-op for small ones, and where fcntl is missing)."""
+    try:
+        import fcntl
+
+        large = mod.roofline(**cfg).get("bytes", 0) >= EXCLUSIVE_FROM_BYTES
+    except Exception:  # a roofline that needs data or a GPU: treated as small
+        large, fcntl = False, None
+    if not large:
+        yield
+        return
+    with open(os.path.join(tempfile.gettempdir(), "tirx-kernels-large-config.lock"), "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def check_correctness(kernel: str, label: str) -> dict:
-    from tirx_kernels.core.harness import find_config
+    from tirx_kernels.core.harness import find_config, full_config
 
     mod = load_or_skip(kernel)
-    return mod.run_test(**find_config(mod, label))
+    cfg = find_config(mod, label)
+    with exclusive_if_large(mod, full_config(mod, cfg)):
+        return mod.run_test(**cfg)
 
 
 def check_upstream(kernel: str, label: str) -> None:

@@ -68,6 +68,23 @@ DEFAULTS: dict = {}
 GRAD_KEYS = ("dq", "dk", "dv", "dg", "dbeta", "dA_log", "ddt_bias", "dh0")
 # The walk rounds its products' operands to bf16 (as the forward does); the chunk-parallel part is fp32.
 TOLERANCE = {"float32": (1.2e-1, 4e-2)}
+# dg (the raw gate's gradient) sums the chunk's and the later chunks' bf16-rounded products along the sequence: on
+# the H100 (2026-12-07, docs/measurements/2026-12-07-h100) 1 to 5 of 1.7e7..1e8 elements a config fell outside the
+# elementwise bound above while the relative Frobenius error was 6.5e-4 to 8.0e-4 (the bf16 level): the chance tail
+# of long rounded sums, as with attention's dK/dV. dg is judged by the relative Frobenius norm instead (one wrong
+# 64-row chunk of one head is >= 2e-2 there at these sizes), with a looser elementwise bound against outliers.
+DG_REL_FRO = 2e-3
+DG_TOLERANCE = (1.0, 4e-2)
+
+
+def _compare_dg(got, want, cfg, inputs) -> dict:
+    stats = harness.compare("dg", got, want, DG_TOLERANCE, "the fp32 oracle")
+    if stats["rel_fro"] > DG_REL_FRO:
+        raise harness.KernelCheckError(f"dg: relative Frobenius error {stats['rel_fro']:.2e} > {DG_REL_FRO}")
+    return stats
+
+
+COMPARATORS = {"dg": _compare_dg}
 
 
 def compile_params(**_) -> dict:
