@@ -130,6 +130,12 @@ def test_chunk_parallel_pass_is_exact():
     for key in ("dq", "dk", "dv", "dg", "dbeta", "dA_log", "ddt_bias"):
         torch.testing.assert_close(got[key], want[key], atol=1e-4, rtol=1e-3, msg=key)
     torch.testing.assert_close(dh0, want["dh0"], atol=1e-5, rtol=1e-4)
+    # Below autograd, as in the op's custom-op body under torch.compile: the chunk VJP still records.
+    with torch._C._AutoDispatchBelowAutograd():
+        below = _kda_bwd.chunk_grads(d["q"], d["k"], d["v"], d["g"], d["beta"], *args, 128 ** -0.5, -5.0, tok0, clen,
+                                     h_in, dh_out, d["do"])
+    for key in ("dq", "dk", "dv", "dg", "dbeta"):
+        torch.testing.assert_close(below[key], got[key], atol=0, rtol=0, msg=key)
 
 
 def test_rejected_inputs_name_the_argument():

@@ -7,6 +7,7 @@ and launches on torch's current CUDA stream (tvm-ffi reads it per call), so CUDA
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import sys
@@ -148,6 +149,25 @@ def direct_call(*tensors) -> bool:
         if grad and t.requires_grad:
             return False
     return True
+
+
+@contextlib.contextmanager
+def autograd_inside_custom_op():
+    """Record and differentiate with torch autograd inside a ``torch.library`` custom op's body.
+
+    A custom op's body runs below the Autograd dispatch keys (they are in the thread's excluded set), so a graph
+    built there is not recorded: ``torch.autograd.grad`` raises "element 0 of tensors does not require grad" even
+    under ``torch.enable_grad()``. Eager calls take the direct path and never saw it; under torch.compile the op is
+    the path (H100, 2026-12-07: ``cudnn_sm90_gdn2_bprop_f16`` under ``torch.compile(fullgraph=True)``). Inside, the
+    backend Autograd keys are taken off the excluded set and grad mode is on; both are restored on exit."""
+    import torch
+
+    keys = torch._C.DispatchKey
+    with torch._C._PreserveDispatchKeyGuard():
+        for key in (keys.AutogradCPU, keys.AutogradCUDA, keys.AutogradOther, keys.AutogradFunctionality):
+            torch._C._dispatch_tls_set_dispatch_key_excluded(key, False)
+        with torch.enable_grad():
+            yield
 
 
 def run_direct(run, out, new_out):

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from tirx_kernels.core import kda_ref
+from tirx_kernels.core import kda_ref, runtime
 
 CHUNK = 64
 STRIP = 16
@@ -71,10 +71,11 @@ def chunk_grads(q, k, v, g, beta, A_log, dt_bias, scale, lower_bound, tok0, clen
     def rows(x):  # [1, T, H, *] -> [S, H, 64, *] fp32
         return x[0][idx].float().transpose(1, 2).contiguous()
 
-    leaves = [rows(q), rows(k), rows(v), rows(g), rows(beta), A_log.float(), dt_bias.float(), h_in.float()]
-    for t in leaves:
-        t.requires_grad_(True)
-    with torch.enable_grad():
+    # Inside the op's custom-op body (torch.compile's path) autograd is dispatched below: re-enabled for the VJP.
+    with runtime.autograd_inside_custom_op():
+        leaves = [rows(q), rows(k), rows(v), rows(g), rows(beta), A_log.float(), dt_bias.float(), h_in.float()]
+        for t in leaves:
+            t.requires_grad_(True)
         o, h_out = chunk_local(*leaves, mask, scale, lower_bound)
         dmask = mask[:, None, :, None].float()
         loss = (o * rows(do) * dmask).sum() + (h_out * dh_out.float()).sum()

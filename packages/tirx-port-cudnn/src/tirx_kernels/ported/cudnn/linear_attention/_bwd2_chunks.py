@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from tirx_kernels.core import delta_rule_ref
+from tirx_kernels.core import delta_rule_ref, runtime
 from tirx_kernels.ported.cudnn.linear_attention import _bwd_chunks as ch
 
 CHUNK = 16
@@ -150,7 +150,8 @@ def chunked_grads(q, k, v, g, beta, w, do, cu_seqlens, checkpoints, scale=None, 
     grads = [torch.zeros(total, hs, DIM, dtype=dtype, device=dev) for _ in xs]
     for c0, c1 in ranges:
         sub = cmap.sub(c0, c1)
-        with torch.enable_grad():
+        # The op's custom-op body (torch.compile's path) runs below autograd: re-enabled for the chunk VJPs.
+        with runtime.autograd_inside_custom_op():
             leaves = [sub.gather(x, dtype).requires_grad_(True) for x in xs]
             S = ch.entering_states(sub, checkpoints, dtype, initial_state)
             out, S_end, _ = chunk_function(sub, *leaves, S, scale)
