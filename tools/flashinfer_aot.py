@@ -6,9 +6,14 @@ a module on a GPU host, which a 30-minute device session cannot spend. FlashInfe
 it when ``flashinfer/data/aot/<name>/<name>.so`` exists (``jit/env.py: get_aot_artifacts``), so the modules the
 bench rows call are built here and unpacked into the staged FlashInfer tree on the GPU host:
 
-    python3 tools/flashinfer_aot.py --site DIR --out fi-aot.tar.xz      # DIR: a FlashInfer 0.7.4 tree (importable)
-    # on the GPU host, after source .gpu/setup.sh (which unpacks FlashInfer into /tmp/site):
-    tar -C /tmp/site -xJf fi-aot.tar.xz
+    pip install --target /tmp/fi-site --no-deps flashinfer-python==0.7.4      # FlashInfer's tree (857 MB)
+    pip install --target /tmp/fi-extra --no-deps nvidia-ml-py cuda-tile torch-c-dlpack-ext tqdm
+    pip install --target /tmp/fi-cublas --no-deps nvidia-cublas nvidia-curand  # headers for --include
+    PYTHONPATH=/tmp/fi-extra python3 tools/flashinfer_aot.py --site /tmp/fi-site \
+        --include /tmp/fi-cublas/nvidia/cu13/include --out fi-aot.tar.xz         # ~8 min on 2 cores, 1.3 MiB
+    ../shared/gpu/stage --ref flashinfer ... && cp fi-aot.tar.xz .gpu/trees/   # setup.sh unpacks it there
+
+On the H100 (2026-12-07) the first FlashInfer rmsnorm then took 2.6 s with the import (49 s with a JIT build).
 
 Which modules: the ones without arguments that the norm / activation / cascade / mxfp8 rows use, and, for the Mamba
 rows, the ``selective_state_update`` specializations the rosters' configs ask for (found by calling FlashInfer's op

@@ -4,6 +4,8 @@
 # correctness of every (kernel, config), graphs/torch.compile, compute-sanitizer on small configs, and
 # the bench with references. Logs go to $OUT (or ./gpu-logs); a short table is printed last.
 #   bash tools/gpu_check.sh [test|sanitize|general|bench|gemm-sweep|c2x2|micro|all] [bench kernels...]
+# FlashInfer references without its JIT: put the tar.xz of tools/flashinfer_aot.py into .gpu/trees/ after staging
+# with --ref flashinfer (setup.sh unpacks it into the staged tree).
 # gemm-sweep needs every tile in the bundle: build them with `python tools/gemm_sweep.py tiles` + build --params.
 # The wgmma layer micro-kernels (test_lang_wgmma_numerics.py) run from build/lang-micro: build it on the CPU
 # machine with `python packages/tirx-core/tests/test_lang_wgmma_gpu.py build/lang-micro` and carry it.
@@ -26,7 +28,14 @@ PY
 fi
 rc=0
 if [ "$what" = all ] || [ "$what" = test ]; then
-  python3 -m pytest -n 8 -q -rs -p no:cacheprovider -p timeout --timeout 300 --junitxml="$OUT/junit.xml" packages/*/tests 2>&1 | tee "$OUT/pytest.log" | tail -40 || rc=1
+  # TEST_K: a -k expression; TEST_IDS: a file of node ids (e.g. the failures of an earlier run); TEST_LIMIT: seconds,
+  # then SIGINT, so pytest still prints the reasons of what failed so far (a plain timeout kill loses them all:
+  # 2026-12-07, run 6).
+  sel=(packages/*/tests); [ -n "${TEST_IDS:-}" ] && mapfile -t sel < "$TEST_IDS"
+  timeout -s INT "${TEST_LIMIT:-540}" python3 -m pytest -n "${TEST_WORKERS:-8}" -q -rfEs --tb=short -p no:cacheprovider \
+    -p timeout --timeout 300 ${TEST_K:+-k "$TEST_K"} --junitxml="$OUT/junit.xml" "${sel[@]}" > "$OUT/pytest.log" 2>&1 || rc=1
+  sed -n '/short test summary/,$p' "$OUT/pytest.log" | grep -vE "^SKIPPED" | cut -c1-300 | tail -40
+  gzip -f "$OUT/pytest.log"
 fi
 if [ "$what" = all ] || [ "$what" = sanitize ]; then
   for kc in "rmsnorm bf16_37x2880_strided" "act_and_mul gelu_bf16_37x4096" "fp16_bf16_gemm bf16_129x264x72" \
