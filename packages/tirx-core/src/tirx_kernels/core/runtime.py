@@ -151,6 +151,17 @@ def direct_call(*tensors) -> bool:
     return True
 
 
+def flat_view(t):
+    """The 1-D view from ``t``'s first element over every element it addresses (strides >= 0): what kernels that
+    index with explicit strides take. A contiguous tensor is flattened (1 us on the host against 4 us for the span
+    and ``as_strided``, a dozen of them a decode call: 2026-12-07, tools/probes/decode_latency.py). An empty
+    tensor gives an empty view (it addresses nothing)."""
+    if t.is_contiguous() or not t.numel():
+        return t.flatten()
+    span = 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()) if n > 0)
+    return t.as_strided((span,), (1,))
+
+
 @contextlib.contextmanager
 def autograd_inside_custom_op():
     """Record and differentiate with torch autograd inside a ``torch.library`` custom op's body.

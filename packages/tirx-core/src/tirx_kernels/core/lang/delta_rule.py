@@ -33,6 +33,8 @@ Not yet measured on a GPU.
 
 from __future__ import annotations
 
+from tirx_kernels.core import runtime
+
 K_DIM = V_DIM = 128
 MAX_TOKENS = 8
 # Runtime flags (one int32 argument): which optional inputs and formulas a call uses.
@@ -288,10 +290,7 @@ def build_decode_kernel(max_tokens: int, rows_per_cta: int, lanes_per_row: int, 
 # Host side: launch arguments of a call already validated by the op (torch tensors)
 # ---------------------------------------------------------------------------------------------------------
 
-def _flat(t):
-    """The 1-D view from ``t``'s first element over its whole span (the kernels index with explicit strides)."""
-    span = 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()) if n > 0)
-    return t.as_strided((span,), (1,))
+_flat = runtime.flat_view  # the 1-D view over every element a strided tensor addresses
 
 
 _DUMMIES: dict = {}

@@ -288,9 +288,7 @@ SCALAR_ORDER = ("batch", "ntokens", "n_heads", "n_vheads", "state_stride", "q_sb
                 "bias_kind", "flags", "scale", "zero")
 
 
-def _flat(t: torch.Tensor) -> torch.Tensor:
-    span = 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()) if n > 0)
-    return t.as_strided((span,), (1,))
+_flat = runtime.flat_view  # the 1-D view over every element a strided tensor addresses
 
 
 def kernel_args(pool, q, k, v, A_log, a, dt_bias, b, out, idx, out_idx, scale, use_qk_l2norm,  # noqa: N803

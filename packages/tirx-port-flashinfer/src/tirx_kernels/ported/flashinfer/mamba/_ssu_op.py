@@ -46,10 +46,7 @@ _INT32_MAX = 2**31 - 1
 _ONE_INT32: dict = {}
 
 
-def _flat(t: torch.Tensor) -> torch.Tensor:
-    """A 1-D view from ``t``'s first element over every element it addresses (strides >= 0)."""
-    span = 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()) if n > 0)
-    return t.as_strided((span,), (1,))
+_flat = runtime.flat_view  # the 1-D view over every element a strided tensor addresses
 
 
 def _as_u16(t: torch.Tensor) -> torch.Tensor:

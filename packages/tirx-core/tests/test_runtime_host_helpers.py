@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""``runtime.autograd_inside_custom_op``: a VJP taken inside a custom op's body works eagerly through the op and
-under torch.compile, and leaves the caller's dispatch state as it was."""
+"""Host helpers of ``core.runtime``: ``autograd_inside_custom_op`` (a VJP inside a custom op's body works eagerly
+through the op and under torch.compile, and leaves the caller's dispatch state as it was) and ``flat_view``."""
 
 import pytest
 import torch
@@ -56,3 +56,16 @@ def test_the_caller_keeps_its_dispatch_state_and_grad_mode():
             assert torch.is_grad_enabled()
         assert str(torch._C._dispatch_tls_local_exclude_set()) == inner and not torch.is_grad_enabled()
     assert str(torch._C._dispatch_tls_local_exclude_set()) == before
+
+
+def test_flat_view_spans_what_a_strided_tensor_addresses():
+    t = torch.arange(60.0).view(3, 4, 5)
+    f = runtime.flat_view(t)
+    assert f.shape == (60,) and f.data_ptr() == t.data_ptr()
+    s = t[:, 1:3]  # strides (20, 5, 1): from element 5 to element 54
+    g = runtime.flat_view(s)
+    assert g.data_ptr() == s.data_ptr() and g.shape == (50,) and torch.equal(g, t.view(-1)[5:55])
+    for i, j, k in ((0, 0, 0), (2, 1, 4), (1, 0, 3)):
+        assert g[i * 20 + j * 5 + k] == s[i, j, k]
+    assert runtime.flat_view(torch.empty(0, 4)[:, 1:]).shape == (0,)
+    assert runtime.flat_view(torch.tensor(3.0)).shape == (1,)
