@@ -9,27 +9,14 @@ time, not the kernel's.
 
 import functools
 import sys
-import time
 
-import torch
+from host_overhead import per_call  # this directory's probe: host time a call, then with the GPU
 
 DEFAULT = ["gdn_decode_bf16_wide_vec_t1:b1_h16_hv32", "gdn_decode_bf16_ilp4:t1_b1_h2_hv4",
            "gdn_decode_bf16_wide_vec_mtp:b1_h16_hv32_t4_inter", "gdn_decode_fp32_mtp_warp:t2_b4_h16_hv64_inter",
            "recurrent_kda_decode_one_warp:hv16_b8_lb", "kda_decode_multishape:t1_b8_hv32",
            "selective_state_update_mtp_simple:b1_h64_d64_s128_t6_r8_statebf16_official",
            "selective_state_update_stp_simple:b64_h64_d64_s128_r8"]
-
-
-def host_us(fn, n=200):
-    for _ in range(10):
-        fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    t1 = time.perf_counter()
-    torch.cuda.synchronize()
-    return (t1 - t0) / n * 1e6
 
 
 def main() -> int:
@@ -47,7 +34,7 @@ def main() -> int:
             fn = functools.partial(mod.launch, cfg, data)
             ev = bench.time_calls({"x": fn})["x"]["median_us"]
             gr = bench.time_graph(fn)["median_us"]
-            print(f"{kernel:36s} {label:44s} {ev:8.1f} {gr:8.1f} {host_us(fn):8.1f}", flush=True)
+            print(f"{kernel:36s} {label:44s} {ev:8.1f} {gr:8.1f} {per_call(fn, n=200)[0]:8.1f}", flush=True)
         except Exception as e:  # a probe: report and go on
             print(f"{kernel:36s} {label:44s} failed: {type(e).__name__}: {str(e)[:200]}", flush=True)
     return 0

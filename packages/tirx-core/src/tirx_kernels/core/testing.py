@@ -9,6 +9,7 @@ reason, never pass silently.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import tempfile
 
@@ -44,22 +45,17 @@ EXCLUSIVE_FROM_BYTES = 256 << 20
 
 @contextlib.contextmanager
 def exclusive_if_large(mod, cfg: dict):
-    """Hold a host-wide file lock while a large config runs (no-op for small ones, and where fcntl is missing)."""
+    """Hold a host-wide file lock while a large config runs (no-op for small ones)."""
     try:
-        import fcntl
-
         large = mod.roofline(**cfg).get("bytes", 0) >= EXCLUSIVE_FROM_BYTES
     except Exception:  # a roofline that needs data or a GPU: treated as small
-        large, fcntl = False, None
+        large = False
     if not large:
         yield
         return
     with open(os.path.join(tempfile.gettempdir(), "tirx-kernels-large-config.lock"), "w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+        fcntl.flock(f, fcntl.LOCK_EX)  # released when the file closes
+        yield
 
 
 def check_correctness(kernel: str, label: str) -> dict:
