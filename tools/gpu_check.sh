@@ -3,7 +3,7 @@
 # One full GPU evidence run on a host staged with ../shared/gpu/stage (run from the repo root there):
 # correctness of every (kernel, config), graphs/torch.compile, compute-sanitizer on small configs, and
 # the bench with references. Logs go to $OUT (or ./gpu-logs); a short table is printed last.
-#   bash tools/gpu_check.sh [test|sanitize|general|bench|gemm-sweep|c2x2|micro|all] [bench kernels...]
+#   bash tools/gpu_check.sh [test|sanitize|general|bench|suite|gemm-sweep|c2x2|micro|all] [bench/suite kernels...]
 # FlashInfer references without its JIT: put the tar.xz of tools/flashinfer_aot.py into .gpu/trees/ after staging
 # with --ref flashinfer (setup.sh unpacks it into the staged tree).
 # gemm-sweep needs every tile in the bundle: build them with `python tools/gemm_sweep.py tiles` + build --params.
@@ -13,6 +13,12 @@ set -uo pipefail
 OUT=${OUT:-gpu-logs}; mkdir -p "$OUT"
 what=${1:-all}; shift || true
 [ -f .gpu/setup.sh ] && source .gpu/setup.sh
+# A whole bundle is ~46 MiB of .so files, ~4.5 MiB xz-packed (2026-12-07): carry .gpu/artifacts.tar.xz (made by
+# `tar -C build -cf - artifacts | xz -T2 > .gpu/artifacts.tar.xz`) instead of .gpu/artifacts/, unpacked here.
+if [ -f .gpu/artifacts.tar.xz ]; then
+  mkdir -p /tmp/tirx-bundle && xz -dc .gpu/artifacts.tar.xz | tar -x -C /tmp/tirx-bundle
+  export TIRX_KERNELS_ARTIFACTS=/tmp/tirx-bundle/artifacts
+fi
 export MAX_JOBS=16
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu --format=csv,noheader | tee "$OUT/gpu.txt"
 if python3 -c "import flashinfer" 2>/dev/null; then
@@ -78,6 +84,19 @@ if rows:
 for r in rows:
     print(r["kernel"][:14], format_row(r))
 PY
+fi
+if [ "$what" = suite ]; then
+  # Bench-suite rows with references, one run JSON per kernel (so a cut run keeps what it measured; `promote`
+  # joins the parts of one card and commit). SUITE_LIMIT: seconds for the whole list. Needs the source stamp
+  # (`python -m tirx_kernels.bench_suite stamp` after staging) since the host has no .git.
+  end=$(( $(date +%s) + ${SUITE_LIMIT:-540} )); mkdir -p "$OUT/suite"
+  for k in "$@"; do
+    left=$(( end - $(date +%s) )); [ "$left" -lt 20 ] && { echo "suite: out of time before $k"; break; }
+    timeout -s INT "$left" python3 -m tirx_kernels.bench_suite run --kernel "$k" --with-references --no-progress \
+      --out "$OUT/suite/$k.json" > "$OUT/suite/$k.log" 2>&1 || rc=1
+    grep -E "^$k |reference skipped|failed:|error:" "$OUT/suite/$k.log" | cut -c1-220
+  done
+  tar -C "$OUT" -czf "$OUT/suite.tar.gz" suite && rm -rf "$OUT/suite"
 fi
 if [ "$what" = all ] || [ "$what" = micro ]; then
   # Layer micro-kernels from the prebuilt bundle (build/lang-micro); a wrong barrier phase hangs: time-boxed.

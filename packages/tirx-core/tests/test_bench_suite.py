@@ -203,6 +203,15 @@ def test_promote_writes_baseline_json_md_and_chart(tmp_root, tmp_path, entries):
         assert res["png"] is None and "Chart skipped" in md
 
 
+def test_a_reference_not_installed_is_pinned_as_skipped_with_its_reason(tmp_root, tmp_path, entries):
+    run = synthetic_run(tmp_root, entries)
+    run["rows"][0]["skipped_references"] = {"fa4": "ImportError: No module named 'flash_attn.cute'"}
+    assert promote.problems(run, tmp_root, entries) == []
+    res = promote.promote(write(tmp_path, "run.json", run), tmp_root, entries)
+    assert "fa4: not installed" in open(res["md"]).read()
+    assert "reference skipped:" in report.summary_table(run) and "flash_attn.cute" in report.summary_table(run)
+
+
 def test_markdown_notes_a_skipped_chart(tmp_root, entries, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
     base = cards.pin(None, synthetic_run(tmp_root, entries), {"at": "now", "from": "run.json"})
@@ -593,7 +602,10 @@ class FakeModule:
 
         def missing():
             raise ImportError("No module named 'liger_kernel'")
-        return {"fast": ok, "liger": missing}
+
+        def broken():
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return {"fast": ok, "liger": missing, "broken": broken}
 
 
 @pytest.fixture()
@@ -620,12 +632,16 @@ def fake_timers(monkeypatch):
     return calls
 
 
-def test_missing_enabled_reference_fails_the_row_with_its_reason(fake_timers):
+def test_enabled_reference_that_raises_or_is_unknown_fails_the_row_with_its_reason(fake_timers):
     FakeModule.current = FakeModule({"ours": 20.0, "fast": 30.0})
-    r = run_mod.measure_row(FakeModule.current, {}, True, ["fast", "liger", "nope"], rounds=5)
+    r = run_mod.measure_row(FakeModule.current, {}, True, ["fast", "liger", "broken", "nope"], rounds=5)
     where = {e["where"]: e["reason"] for e in r["errors"]}
-    assert "No module named 'liger_kernel'" in where["liger"]
+    assert set(where) == {"broken", "nope"}
+    assert "illegal memory access" in where["broken"]
     assert "has no such entry" in where["nope"]
+    # Not installed here: skipped with its reason, not timed, not an error.
+    assert "No module named 'liger_kernel'" in r["skipped_references"]["liger"]
+    assert "liger" not in r["references"]
     assert r["references"]["fast"]["ref_over_ours"] == pytest.approx(1.5)
     assert r["timer"] == "events-cold-l2" and not fake_timers["graph"]
     assert r["bound"] == "memory" and r["pct_of_roofline"] == pytest.approx(5.0)

@@ -1,6 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """reference_requirements resolve against what is installed."""
 
+import pytest
+
 from tirx_kernels.core import references
 
 
@@ -22,3 +24,19 @@ def test_missing_package_is_reported_with_reason():
 def test_commit_pin_mismatch():
     ok, detail = references.resolve({"package": "packaging", "import": "packaging", "commit": "0" * 40})
     assert not ok and "pinned" in detail
+
+
+def test_refused_upstream_turns_only_the_marked_refusal_into_a_missing_reference():
+    from tirx_kernels.core.references import refused_upstream
+
+    with pytest.raises(ImportError, match="fla's backward refuses.*Triton 3.6 miscompiles"):
+        with refused_upstream("Triton", "fla's backward refuses this Triton on Hopper"):
+            raise RuntimeError("Triton 3.6 miscompiles this kernel on Hopper (issue 640)")
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        with refused_upstream("Triton", "x"):
+            raise RuntimeError("CUDA error: an illegal memory access")
+    with pytest.raises(ValueError):
+        with refused_upstream("Triton", "x"):
+            raise ValueError("Triton")
+    with refused_upstream("Triton", "x"):
+        pass

@@ -37,7 +37,8 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--role", action="append", choices=("small", "medium", "large"), help="only rows of this role")
     r.add_argument("--config", action="append", help="only this config label")
     r.add_argument("--with-references", action="store_true",
-                   help="also time every enabled reference; a missing one fails its row")
+                   help="also time every enabled reference; one not installed here (ImportError) is skipped with its "
+                        "reason, one that raises anything else fails its row")
     r.add_argument("--out", help="run JSON to write (default: build/bench_suite/run-<UTC time>.json)")
     r.add_argument("--rounds", type=int, default=5,
                    help="interleaved rounds per row (default 5; a baseline needs >= 5)")

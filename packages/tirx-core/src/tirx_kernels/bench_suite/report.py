@@ -50,6 +50,9 @@ def summary_table(run: dict) -> str:
     for r in run["rows"]:
         if r["status"] != "ok":
             out.append(f"  {r['status']}: {r['kernel']} {r['config']}: {_reason(r)}")
+    for r in run["rows"]:
+        for ref, why in (r.get("skipped_references") or {}).items():
+            out.append(f"  reference skipped: {r['kernel']} {r['config']} {ref}: {why[:200]}")
     out.append(f"card: {cards.run_card(run)} ({run['provenance'].get('gpu', {}).get('name')})")
     ceil = run["provenance"].get("ceilings")
     if ceil:
@@ -98,9 +101,9 @@ def _card_section(card: str, run: dict) -> list[str]:
               "|---|---|---|---|---|---|---|---|---|---|"]
     for r in sorted(run["rows"], key=lambda r: r["kernel"]):  # stable: roster order within a kernel
         name, best = fastest_reference(r)
-        others = ", ".join(f"{n} {x['us']:.1f} ({x['ref_over_ours']:.2f}x)"
-                           for n, x in sorted(r.get("references", {}).items(), key=lambda kv: kv[1]["us"])
-                           if n != name)
+        others = ", ".join([f"{n} {x['us']:.1f} ({x['ref_over_ours']:.2f}x)"
+                            for n, x in sorted(r.get("references", {}).items(), key=lambda kv: kv[1]["us"])
+                            if n != name] + [f"{n}: not installed" for n in sorted(r.get("skipped_references") or {})])
         timer = "" if r.get("timer", "").startswith("events") else f" ({r.get('timer')})"
         lines.append(f"| {r['kernel']} | {r.get('role', '')} | `{r['config']}` | {_f(r.get('us'))}{timer} | "
                      f"{rate(r)} | {_f(r.get('pct_of_roofline'), '{:.0f}')} % | {name or '-'} | "
