@@ -187,7 +187,7 @@ def test_promote_writes_baseline_json_md_and_chart(tmp_root, tmp_path, entries):
     base = json.load(open(res["json"]))
     assert base["format"] == cards.BASELINE_FORMAT and list(base["cards"]) == ["H200"] and res["card"] == "H200"
     h200 = base["cards"]["H200"]
-    assert h200["rows"] == [{**r, "card": "H200"} for r in run["rows"]] and h200["promoted"]["from"] == "run.json"
+    assert h200["rows"] == [{**r, "card": "H200", "promotion": 0} for r in run["rows"]] and h200["promoted"]["from"] == "run.json"
     md = open(res["md"]).read()
     assert "## H200: NVIDIA H200" in md
     for kernel in {r["kernel"] for r in run["rows"]}:
@@ -266,6 +266,62 @@ def test_promote_joins_the_parts_of_one_cards_run(tmp_root, tmp_path, entries):
     assert [p["from"] for p in h200["parts"]] == ["part1.json", "part2.json"]
     assert h200["parts"][1]["gpu"]["uuid"] == "GPU-other-host"
     assert h200["promoted"]["from"] == "part1.json + part2.json"
+
+
+def _only(run, kernels):
+    out = copy.deepcopy(run)
+    out["rows"] = [r for r in out["rows"] if r["kernel"] in kernels]
+    return out
+
+
+def test_partial_promote_pins_the_kernels_it_holds_and_keeps_the_cards_others(tmp_root, tmp_path, entries):
+    full = synthetic_run(tmp_root, entries)
+    assert cli.main(["promote", write(tmp_path, "full.json", full), "--root", tmp_root]) == 0
+    names = sorted({r["kernel"] for r in full["rows"]})
+    first, rest = names[0], names[1:]
+    later = synthetic_run(tmp_root, entries, slower=2.0)
+    later["provenance"]["gpu"]["uuid"] = "GPU-next-session"
+    part = _only(later, {first})
+    # Without --partial the subset is refused (rows of the other kernels missing); with it, pinned.
+    assert cli.main(["promote", write(tmp_path, "part.json", part), "--root", tmp_root]) == 1
+    assert cli.main(["promote", write(tmp_path, "part.json", part), "--root", tmp_root, "--partial"]) == 0
+    base = json.load(open(os.path.join(tmp_root, "bench_suite", "baseline.json")))
+    h200 = base["cards"]["H200"]
+    got = {(r["kernel"], r["config"]): r for r in h200["rows"]}
+    assert set(got) == {(r["kernel"], r["config"]) for r in full["rows"]}
+    assert [p["from"] for p in h200["promotions"]] == ["full.json", "part.json"]
+    assert h200["promotions"][1]["kernels"] == [first]
+    for r in full["rows"]:
+        pinned = got[(r["kernel"], r["config"])]
+        assert pinned["promotion"] == (1 if r["kernel"] == first else 0)
+        assert pinned["us"] == (r["us"] * 2 if r["kernel"] == first else r["us"])
+        assert cards.row_provenance(h200, pinned)["gpu"]["uuid"] == ("GPU-next-session" if r["kernel"] == first
+                                                                     else "GPU-1234")
+    md = open(os.path.join(tmp_root, "bench_suite", "baseline.md")).read()
+    assert "come from 2 promotions" in md and "GPU-next-session" in md
+    assert all(it["up_to_date"] for it in compare.status(tmp_root, base, entries, card="H200"))
+    # ratio_diff judges each row under its own environment: the full run against this baseline differs only in the
+    # re-pinned kernel's rows (its host and its times), every other row passes.
+    res = compare.ratio_diff(base, full)
+    failed = {r["kernel"] for r in res["rows"] if not r["passed"]}
+    assert failed == {first}
+    # Re-pinning every other kernel drops the first promotion, which no row uses any more.
+    assert cli.main(["promote", write(tmp_path, "rest.json", _only(later, set(rest))), "--root", tmp_root,
+                     "--partial"]) == 0
+    h200 = json.load(open(os.path.join(tmp_root, "bench_suite", "baseline.json")))["cards"]["H200"]
+    assert [p["from"] for p in h200["promotions"]] == ["part.json", "rest.json"]
+    assert {r["promotion"] for r in h200["rows"]} == {0, 1}
+
+
+def test_partial_promote_takes_a_kernel_whole_or_not_at_all(tmp_root, tmp_path, entries):
+    run = synthetic_run(tmp_root, entries)
+    kernel = run["rows"][0]["kernel"]
+    part = _only(run, {kernel})
+    part["rows"] = part["rows"][:-1]
+    found = promote.problems(part, tmp_root, entries, partial=True)
+    assert found and all("roster row missing from the run" in p and kernel in p for p in found)
+    empty = _only(run, set())
+    assert "the run holds no rows" in promote.problems(empty, tmp_root, entries, partial=True)
 
 
 @pytest.mark.parametrize("how, match", [

@@ -51,15 +51,50 @@ def by_card(obj: dict | None) -> dict[str, dict]:
     return {card: _section(obj, card)}
 
 
-def pin(baseline: dict | None, run: dict, promoted: dict) -> dict:
-    """The baseline with ``run`` as its card's rows: that card's earlier rows are replaced, every other card's kept.
+def _promotion(run: dict, promoted: dict, kernels) -> dict:
+    """What one promote pinned: when, from which run, the run's whole provenance and the kernels it covered."""
+    return {**promoted, "created": run.get("created"), "mode": run.get("mode"), "server": run.get("server"),
+            "provenance": run.get("provenance"), "kernels": sorted(kernels)}
 
-    Replacing (not merging row by row) is right because ``promote`` only accepts a run of the whole roster.
+
+def pin(baseline: dict | None, run: dict, promoted: dict, kernels=None) -> dict:
+    """The baseline with ``run`` as its card's rows; every other card's rows kept.
+
+    ``kernels=None`` (a run of the whole roster): the card's earlier rows are all replaced. ``kernels`` (a partial
+    promote): only those kernels' rows are replaced, the card's other rows and the promotions they came from stay.
+    Each row names the promotion it came from (``promotion``, an index into the card's ``promotions``), whose
+    provenance is the row's environment; the card's top-level fields are the latest promotion's run.
     """
     card = run_card(run)
     pinned = by_card(baseline)
-    pinned[card] = {**_section(run, card), "promoted": promoted}
+    new_rows = [{**r, "card": card} for r in run.get("rows", [])]
+    if kernels is None or card not in pinned:
+        promotions = [_promotion(run, promoted, {r["kernel"] for r in new_rows})]
+        kept = []
+    else:
+        earlier = pinned[card]
+        promotions = list(earlier.get("promotions") or [_promotion(earlier, earlier.get("promoted", {}),
+                                                                   {r["kernel"] for r in earlier.get("rows", [])})])
+        kept = [{**r, "promotion": r.get("promotion", 0)} for r in earlier.get("rows", []) if r["kernel"] not in kernels]
+        promotions.append(_promotion(run, promoted, kernels))
+        used = sorted({r["promotion"] for r in kept} | {len(promotions) - 1})  # drop promotions no row uses
+        renumber = {old: new for new, old in enumerate(used)}
+        promotions = [promotions[i] for i in used]
+        kept = [{**r, "promotion": renumber[r["promotion"]]} for r in kept]
+    latest = len(promotions) - 1
+    rows = kept + [{**r, "promotion": latest} for r in new_rows]
+    pinned[card] = {**_section(run, card), "rows": rows, "promoted": promoted, "promotions": promotions}
     return {"format": BASELINE_FORMAT, "cards": dict(sorted(pinned.items()))}
+
+
+def row_provenance(section: dict, row: dict) -> dict:
+    """The provenance a pinned row was measured under: its promotion's, else (a run, or an older baseline) the
+    section's own."""
+    promotions = section.get("promotions") or []
+    i = row.get("promotion")
+    if isinstance(i, int) and 0 <= i < len(promotions):
+        return promotions[i].get("provenance") or {}
+    return section.get("provenance") or {}
 
 
 def describe(pinned: dict[str, dict]) -> str:

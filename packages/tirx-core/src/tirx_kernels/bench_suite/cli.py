@@ -51,6 +51,8 @@ def _parser() -> argparse.ArgumentParser:
     p = add("promote", "pin a clean, complete, retry-free run as its card's rows of bench_suite/baseline.{json,md,png}")
     p.add_argument("run_json", nargs="+",
                    help="one run, or the parts of one card's run (same commit; a device call is 10 minutes at most)")
+    p.add_argument("--partial", action="store_true",
+                   help="pin only the kernels the run holds (each with all its roster rows); keep the card's others")
 
     d = add("ratio_diff", "compare two runs: fail rows with after/before >= 1.01 or differing provenance")
     d.add_argument("before")
@@ -130,12 +132,13 @@ def cmd_promote(a) -> int:
 
     root = _root(a)
     try:
-        res = promote(a.run_json, root)
+        res = promote(a.run_json, root, partial=a.partial)
     except PromoteError as e:
         print(str(e), file=sys.stderr)
         return 1
     chart = f", {res['png']}" if res["png"] else f" (chart skipped: {res['chart_note']})"
-    print(f"{res['card']} rows pinned; baseline written: {res['json']}, {res['md']}{chart}")
+    which = f" of {len(res['kernels'])} kernels" if res.get("kernels") is not None else ""
+    print(f"{res['card']} rows{which} pinned; baseline written: {res['json']}, {res['md']}{chart}")
     return 0
 
 

@@ -69,11 +69,14 @@ def ratio_diff(before: dict, after: dict, threshold: float = THRESHOLD, allow_so
                    + _missing_cards(sorted(b_cards), a_cards, "after", cards.is_baseline(after)))
     rows, env_all = [], []
     for c in compared:
-        env = environment_differences(b_cards[c], a_cards[c])
-        env_all += [f"{c} {d}" for d in env]
         b_rows, a_rows = _rows(b_cards[c]), _rows(a_cards[c])
         for key in sorted(set(b_rows) | set(a_rows)):
-            rows.append(_compare_row(c, key, b_rows.get(key), a_rows.get(key), env, threshold, allow_source_change))
+            b, a = b_rows.get(key), a_rows.get(key)
+            # Each side's environment is the row's own (a baseline's rows may come from several promotions).
+            env = [] if b is None or a is None else environment_differences(
+                {"provenance": cards.row_provenance(b_cards[c], b)}, {"provenance": cards.row_provenance(a_cards[c], a)})
+            env_all += [f"{c} {d}" for d in env if f"{c} {d}" not in env_all]
+            rows.append(_compare_row(c, key, b, a, env, threshold, allow_source_change))
     refused = None if compared else "nothing compared: " + "; ".join(missing)
     return {"cards": compared, "refused": refused, "not_compared": [] if refused else missing, "rows": rows,
             "environment_differences": env_all,

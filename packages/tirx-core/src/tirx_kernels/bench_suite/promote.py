@@ -1,9 +1,15 @@
 # SPDX-License-Identifier: Apache-2.0
 """``promote RUN.json``: a clean, complete, retry-free run with references becomes its card's pinned rows.
 
-Writes ``bench_suite/baseline.json`` (one promoted run per card, ``cards.py``: the run replaces the rows of
-its own card and every other card's rows stay), ``bench_suite/baseline.md`` generated from it, and
-``bench_suite/baseline.png`` (skipped with a note without matplotlib).
+Writes ``bench_suite/baseline.json`` (rows per card, ``cards.py``: the run replaces the rows of its own card and
+every other card's rows stay), ``bench_suite/baseline.md`` generated from it, and ``bench_suite/baseline.png``
+(skipped with a note without matplotlib).
+
+``--partial``: the run need not cover the whole roster; it pins every kernel it holds (each with all of its roster
+rows: a kernel is pinned whole or not at all) and keeps the card's other kernels' rows. The whole roster no longer
+fits one session's device time (65 kernels took ~35 minutes of H100 time on 2026-12-07, a session has 30), and a
+kernel whose source changed needs only its own rows again; every other check (clean commit, references, rounds,
+no failed rows or retries, current fingerprints) applies as to a whole run.
 """
 
 from __future__ import annotations
@@ -31,8 +37,9 @@ def current_fingerprints(entries) -> dict[str, str]:
     return {name: artifacts.fingerprint(e.path) for name, e in entries.items()}
 
 
-def problems(run: dict, root: str, entries=None) -> list[str]:
-    """Everything that keeps ``run`` from being a baseline (empty: promotable)."""
+def problems(run: dict, root: str, entries=None, partial: bool = False) -> list[str]:
+    """Everything that keeps ``run`` from being a baseline (empty: promotable); ``partial``: only the kernels the
+    run holds must be complete."""
     from tirx_kernels import registry
 
     out = []
@@ -71,8 +78,12 @@ def problems(run: dict, root: str, entries=None) -> list[str]:
                 validate(ros, entries[name])
             except ValueError as e:
                 out.append(str(e))
-    expected = {r.key: r for r in select({k: v for k, v in rosters.items() if k in entries})}
     got = {(r["kernel"], r["config"]): r for r in run.get("rows", [])}
+    covered = {k for k, _ in got}
+    if partial and not got:
+        out.append("the run holds no rows")
+    expected = {r.key: r for r in select({k: v for k, v in rosters.items()
+                                          if k in entries and (not partial or k in covered)})}
     for key in expected:
         if key not in got:
             out.append(f"{key[0]} {key[1]}: roster row missing from the run")
@@ -131,9 +142,10 @@ def join(runs: list[dict], names: list[str]) -> dict:
     return joined
 
 
-def promote(run_path: str | list[str], root: str, entries=None) -> dict:
+def promote(run_path: str | list[str], root: str, entries=None, partial: bool = False) -> dict:
     """Pin the run's card in baseline.json / .md / .png under ``<root>/bench_suite`` (other cards kept);
-    several run paths are joined first (``join``); raises ``PromoteError`` listing problems."""
+    several run paths are joined first (``join``); ``partial``: pin only the kernels the run holds (module
+    docstring); raises ``PromoteError`` listing problems."""
     paths = [run_path] if isinstance(run_path, str) else list(run_path)
     loaded = []
     for path in paths:
@@ -141,18 +153,19 @@ def promote(run_path: str | list[str], root: str, entries=None) -> dict:
             loaded.append(json.load(f))
     run = join(loaded, [os.path.basename(p) for p in paths])
     run_path = paths[0] if len(paths) == 1 else " + ".join(os.path.basename(p) for p in paths)
-    found = problems(run, root, entries)
+    found = problems(run, root, entries, partial)
     if found:
         raise PromoteError(found)
+    kernels = sorted({r["kernel"] for r in run.get("rows", [])}) if partial else None
     out_dir = os.path.join(root, BASELINE_DIR)
     json_path = os.path.join(out_dir, "baseline.json")
     earlier = None
     if os.path.exists(json_path):
         with open(json_path) as f:
             earlier = json.load(f)
-    base = cards.pin(earlier, run, {"at": provenance.now(), "from": os.path.basename(run_path)})
+    base = cards.pin(earlier, run, {"at": provenance.now(), "from": os.path.basename(run_path)}, kernels)
     paths = write_baseline(base, out_dir)
-    return {"baseline": base, "card": cards.run_card(run), **paths}
+    return {"baseline": base, "card": cards.run_card(run), "kernels": kernels, **paths}
 
 
 def write_baseline(base: dict, out_dir: str) -> dict:

@@ -96,6 +96,17 @@ def _card_section(card: str, run: dict) -> list[str]:
     measured = f"copy {ceil['copy_tb_s']:.2f} TB/s, cuBLAS bf16 8192³ {ceil['bf16_tflop_s']:.0f} TFLOP/s" if ceil \
         else "not measured"
     lines.append(f"| ceilings ({card} run) | {measured} |")
+    promotions = run.get("promotions") or []
+    if len(promotions) > 1:  # partial promotes: each row's environment is its promotion's
+        lines += ["", f"The {card} rows come from {len(promotions)} promotions (the table above is the latest's):", "",
+                  "| promoted | from | commit | GPU | ceilings | kernels |", "|---|---|---|---|---|---|"]
+        for pr in promotions:
+            pp = pr.get("provenance") or {}
+            c = pp.get("ceilings")
+            lines.append(f"| {pr.get('at', '?')} | {pr.get('from', '?')} | `{(pp.get('git') or {}).get('commit')}` | "
+                         f"`{(pp.get('gpu') or {}).get('uuid')}` | "
+                         + (f"copy {c['copy_tb_s']:.2f} TB/s, bf16 {c['bf16_tflop_s']:.0f} TFLOP/s" if c else "-")
+                         + f" | {', '.join(pr.get('kernels', []))} |")
     lines += ["", f"| kernel | role | config | ours µs ({card}) | rate | % of roofline | fastest reference | µs "
               "| ref/ours | other references (µs, ref/ours) |",
               "|---|---|---|---|---|---|---|---|---|---|"]
@@ -142,6 +153,30 @@ def render_markdown(base: dict, chart_name: str | None, chart_note: str | None =
     return "\n".join(lines)
 
 
+MAX_CHART_ROWS = 60
+
+
+def _per_kernel(rows: list[dict]) -> list[dict]:
+    """One pseudo-row per kernel: geometric means of its rows' fastest-reference ratio and % of roofline."""
+    import math
+
+    by: dict[str, list[dict]] = {}
+    for r in rows:
+        by.setdefault(r["kernel"], []).append(r)
+
+    def gmean(xs):
+        xs = [x for x in xs if isinstance(x, (int, float)) and x > 0]
+        return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else 0.0
+
+    out = []
+    for k, rs in by.items():
+        ratio = gmean([(fastest_reference(r)[1] or {}).get("ref_over_ours") for r in rs])
+        out.append({"kernel": k, "config": f"{len(rs)} rows (geomean)", "pct_of_roofline":
+                    gmean([r.get("pct_of_roofline") for r in rs]),
+                    "references": {"fastest": {"us": 1.0, "ref_over_ours": ratio}} if ratio else {}})
+    return out
+
+
 def render_chart(base: dict, path: str) -> str | None:
     """ref/ours (fastest reference) and % of roofline per row, one bar per card; returns why not, or None."""
     try:
@@ -154,6 +189,10 @@ def render_chart(base: dict, path: str) -> str | None:
     pinned = cards.by_card(base)
     keys = list(dict.fromkeys((r["kernel"], r["config"]) for run in pinned.values()
                               for r in sorted(run["rows"], key=lambda r: r["kernel"])))
+    if len(keys) > MAX_CHART_ROWS:  # one bar per kernel (the geometric mean of its rows) past ~60 rows
+        pinned = {card: {**run, "rows": _per_kernel(run["rows"])} for card, run in pinned.items()}
+        keys = list(dict.fromkeys((r["kernel"], r["config"]) for run in pinned.values()
+                                  for r in sorted(run["rows"], key=lambda r: r["kernel"])))
     width = 0.8 / max(1, len(pinned))
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(max(6.0, 1.1 * len(keys) + 2), 7), sharex=True)
     for i, (card, run) in enumerate(pinned.items()):
