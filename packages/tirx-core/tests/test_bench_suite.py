@@ -187,7 +187,8 @@ def test_promote_writes_baseline_json_md_and_chart(tmp_root, tmp_path, entries):
     base = json.load(open(res["json"]))
     assert base["format"] == cards.BASELINE_FORMAT and list(base["cards"]) == ["H200"] and res["card"] == "H200"
     h200 = base["cards"]["H200"]
-    assert h200["rows"] == [{**r, "card": "H200", "promotion": 0} for r in run["rows"]] and h200["promoted"]["from"] == "run.json"
+    assert h200["rows"] == [{**r, "card": "H200", "promotion": 0} for r in run["rows"]]
+    assert h200["promoted"]["from"] == "run.json"
     md = open(res["md"]).read()
     assert "## H200: NVIDIA H200" in md
     for kernel in {r["kernel"] for r in run["rows"]}:

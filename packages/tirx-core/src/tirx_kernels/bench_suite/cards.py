@@ -75,7 +75,8 @@ def pin(baseline: dict | None, run: dict, promoted: dict, kernels=None) -> dict:
         earlier = pinned[card]
         promotions = list(earlier.get("promotions") or [_promotion(earlier, earlier.get("promoted", {}),
                                                                    {r["kernel"] for r in earlier.get("rows", [])})])
-        kept = [{**r, "promotion": r.get("promotion", 0)} for r in earlier.get("rows", []) if r["kernel"] not in kernels]
+        kept = [{**r, "promotion": r.get("promotion", 0)} for r in earlier.get("rows", [])
+                if r["kernel"] not in kernels]
         promotions.append(_promotion(run, promoted, kernels))
         used = sorted({r["promotion"] for r in kept} | {len(promotions) - 1})  # drop promotions no row uses
         renumber = {old: new for new, old in enumerate(used)}

@@ -74,7 +74,8 @@ def ratio_diff(before: dict, after: dict, threshold: float = THRESHOLD, allow_so
             b, a = b_rows.get(key), a_rows.get(key)
             # Each side's environment is the row's own (a baseline's rows may come from several promotions).
             env = [] if b is None or a is None else environment_differences(
-                {"provenance": cards.row_provenance(b_cards[c], b)}, {"provenance": cards.row_provenance(a_cards[c], a)})
+                {"provenance": cards.row_provenance(b_cards[c], b)},
+                {"provenance": cards.row_provenance(a_cards[c], a)})
             env_all += [f"{c} {d}" for d in env if f"{c} {d}" not in env_all]
             rows.append(_compare_row(c, key, b, a, env, threshold, allow_source_change))
     refused = None if compared else "nothing compared: " + "; ".join(missing)
