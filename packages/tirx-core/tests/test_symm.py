@@ -22,3 +22,27 @@ def test_no_multicast_sets_only_unset_variables(monkeypatch):
 
 def test_can_signal_without_sms_is_a_bool():
     assert isinstance(symm.can_signal_without_sms(), bool)
+
+
+def test_signal_hands_torch_a_uint32_view_of_int32_flags(monkeypatch):
+    """torch's stream_write_value32 / memset32 refuse anything but a flat uint32 tensor (H100, torch 2.11)."""
+    import torch
+
+    seen = []
+
+    class FakeSymm:
+        @staticmethod
+        def stream_write_value32(t, index, value):
+            seen.append(("write", t.dtype, t.is_contiguous(), t.dim(), index, value))
+
+        @staticmethod
+        def memset32(t, offset, val, count):
+            seen.append(("memset", t.dtype, t.is_contiguous(), t.dim(), offset, val))
+
+    monkeypatch.setattr(symm, "_symm_class", lambda: FakeSymm)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    flags = torch.zeros(8, dtype=torch.int32)
+    symm.signal(flags, 3, 1)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    symm.signal(flags, 5, 2)
+    assert seen == [("write", torch.uint32, True, 1, 3, 1), ("memset", torch.uint32, True, 1, 5, 2)]

@@ -67,11 +67,14 @@ def signal(flags: torch.Tensor, index: int, value: int = 1) -> None:
     (the caller must then not overlap: :func:`can_signal_without_sms`)."""
     cls = _symm_class()
     if cls is not None and hasattr(cls, "stream_write_value32"):
+        # torch's ops take a flat, contiguous uint32 tensor and refuse int32 ("input must be a flat, contiguous
+        # uint32 tensor": allgather_gemm's bench rows on the H100, torch 2.11, 2026-12-07): the same bits.
+        words = flags.view(torch.uint32) if flags.dtype == torch.int32 else flags
         if not torch.cuda.is_current_stream_capturing():
-            cls.stream_write_value32(flags, index, value)
+            cls.stream_write_value32(words, index, value)
             return
         if hasattr(cls, "memset32"):
-            cls.memset32(flags, offset=index, val=value, count=1)
+            cls.memset32(words, offset=index, val=value, count=1)
             return
     flags[index:index + 1].fill_(value)
 

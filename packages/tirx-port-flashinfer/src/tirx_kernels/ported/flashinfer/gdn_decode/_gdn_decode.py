@@ -712,7 +712,15 @@ def get_baselines(route: str = "wide_vec", **cfg) -> dict:
     """FlashInfer 0.7.4's op on copies of the pool (and intermediate buffer): ``gated_delta_rule_mtp`` for the fp32
     state, ``gated_delta_rule_decode_pretranspose`` for the bf16 one."""
     def flashinfer():
+        import importlib.util
+
         import flashinfer.gdn_decode
+
+        # FlashInfer's bf16-state and MTP decode kernels are CuTe-DSL kernels: without the stack its module imports,
+        # then falls back to a legacy path that asserts an fp32 pool or calls None (H100, 2026-12-07 bench).
+        if importlib.util.find_spec("cutlass") is None:
+            raise ImportError("FlashInfer's GDN decode kernels need the CuTe-DSL stack (nvidia-cutlass-dsl: "
+                              "`stage --cutedsl`), not installed here")
 
         def fn(d):
             kw = op_kwargs(d)
