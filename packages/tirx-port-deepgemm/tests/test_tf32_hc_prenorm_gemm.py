@@ -183,9 +183,15 @@ def test_gpu_graph_replay(label):
 @gpu
 @pytest.mark.parametrize("M, K, splits", [(13, 28672, None), (137, 7680, 16), (4096, 7168, 16)])
 def test_gpu_deepgemm_check(M, K, splits):  # noqa: N803
-    """DeepGEMM's own test: the partials' sums against torch's TF32 matmul and fp32 square sums, calc_diff < 1e-8
-    (this also tells whether the card's tf32 wgmma truncates B as the oracle assumes: torch's tf32 matmul reads B the
-    same way)."""
+    """DeepGEMM's own test: the partials' sums against torch's TF32 matmul and fp32 square sums, calc_diff < 1e-8.
+
+    That bound holds only where torch's matmul reads B as a tf32 wgmma reads it from shared memory (its low 13
+    mantissa bits dropped): DeepGEMM's sm90 kernel (read at the pinned commit) feeds B's fp32 bits from shared memory
+    to the wgmma, as ours does. On the H100 with torch 2.11 (2026-12-07) torch's result differed from ours by
+    calc_diff 1.3e-7..1.4e-7, the size of that truncation, while ours matched the truncation oracle. So: where torch
+    agrees with the upstream's numerics (A x B truncated to tf32, in fp64) within the bound, DeepGEMM's check as
+    written; elsewhere ours against the upstream's numerics at the same bound, and against torch no further than
+    the upstream's numerics are from it."""
     prev = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = True
     try:
@@ -195,7 +201,15 @@ def test_gpu_deepgemm_check(M, K, splits):  # noqa: N803
         d, s = torch.empty(*lead, M, 24, device="cuda"), torch.empty(*lead, M, device="cuda")
         mod.tf32_hc_prenorm_gemm(a, b, d, s, num_splits=splits)
         fd, fs = (d, s) if splits is None else (d.sum(0), s.sum(0))
-        assert max(O.calc_diff(fd, a.float() @ b.T), O.calc_diff(fs, a.float().square().sum(-1))) < 1e-8
+        torch_d = a.float() @ b.T
+        assert O.calc_diff(fs, a.float().square().sum(-1)) < 1e-8
+        upstream_d = mod.reference(a, b)["d"]
+        torch_gap = O.calc_diff(torch_d.double(), upstream_d)
+        if torch_gap < 1e-8:
+            assert O.calc_diff(fd, torch_d) < 1e-8
+        else:
+            assert O.calc_diff(fd.double(), upstream_d) < 1e-8, torch_gap
+            assert O.calc_diff(fd, torch_d) < 2 * torch_gap, torch_gap
     finally:
         torch.backends.cuda.matmul.allow_tf32 = prev
 
