@@ -19,7 +19,8 @@ import torch
 
 from tirx_kernels.core import delta_rule_ref, harness
 from tirx_kernels.core.checks import TirxInputError
-from tirx_kernels.ported.flashinfer.gdn_prefill import _layout, _op
+from tirx_kernels.core.lang import gdn_layout as _layout
+from tirx_kernels.ported.flashinfer.gdn_prefill import _op
 from tirx_kernels.ported.flashinfer.gdn_prefill import gdn_prefill_sm90 as mod
 
 _FULL = os.environ.get("TIRX_EMULATE_FULL") == "1"

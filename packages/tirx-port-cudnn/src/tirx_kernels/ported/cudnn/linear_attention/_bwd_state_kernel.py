@@ -29,7 +29,7 @@ trip through global memory a chunk.)
 
 from __future__ import annotations
 
-from tirx_kernels.ported.flashinfer.gdn_prefill import _layout as lay
+from tirx_kernels.core.lang import gdn_layout as lay
 
 IO_DTYPES = ("bfloat16", "float16")
 CHUNKS = (64, 16)

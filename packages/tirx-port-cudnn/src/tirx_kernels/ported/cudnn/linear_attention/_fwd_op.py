@@ -25,7 +25,7 @@ import math
 import torch
 
 from tirx_kernels.core import checks, delta_rule_ref
-from tirx_kernels.ported.flashinfer.gdn_prefill import _layout as lay
+from tirx_kernels.core.lang import gdn_layout as lay
 
 DIM = 128
 CHUNK = 64
@@ -33,7 +33,7 @@ CADENCES = (0, 64, 128, 192)  # cuDNN's validated checkpoint cadences (0: none)
 IO = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
 STATE = (torch.float32, torch.bfloat16)
 INDEX = (torch.int32, torch.int64)
-HAS_CKPT = 1 << 10  # _fwd_kernel.HAS_CKPT (this module imports no TVM)
+HAS_CKPT = lay.HAS_CKPT
 SOFTPLUS_LINEAR = 20.0
 _GRID_Y = 65535
 _INT32_MAX = 2**31 - 1

@@ -27,7 +27,7 @@ import math
 
 import torch
 
-from tirx_kernels.ported.flashinfer.gdn_prefill import _layout as lay
+from tirx_kernels.core.lang import gdn_layout as lay
 
 # A transition chunk's time in chunks of the prefill kernel: it skips Q, QK^T, Q S^T and the output (12 of the
 # consumers' 28 k16 steps) but not the aux warpgroup's inverse; a guess between the two bounds until measured (the

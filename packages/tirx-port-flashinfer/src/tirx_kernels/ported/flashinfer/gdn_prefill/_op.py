@@ -17,7 +17,7 @@ import math
 import torch
 
 from tirx_kernels.core import checks, runtime
-from tirx_kernels.ported.flashinfer.gdn_prefill import _layout as lay
+from tirx_kernels.core.lang import gdn_layout as lay
 
 OP = "chunk_gated_delta_rule"
 DIM = 128

@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Shared-memory map, roles, barriers and fragment <-> SW128-tile helpers of the chunked GDN prefill kernel
-(``_kernel.py``); the chunk-local WY work of the aux warpgroup is in ``_wy.py``.
+"""Shared-memory map, roles, barriers and fragment <-> SW128-tile helpers of the chunked GDN forward kernel
+(``gdn_chunk.py``: FlashInfer's gdn_prefill_sm90 and its context-parallel phase, cuDNN's GDN-1 prefill and
+recompute); the chunk-local WY work of the aux warpgroup is in ``gdn_wy.py``.
 
 Every operand tile is a *box* of 64 rows x 64 16-bit columns = 8 KB with rows of 128 bytes and the 128-byte
 swizzle: what a TMA box of (64 columns, 1 head, 64 tokens) writes, and what a wgmma descriptor reads either
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 # Run-time flags of the kernel (one int32 argument).
 HAS_G, GATE_LOG, HAS_BETA, CU64, HAS_INIT, HAS_FINAL, HAS_SIDX, SIDX64, HAS_OIDX, OIDX64 = (1 << i for i in range(10))
+HAS_CKPT = 1 << 10  # the checkpoint kernels: per-chunk state checkpoints are written
 DIM = 128  # K = V = 128
 CHUNK = 64  # tokens per chunk = rows of every box
 BOX = CHUNK * 64 * 2  # bytes of one 64 x 64 16-bit box

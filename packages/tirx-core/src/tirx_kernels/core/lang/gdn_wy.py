@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The aux warpgroup's chunk-local work (traced into ``_kernel.py``'s prim_func): everything of a chunk that does
+"""The aux warpgroup's chunk-local work (traced into ``gdn_chunk.py``'s prim_func): everything of a chunk that does
 not depend on the state, one chunk ahead of the consumers.
 
 For chunk tokens i, j < L (the chunk's valid length), G the in-chunk cumulative log2 decay, beta the update gates:
@@ -27,8 +27,8 @@ from __future__ import annotations
 
 from tvm.script import tirx as T
 
+from tirx_kernels.core.lang import gdn_layout as lay
 from tirx_kernels.core.lang import tma, vector, wgmma
-from tirx_kernels.ported.flashinfer.gdn_prefill import _layout as lay
 
 
 def _cvt(dtype: str):
