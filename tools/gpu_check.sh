@@ -86,16 +86,22 @@ for r in rows:
 PY
 fi
 if [ "$what" = suite ]; then
-  # Bench-suite rows with references, one run JSON per kernel (so a cut run keeps what it measured; `promote`
-  # joins the parts of one card and commit). SUITE_LIMIT: seconds for the whole list. Needs the source stamp
+  # Bench-suite rows with references, one run JSON per kernel (`run --parts`: written as each kernel finishes, so a
+  # cut call keeps what it measured; `promote --partial` pins them). SUITE_LIMIT: seconds for the whole list;
+  # SUITE_KERNEL_TIMEOUT: a kernel past it is marked and skipped, and the run starts again after it (one process for
+  # all kernels otherwise: a process per kernel cost ~7 s each on 2026-12-07). Needs the source stamp
   # (`python -m tirx_kernels.bench_suite stamp` after staging) since the host has no .git.
   end=$(( $(date +%s) + ${SUITE_LIMIT:-540} )); mkdir -p "$OUT/suite"
-  for k in "$@"; do
-    left=$(( end - $(date +%s) )); [ "$left" -lt 20 ] && { echo "suite: out of time before $k"; break; }
-    timeout -s INT "$left" python3 -m tirx_kernels.bench_suite run --kernel "$k" --with-references --no-progress \
-      --out "$OUT/suite/$k.json" > "$OUT/suite/$k.log" 2>&1 || rc=1
-    grep -E "^$k |reference skipped|failed:|error:" "$OUT/suite/$k.log" | cut -c1-220
+  args=(); for k in "$@"; do args+=(--kernel "$k"); done
+  while :; do
+    left=$(( end - $(date +%s) )); [ "$left" -lt 30 ] && { echo "suite: out of time"; break; }
+    timeout -s KILL "$left" python3 -m tirx_kernels.bench_suite run --parts "$OUT/suite" --with-references \
+      --no-progress --time-limit $(( left - 20 )) --kernel-timeout "${SUITE_KERNEL_TIMEOUT:-240}" "${args[@]}" \
+      >> "$OUT/suite.log" 2>&1
+    code=$?; [ "$code" = 124 ] || break  # 124: a kernel ran past its limit (marked); go on after it
   done
+  [ "${code:-0}" = 0 ] || rc=1
+  grep -E "reference skipped|failed:|error:|past its|not started|parts written" "$OUT/suite.log" | cut -c1-220 | tail -40
   tar -C "$OUT" -czf "$OUT/suite.tar.gz" suite && rm -rf "$OUT/suite"
 fi
 if [ "$what" = all ] || [ "$what" = micro ]; then

@@ -838,3 +838,69 @@ def test_kcoral_rows_round_trip_through_a_cpu_server(kcoral_cpu_server):
     assert res[0]["status"] == "skipped" and "CUDA" in res[0]["errors"][0]["reason"], res[0]  # no GPU there
     assert res[0]["fingerprint"] == artifacts.fingerprint(registry.scan()["rmsnorm"].path)
     assert res[0]["kcoral"]["request_id"]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Parts: one run JSON per kernel, resumable, time-boxed, a watchdog per kernel
+# ---------------------------------------------------------------------------------------------------------
+
+class SlowExecutor(FlakyExecutor):
+    """Rows of ``slow`` take ``delay`` seconds."""
+
+    def __init__(self, slow=(), delay=0.0):
+        super().__init__(0)
+        self.slow, self.delay, self.seen = set(slow), delay, []
+
+    def measure(self, spec):
+        self.seen.append(spec["kernel"])
+        if spec["kernel"] in self.slow:
+            time.sleep(self.delay)
+        return super().measure(spec)
+
+
+def _two_kernels():
+    return roster.select(roster.load_all(ROOT), ["rmsnorm", "act_and_mul"])
+
+
+def test_parts_are_one_run_per_kernel_and_a_second_call_resumes(tmp_path):
+    rows, env = _two_kernels(), {"gpu": {}, "versions": {}}
+    parts = str(tmp_path / "parts")
+    res = run_mod.run_parts(ROOT, rows, SlowExecutor(), True, 5, 0, parts, env, progress=False)
+    assert sorted(res["written"]) == ["act_and_mul", "rmsnorm"]
+    for k in ("rmsnorm", "act_and_mul"):
+        part = json.load(open(os.path.join(parts, f"{k}.json")))
+        assert {r["kernel"] for r in part["rows"]} == {k}
+        assert len(part["rows"]) == len([r for r in rows if r.kernel == k])
+    again = SlowExecutor()
+    res = run_mod.run_parts(ROOT, rows, again, True, 5, 0, parts, env, progress=False)
+    assert res["written"] == [] and sorted(res["done_before"]) == ["act_and_mul", "rmsnorm"] and again.seen == []
+
+
+def test_parts_start_no_kernel_past_the_time_limit(tmp_path):
+    res = run_mod.run_parts(ROOT, _two_kernels(), SlowExecutor(), True, 5, 0, str(tmp_path / "p"),
+                            {"gpu": {}, "versions": {}}, time_limit=0.0, progress=False)
+    assert res["written"] == [] and sorted(res["not_started"]) == ["act_and_mul", "rmsnorm"]
+
+
+def test_a_kernel_past_its_timeout_is_marked_and_skipped_on_the_next_call(tmp_path):
+    rows, env, parts = _two_kernels(), {"gpu": {}, "versions": {}}, str(tmp_path / "p")
+    first = rows[0].kernel
+    exits = []
+
+    def fake_exit(code):  # the real one is os._exit: the process ends inside the stuck call
+        exits.append(code)
+
+    run_mod.run_parts(ROOT, rows, SlowExecutor({first}, delay=0.6), True, 5, 0, parts, env, kernel_timeout=0.2,
+                      progress=False, exit_fn=fake_exit)
+    assert exits == [124]
+    marker = json.load(open(os.path.join(parts, f"{first}.json.timeout")))
+    assert marker["kernel"] == first and marker["kernel_timeout_s"] == 0.2
+    os.remove(os.path.join(parts, f"{first}.json"))  # the real exit ends the process before the part is written
+    res = run_mod.run_parts(ROOT, rows, SlowExecutor(), True, 5, 0, parts, env, progress=False)
+    assert res["timed_out_before"] == [first]
+
+
+def test_cli_parts_refuses_a_role_or_out_selection(tmp_path, capsys):
+    assert cli.main(["run", "--parts", str(tmp_path), "--role", "small", "--no-progress"]) == 2
+    assert cli.main(["run", "--time-limit", "5", "--no-progress"]) == 2
+    assert "--parts" in capsys.readouterr().err

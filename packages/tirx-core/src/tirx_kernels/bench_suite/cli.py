@@ -47,6 +47,13 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--server", help="run every row on this kcoral server, e.g. http://127.0.0.1:8000")
     r.add_argument("--timeout", type=float, default=900.0, help="per-row kcoral execution limit in seconds")
     r.add_argument("--no-progress", action="store_true")
+    r.add_argument("--parts", metavar="DIR",
+                   help="one run JSON per kernel into DIR as each is measured (instead of --out); kernels whose part "
+                        "is there already are skipped, so the same command resumes; promote joins the parts")
+    r.add_argument("--time-limit", type=float, help="with --parts: start no kernel after this many seconds")
+    r.add_argument("--kernel-timeout", type=float,
+                   help="with --parts: a kernel still running after this many seconds is marked (DIR/<kernel>.json"
+                        ".timeout, skipped from then on) and the process exits with 124; run the command again")
 
     p = add("promote", "pin a clean, complete, retry-free run as its card's rows of bench_suite/baseline.{json,md,png}")
     p.add_argument("run_json", nargs="+",
@@ -98,6 +105,13 @@ def cmd_run(a) -> int:
     if a.rounds < 1 or a.retries < 0:
         print("error: --rounds must be >= 1 and --retries >= 0", file=sys.stderr)
         return 2
+    if a.parts and (a.role or a.config or a.out):
+        print("error: --parts writes each kernel's whole roster to DIR/<kernel>.json: no --role, --config or --out",
+              file=sys.stderr)
+        return 2
+    if (a.time_limit is not None or a.kernel_timeout is not None) and not a.parts:
+        print("error: --time-limit and --kernel-timeout go with --parts", file=sys.stderr)
+        return 2
     if a.server:
         from .remote import KcoralExecutor, RemoteError
 
@@ -115,6 +129,21 @@ def cmd_run(a) -> int:
         except Exception as e:  # a remote server that cannot run the environment program
             print(f"error: cannot collect the measuring host's provenance: {type(e).__name__}: {e}", file=sys.stderr)
             return 2
+        if a.parts:
+            from .run import run_parts
+
+            res = run_parts(root, rows, executor, a.with_references, a.rounds, a.retries, a.parts, env,
+                            a.time_limit, a.kernel_timeout, ["python", "-m", "tirx_kernels.bench_suite",
+                                                             *sys.argv[1:]], progress=not a.no_progress)
+            failed = 0
+            for run in res["runs"].values():
+                print(report.summary_table(run))
+                failed += run["summary"]["failed"]
+            for what in ("done_before", "timed_out_before", "not_started"):
+                if res[what]:
+                    print(f"{what.replace('_', ' ')}: {', '.join(res[what])}")
+            print(f"parts written to {a.parts}: {', '.join(res['written']) or 'none'}")
+            return 1 if failed else 0
         results = run_rows(rows, executor, a.with_references, a.rounds, a.retries, progress=not a.no_progress)
     finally:
         executor.close()

@@ -2,8 +2,13 @@
 """Measure roster rows (locally, or through an executor such as ``remote.KcoralExecutor``) into one run JSON.
 
 A row measures our kernel and, with ``--with-references``, every enabled reference, all in the same
-``core.bench.time_calls`` rounds (cold L2, warm-up, median, implementations interleaved). A reference
-that cannot be imported, built or called fails its row with the reason; nothing is dropped silently.
+``core.bench.time_calls`` rounds (cold L2, warm-up, median, implementations interleaved). A reference that is not
+installed here (ImportError) is recorded as skipped with its reason; one that cannot be built or called fails its
+row with the reason; nothing is dropped silently.
+
+``run_parts`` writes one run JSON per kernel into a directory as it goes, resumable and time-boxed: what a device
+call of at most 10 minutes needs (2026-12-07: a single-process run past the call's limit lost every row it had
+measured; a kernel whose first reference call took minutes stalled the rest).
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import functools
 import json
 import os
 import sys
+import threading
 import time
 import traceback
 
@@ -242,3 +248,67 @@ def write_json(path: str, obj) -> None:
         json.dump(obj, f, indent=1, default=str)
         f.write("\n")
     os.replace(tmp, path)
+
+
+def part_path(parts_dir: str, kernel: str) -> str:
+    return os.path.join(parts_dir, f"{kernel}.json")
+
+
+class _Watchdog:
+    """After ``seconds`` of one kernel's rows: write ``marker`` (the kernel and its limit) and leave the process at
+    once with exit code 124 (a GPU call that does not return cannot be interrupted from Python; the caller starts
+    the run again and it goes on after the marked kernel)."""
+
+    def __init__(self, seconds: float, marker: str, kernel: str, exit_fn=os._exit):
+        self.marker, self.kernel, self.seconds, self.exit_fn = marker, kernel, seconds, exit_fn
+        self.timer = threading.Timer(seconds, self.fire)
+        self.timer.daemon = True
+        self.timer.start()
+
+    def fire(self) -> None:
+        write_json(self.marker, {"kernel": self.kernel, "kernel_timeout_s": self.seconds, "at": provenance.now()})
+        print(f"\nbench suite: {self.kernel} ran past its {self.seconds:.0f} s limit; marked {self.marker}",
+              file=sys.stderr, flush=True)
+        self.exit_fn(124)
+
+    def cancel(self) -> None:
+        self.timer.cancel()
+
+
+def run_parts(root: str, rows: list[RosterRow], executor, with_references: bool, rounds: int, retries: int,
+              parts_dir: str, env: dict, time_limit: float | None = None, kernel_timeout: float | None = None,
+              argv: list | None = None, progress: bool = True, exit_fn=os._exit) -> dict:
+    """Measure ``rows`` kernel by kernel, each kernel's rows into ``parts_dir/<kernel>.json`` (a run of its own,
+    written as soon as it is measured; ``promote`` joins the parts). A kernel whose part exists is skipped (the
+    run resumes), and so is one with a ``.timeout`` marker (it ran past ``kernel_timeout`` before: the watchdog
+    wrote the marker and ended the process). No kernel starts after ``time_limit`` seconds.
+    Returns ``{"written": [...], "done_before": [...], "timed_out_before": [...], "not_started": [...]}``."""
+    os.makedirs(parts_dir, exist_ok=True)
+    by_kernel: dict[str, list[RosterRow]] = {}
+    for row in rows:
+        by_kernel.setdefault(row.kernel, []).append(row)
+    end = None if time_limit is None else time.monotonic() + time_limit
+    out: dict = {"written": [], "done_before": [], "timed_out_before": [], "not_started": [], "runs": {}}
+    for kernel, krows in by_kernel.items():
+        path = part_path(parts_dir, kernel)
+        if os.path.exists(path):
+            out["done_before"].append(kernel)
+            continue
+        if os.path.exists(path + ".timeout"):
+            out["timed_out_before"].append(kernel)
+            continue
+        if end is not None and time.monotonic() >= end:
+            out["not_started"].append(kernel)
+            continue
+        dog = _Watchdog(kernel_timeout, path + ".timeout", kernel, exit_fn) if kernel_timeout else None
+        try:
+            results = run_rows(krows, executor, with_references, rounds, retries, progress)
+        finally:
+            if dog is not None:
+                dog.cancel()
+        run = build_run(root, krows, results, executor, with_references, rounds, retries,
+                        {"kernel": [kernel], "role": None, "config": None}, env, argv)
+        write_json(path, run)
+        out["written"].append(kernel)
+        out["runs"][kernel] = run
+    return out
