@@ -15,6 +15,18 @@ what=${1:-all}; shift || true
 [ -f .gpu/setup.sh ] && source .gpu/setup.sh
 # A whole bundle is ~46 MiB of .so files, ~4.5 MiB xz-packed (2026-12-07): carry .gpu/artifacts.tar.xz (made by
 # `tar -C build -cf - artifacts | xz -T2 > .gpu/artifacts.tar.xz`) instead of .gpu/artifacts/, unpacked here.
+# fla's Triton kernels took 100-116 s of compiling per fresh host in 2026-12-07's test runs (test_kda_forward h96,
+# test_gdn_bprop): a Triton cache brought back from an earlier run ($OUT/triton-cache.tar.xz, packed at the end) and
+# carried as .gpu/triton-cache.tar.xz is unpacked first.
+if [ -f .gpu/triton-cache.tar.xz ] && [ -n "${TRITON_CACHE_DIR:-}" ]; then
+  mkdir -p "$TRITON_CACHE_DIR" && xz -dc .gpu/triton-cache.tar.xz | tar -x -C "$TRITON_CACHE_DIR"
+fi
+pack_triton_cache() {  # at most 20 MiB packed, else not brought back
+  [ -n "${TRITON_CACHE_DIR:-}" ] && [ -d "$TRITON_CACHE_DIR" ] || return 0
+  tar -C "$TRITON_CACHE_DIR" -cf - . | xz -T0 -6 > "$OUT/triton-cache.tar.xz"
+  [ "$(stat -c %s "$OUT/triton-cache.tar.xz")" -le $((20 << 20)) ] || rm -f "$OUT/triton-cache.tar.xz"
+}
+trap pack_triton_cache EXIT
 if [ -f .gpu/artifacts.tar.xz ]; then
   mkdir -p /tmp/tirx-bundle && xz -dc .gpu/artifacts.tar.xz | tar -x -C /tmp/tirx-bundle
   export TIRX_KERNELS_ARTIFACTS=/tmp/tirx-bundle/artifacts
