@@ -118,10 +118,16 @@ def build_kernel(dtype: str, index_dtype: str, mode: str):
             for r in T.unroll(BINS // threads):
                 coarse[r * threads + tid] = T.uint32(0)
             T.evaluate(T.cuda.cta_sync())
-            for it in T.serial(chunk // threads):
-                i = lo + it * threads + tid
-                if i < hi:
-                    rx.count(coarse, coarse_bin(rx.key_of(Xr[x_base + T.Cast("int64", i)], dtype)))
+            # A thread issues its E loads of a tile before counting them (one load in flight a thread bounded the
+            # single-CTA kernel's passes: radix_topk_single_cta.load_tile); f1 holds the raw scores here.
+            for it in T.serial(chunk // tile):
+                for j in T.unroll(E):
+                    i = lo + it * tile + j * threads + tid
+                    f1[j] = T.if_then_else(i < hi, T.Cast("uint32", Xr[x_base + T.Cast("int64", T.min(i, hi - 1))]),
+                                           T.uint32(0))
+                for j in T.unroll(E):
+                    if lo + it * tile + j * threads + tid < hi:
+                        rx.count(coarse, coarse_bin(rx.key_of(f1[j], dtype)))
             T.evaluate(T.cuda.cta_sync())
             for r in T.unroll(BINS // threads):
                 Cnt[row, c, r * threads + tid] = T.Cast("int32", coarse[r * threads + tid])
