@@ -12,6 +12,7 @@ from .filtered_topk import BINS, CAP, COARSE_BITS, MAX_K
 
 
 def build_kernel(dtype: str, index_dtype: str, mode: str):
+    assert BINS <= CAP, (BINS, CAP)  # the coarse histogram lives in the candidates' buffer
     raw_t = rx.RAW[dtype]
     key_bits = rx.KEY_BITS[dtype]
     P = key_bits // 8  # noqa: N806
@@ -68,14 +69,16 @@ def build_kernel(dtype: str, index_dtype: str, mode: str):
         If = T.decl_buffer((M * K,), index_dtype, data=Ix.data)
         row, c = T.cta_id([M, C])
         tid = T.thread_id([threads])
-        coarse = T.alloc_shared((BINS,), "uint32")
+        cand = T.alloc_shared((CAP,), "uint32")  # stage 2: candidate keys, then the winners' columns
+        # Stages 0 / 1: the coarse histogram, in the same 16 KB (no stage uses both): 4096 bins and 4096 candidates
+        # beside the above list stay under the 48 KB of static shared memory.
+        coarse = T.decl_buffer((BINS,), "uint32", data=cand.data, scope="shared")
         hist = T.alloc_shared((R,), "uint32")
         scan_tot = T.alloc_shared((rx.SCAN_WARPS,), "uint32")
         state = T.alloc_shared((4,), "uint32")
         row_state = T.alloc_shared((4,), "uint32")
         wa = T.alloc_shared((2 * WARPS,), "uint32")  # per-warp counts, two alternating buffers
         wb = T.alloc_shared((2 * WARPS,), "uint32")
-        cand = T.alloc_shared((CAP,), "uint32")  # stage 2: candidate keys, then the winners' columns
         above = T.alloc_shared((MAX_K,), "int32")
         acc = T.alloc_local((2,), "uint32")
         run = T.alloc_local((2,), "uint32")
@@ -132,7 +135,7 @@ def build_kernel(dtype: str, index_dtype: str, mode: str):
             for r in T.unroll(BINS // threads):
                 Cnt[row, c, r * threads + tid] = T.Cast("int32", coarse[r * threads + tid])
         elif stage == 1:
-            # ---- the bin B of the k-th largest: totals over chunks, a scan over groups of 8 bins, then the 8
+            # ---- the bin B of the k-th largest: totals over chunks, a scan over groups of BINS / 256 bins, then those
             for r in T.unroll(BINS // threads):
                 acc[0] = T.uint32(0)
                 for cc in T.serial(C):

@@ -4,11 +4,11 @@
 # Upstream: flashinfer (https://github.com/flashinfer-ai/flashinfer), include/flashinfer/topk.cuh and
 # python/flashinfer/topk.py, release v0.7.4 (commit 77039051b0be921788dc2784ec41423b558878ec).
 # Written anew in TIRx: three launches over a per-stream workspace instead of one kernel with a block-wide filter.
-"""Top-k reading the row twice: a coarse 11-bit histogram, then one pass that keeps only what can still matter.
+"""Top-k reading the row twice: a coarse 12-bit histogram, then one pass that keeps only what can still matter.
 
 Grid (rows, C chunks), 1024 threads; ``stage`` (a run-time argument) picks the launch; nothing waits across CTAs.
 
-- stage 0: each CTA counts the top 11 bits of its chunk's keys (``_radix.key_of``) into 2048 bins, stored per chunk.
+- stage 0: each CTA counts the top 12 bits of its chunk's keys (``_radix.key_of``) into 4096 bins, stored per chunk.
 - stage 1: each CTA sums the chunk counts, finds the bin B holding the k-th largest key and, scanning its chunk,
   writes the columns of keys above B (all selected) to the row's "above" list and those in B (the candidates) to
   the candidate list, both in ascending column order at places the counts of earlier chunks give.
@@ -16,9 +16,11 @@ Grid (rows, C chunks), 1024 threads; ``stage`` (a run-time argument) picks the l
   in shared memory, ties to the lowest column), then a merge of the two column lists into ascending column order:
   the result of ``radix_topk_single_cta`` bit for bit.
 
-Bin B holds ~k / 20 random fp32 scores at k = 2048 of 131072 (an 11-bit bin is 1/8 of a binade), so stage 2 works
-in shared memory. When B holds more than ``CAP`` candidates (heavy ties, constant rows), stage 1 keeps none and
-stage 2 runs the same select over the whole row instead (slow, one CTA a row, but exact).
+Bin B holds ~1400 random normal fp32 scores at k = 2048 of 131072, ~1600 of 262144 and ~3200 at k = 4096 of 524288
+(a 12-bit bin is 1/8 of a binade; 11 bits held 2200 / 4300 / 8700), so stage 2 works in shared memory (the coarse
+histogram of stages 0 / 1 and the candidates of stage 2 share one 16 KB buffer). When B holds more than ``CAP``
+candidates (heavy ties, constant rows), stage 1 keeps none and stage 2 runs the same select over the whole row
+instead (slow, one CTA a row, but exact).
 
 Cost on paper (H100, fp32, k = 2048): 64 x 131072 (C = 2): stage 0 reads 33.5 MB from HBM (~11 us), stage 1 the
 same from L2 (~5 us), stage 2 is tiny (~2-3 us), plus two launch boundaries: ~20-25 us against the issue's 30.
@@ -38,7 +40,7 @@ KERNEL_META = {
     "name": "filtered_topk",
     "category": "ported.flashinfer",
     "runtime_cuda_archs": ["sm_90a"],
-    "description": "Top-k by a coarse 11-bit histogram, then an exact select among the candidates it leaves",
+    "description": "Top-k by a coarse 12-bit histogram, then an exact select among the candidates it leaves",
     "upstream": {"project": "flashinfer", "url": "https://github.com/flashinfer-ai/flashinfer",
                  "commit": "77039051b0be921788dc2784ec41423b558878ec"},
     "public_ops": ["filtered_topk"],
@@ -67,7 +69,10 @@ BENCH_CONFIGS = [
 DEFAULTS = {"dtype": "float32", "ties": False}
 
 MODES = single.MODES
-COARSE_BITS = 11
+# 12 bits: sign, exponent and 3 mantissa bits of an fp32 key, 1/8 of a binade a bin. With 11 (1/4 of a binade) the
+# threshold bin of 256 x 262144 random normal scores at k = 2048 held ~4300 keys, past CAP: every row took the
+# whole-row fallback, 2888 us on the H100 (2026-12-07); at 12 bits it holds ~1600 (test_coarse_bin_holds_...).
+COARSE_BITS = 12
 BINS = 1 << COARSE_BITS
 CAP = 4096  # candidates kept in shared memory (16 KB of keys)
 MAX_K = single.MAX_K
