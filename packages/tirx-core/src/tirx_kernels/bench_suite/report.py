@@ -187,12 +187,11 @@ def render_chart(base: dict, path: str) -> str | None:
     except ImportError:
         return "matplotlib is not installed (pip install tirx-core[bench])"
     pinned = cards.by_card(base)
+    if len({(r["kernel"], r["config"]) for run in pinned.values() for r in run["rows"]}) > MAX_CHART_ROWS:
+        # one bar per kernel (the geometric mean of its rows) past ~60 rows
+        pinned = {card: {**run, "rows": _per_kernel(run["rows"])} for card, run in pinned.items()}
     keys = list(dict.fromkeys((r["kernel"], r["config"]) for run in pinned.values()
                               for r in sorted(run["rows"], key=lambda r: r["kernel"])))
-    if len(keys) > MAX_CHART_ROWS:  # one bar per kernel (the geometric mean of its rows) past ~60 rows
-        pinned = {card: {**run, "rows": _per_kernel(run["rows"])} for card, run in pinned.items()}
-        keys = list(dict.fromkeys((r["kernel"], r["config"]) for run in pinned.values()
-                                  for r in sorted(run["rows"], key=lambda r: r["kernel"])))
     width = 0.8 / max(1, len(pinned))
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(max(6.0, 1.1 * len(keys) + 2), 7), sharex=True)
     for i, (card, run) in enumerate(pinned.items()):

@@ -196,12 +196,6 @@ def build_kernel(io: str, variant: str = "prefill"):
                     col = cw * lay.V_PER_CONSUMER + wgmma.acc_col(lane, j)
                     T.buffer_store(b.ow, packed[0], [((i64(tok0 + row) * Hs + h) * lay.DIM + col) // 2])
 
-    def chunk_bufs(tiles, vec, s_acc, t_acc, packed, gam, kd0, md0, aux_full, aux_empty, qkv_empty, ph, ow, ck_map,
-                   rslot):
-        return SimpleNamespace(tiles=tiles, vec=vec, s_acc=s_acc, t_acc=t_acc, packed=packed, gam=gam, kdesc=kd0,
-                               mdesc=md0, aux_full=aux_full, aux_empty=aux_empty, qkv_empty=qkv_empty, ph=ph, ow=ow,
-                               ck_map=ck_map, zero_v=rslot == IDENTITY_SLOT)
-
     def bound(cu, n, end, cu64):
         """Sequence ``n``'s first (``end`` 0) or past-the-end token; the transition kernel's runs are int32 pairs."""
         return cu[2 * n + end] if transition else index_at(cu, n + end, cu64)
@@ -217,6 +211,11 @@ def build_kernel(io: str, variant: str = "prefill"):
             with T.If(T.And(rslot == IDENTITY_SLOT, row == wgmma.acc_col(lane, j, e))):
                 with T.Then():
                     T.buffer_store(s_acc, T.float32(1), [j * 4 + r * 2 + e])
+
+    def encode_qkv(q_map, k_map, v_map, Q, K, V, Hq, Hk, Hv, total):  # noqa: N803
+        """Host: the 3-D maps (D, heads, tokens) of Q, K, V, boxes of 64 columns x 1 head x 64 tokens."""
+        for m, X, heads in ((q_map, Q, Hq), (k_map, K, Hk), (v_map, V, Hv)):
+            tma.encode(m, X.data, [lay.DIM, heads, total], [lay.DIM, heads * lay.DIM], [64, 1, lay.CHUNK], io)
 
     def state_offset(slot, h, Hs, cw, warp, lane, j, r):  # noqa: N803
         v = cw * lay.V_PER_CONSUMER + wgmma.acc_row(warp, lane, r)
@@ -274,10 +273,7 @@ def build_kernel(io: str, variant: str = "prefill"):
                     if lane == 0:
                         qkv_ring.producer_expect(qkv_full, it, (6 if with_q else 4) * lay.BOX)
                         for c in T.unroll(2):
-                            if ckpt:
-                                load_q(tiles, q_map, s, c, h // (Hs // Hq), tok0, qkv_full)
-                            else:
-                                load_q(tiles, q_map, s, c, hq, tok0, qkv_full)
+                            load_q(tiles, q_map, s, c, h // (Hs // Hq) if ckpt else hq, tok0, qkv_full)
                             tma.load(tiles.ptr_to([lay.k_box(s, c) // 4]), k_map, [c * 64, hk, tok0],
                                      qkv_full.ptr_to([s]))
                             tma.load(tiles.ptr_to([lay.v_box(s, c) // 4]), v_map, [c * 64, hv, tok0],
@@ -341,7 +337,7 @@ def build_kernel(io: str, variant: str = "prefill"):
             wgmma.encode_desc(md0.ptr_to([0]), tiles.ptr_to([0]), lay.MNMAJ[0], lay.MNMAJ[1], wgmma.SWIZZLE_128B)
             Ow = T.decl_buffer((n_o // 2,), "uint32", data=OUT.data)
             # The state's rows: pool rows through the index arrays (FlashInfer), or row n (cuDNN) with the
-            # checkpoint rows of the sequence.
+            # checkpoint rows of the sequence. (``x if ckpt else y`` reads only the variant's own names.)
             if ckpt:
                 has_ck = flag(flags, lay.HAS_CKPT)
                 ck0 = T.if_then_else(has_ck, CKOFF[T.if_then_else(has_ck, n, 0)], 0)
@@ -353,39 +349,27 @@ def build_kernel(io: str, variant: str = "prefill"):
                 for r in T.unroll(2):
                     for e in T.unroll(2):
                         s_acc[j * 4 + r * 2 + e] = T.float32(0)
-                        if ckpt:
-                            if flag(flags, lay.HAS_INIT):
-                                s_acc[j * 4 + r * 2 + e] = H0[state_offset(n, h, Hs, cw, warp, lane, j, r) + e]
-                        else:
-                            if load_init:
-                                s_acc[j * 4 + r * 2 + e] = H0[state_offset(rslot, h, Hs, cw, warp, lane, j, r) + e]
-                            init_identity(s_acc, rslot, cw, warp, lane, j, r, e)
+                        if flag(flags, lay.HAS_INIT) if ckpt else load_init:
+                            s_acc[j * 4 + r * 2 + e] = H0[state_offset(n if ckpt else rslot, h, Hs, cw, warp, lane, j,
+                                                                       r) + e]
+                        init_identity(s_acc, n if ckpt else rslot, cw, warp, lane, j, r, e)
             for it in range(n_chunks):
                 s = qkv_ring.stage(it)
                 L = T.min(eos - bos - it * lay.CHUNK, lay.CHUNK)
                 if ckpt:
                     ck_row = T.if_then_else(T.And(has_ck, it % ck_every == 0), ck0 + it // ck_every, -1)
-                    qkv_ring.consumer_wait(qkv_full, it)
-                    consumer_chunk(chunk_bufs(tiles, vec, s_acc, t_acc, packed, gam, kd0, md0, aux_full, aux_empty,
-                                              qkv_empty, aux_ring.phase(it), Ow, ck_map, n),
-                                   s, L, bos + it * lay.CHUNK, h, Hs, scale, cw, warp, lane, ck_row)
-                else:
-                    qkv_ring.consumer_wait(qkv_full, it)
-                    consumer_chunk(chunk_bufs(tiles, vec, s_acc, t_acc, packed, gam, kd0, md0, aux_full, aux_empty,
-                                              qkv_empty, aux_ring.phase(it), Ow, ck_map, rslot),
-                                   s, L, bos + it * lay.CHUNK, h, Hs, scale, cw, warp, lane)
-            if ckpt:
-                if flag(flags, lay.HAS_FINAL):
-                    for j in T.unroll(16):
-                        for r in T.unroll(2):
-                            for e in T.unroll(2):
-                                HT[state_offset(n, h, Hs, cw, warp, lane, j, r) + e] = s_acc[j * 4 + r * 2 + e]
-            else:
-                if T.And(flag(flags, lay.HAS_FINAL), wslot >= 0):
-                    for j in T.unroll(16):
-                        for r in T.unroll(2):
-                            for e in T.unroll(2):
-                                HT[state_offset(wslot, h, Hs, cw, warp, lane, j, r) + e] = s_acc[j * 4 + r * 2 + e]
+                qkv_ring.consumer_wait(qkv_full, it)
+                consumer_chunk(SimpleNamespace(tiles=tiles, vec=vec, s_acc=s_acc, t_acc=t_acc, packed=packed, gam=gam,
+                                               kdesc=kd0, mdesc=md0, aux_full=aux_full, aux_empty=aux_empty,
+                                               qkv_empty=qkv_empty, ph=aux_ring.phase(it), ow=Ow, ck_map=ck_map,
+                                               zero_v=(n if ckpt else rslot) == IDENTITY_SLOT),
+                               s, L, bos + it * lay.CHUNK, h, Hs, scale, cw, warp, lane, ck_row if ckpt else None)
+            if flag(flags, lay.HAS_FINAL) if ckpt else T.And(flag(flags, lay.HAS_FINAL), wslot >= 0):
+                for j in T.unroll(16):
+                    for r in T.unroll(2):
+                        for e in T.unroll(2):
+                            HT[state_offset(n if ckpt else wslot, h, Hs, cw, warp, lane, j, r) + e] = (
+                                s_acc[j * 4 + r * 2 + e])
 
     if not ckpt:
         @T.prim_func
@@ -415,13 +399,10 @@ def build_kernel(io: str, variant: str = "prefill"):
             HT = T.match_buffer(ht_ptr, (n_ht,), "float32", align=16)
             SIDX = T.match_buffer(sidx_ptr, (n_sidx,), "int32", align=4)
             OIDX = T.match_buffer(oidx_ptr, (n_oidx,), "int32", align=4)
-            # Host: 3-D maps (D, heads, tokens), boxes of 64 columns x 1 head x 64 tokens.
             q_map = T.Bind(T.tvm_stack_alloca("tensormap", 1))
             k_map = T.Bind(T.tvm_stack_alloca("tensormap", 1))
             v_map = T.Bind(T.tvm_stack_alloca("tensormap", 1))
-            tma.encode(q_map, Q.data, [lay.DIM, Hq, total], [lay.DIM, Hq * lay.DIM], [64, 1, lay.CHUNK], io)
-            tma.encode(k_map, K.data, [lay.DIM, Hk, total], [lay.DIM, Hk * lay.DIM], [64, 1, lay.CHUNK], io)
-            tma.encode(v_map, V.data, [lay.DIM, Hv, total], [lay.DIM, Hv * lay.DIM], [64, 1, lay.CHUNK], io)
+            encode_qkv(q_map, k_map, v_map, Q, K, V, Hq, Hk, Hv, total)
             body(Q, K, V, G, B, CU, OUT, H0, HT, SIDX, OIDX, None, None, q_map, k_map, v_map, n_seqs, flags, scale,
                  None, total, Hq, Hk, Hv, n_o)
 
@@ -454,13 +435,10 @@ def build_kernel(io: str, variant: str = "prefill"):
         HT = T.match_buffer(ht_ptr, (n_ht,), "float32", align=16)
         CKOFF = T.match_buffer(ckoff_ptr, (n_ckoff,), "int32", align=4)
         CK = T.match_buffer(ck_ptr, (n_ck,), io, align=16)
-        # Host: 3-D maps (D, heads, tokens), boxes of 64 columns x 1 head x 64 tokens.
         q_map = T.Bind(T.tvm_stack_alloca("tensormap", 1))
         k_map = T.Bind(T.tvm_stack_alloca("tensormap", 1))
         v_map = T.Bind(T.tvm_stack_alloca("tensormap", 1))
-        tma.encode(q_map, Q.data, [lay.DIM, Hq, total], [lay.DIM, Hq * lay.DIM], [64, 1, lay.CHUNK], io)
-        tma.encode(k_map, K.data, [lay.DIM, Hk, total], [lay.DIM, Hk * lay.DIM], [64, 1, lay.CHUNK], io)
-        tma.encode(v_map, V.data, [lay.DIM, Hv, total], [lay.DIM, Hv * lay.DIM], [64, 1, lay.CHUNK], io)
+        encode_qkv(q_map, k_map, v_map, Q, K, V, Hq, Hk, Hv, total)
         # Checkpoints [count, H, V, K] as (K, V, count x H) rows; a call without them passes a small dummy (one
         # row declared, never stored to).
         ck_map = T.Bind(T.tvm_stack_alloca("tensormap", 1))

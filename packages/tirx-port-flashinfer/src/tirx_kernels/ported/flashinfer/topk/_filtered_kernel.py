@@ -8,6 +8,7 @@ from __future__ import annotations
 from tvm.script import tirx as T
 
 from . import _radix as rx
+from . import radix_topk_single_cta as single
 from .filtered_topk import BINS, CAP, COARSE_BITS, MAX_K
 
 
@@ -121,13 +122,9 @@ def build_kernel(dtype: str, index_dtype: str, mode: str):
             for r in T.unroll(BINS // threads):
                 coarse[r * threads + tid] = T.uint32(0)
             T.evaluate(T.cuda.cta_sync())
-            # A thread issues its E loads of a tile before counting them (one load in flight a thread bounded the
-            # single-CTA kernel's passes: radix_topk_single_cta.load_tile); f1 holds the raw scores here.
+            # A thread issues its E loads of a tile before counting them; f1 holds the raw scores here.
             for it in T.serial(chunk // tile):
-                for j in T.unroll(E):
-                    i = lo + it * tile + j * threads + tid
-                    f1[j] = T.if_then_else(i < hi, T.Cast("uint32", Xr[x_base + T.Cast("int64", T.min(i, hi - 1))]),
-                                           T.uint32(0))
+                single.load_tile(f1, Xr, x_base, lo + it * tile + tid, threads, hi)
                 for j in T.unroll(E):
                     if lo + it * tile + j * threads + tid < hi:
                         rx.count(coarse, coarse_bin(rx.key_of(f1[j], dtype)))

@@ -213,14 +213,9 @@ def build_kernel(dtype: str, index_dtype: str, mode: str):
                 for p in range(P):
                     shift = key_bits - 8 * (p + 1)
                     if stage == p:
-                        # A thread issues its E loads of a tile before counting them (radix_topk_single_cta's
-                        # load_tile: one load in flight a thread bounded the passes); ``tie`` holds the raw scores.
+                        # A thread issues its E loads of a tile before counting them; ``tie`` holds the raw scores.
                         for it in T.serial(chunk // tile):
-                            for j in T.unroll(E):
-                                i = lo + it * tile + j * threads + tid
-                                tie[j] = T.if_then_else(
-                                    i < hi, T.Cast("uint32", Xr[x_base + T.Cast("int64", T.min(i, hi - 1))]),
-                                    T.uint32(0))
+                            single.load_tile(tie, Xr, x_base, lo + it * tile + tid, threads, hi)
                             for j in T.unroll(E):
                                 if lo + it * tile + j * threads + tid < hi:
                                     key = rx.key_of(tie[j], dtype)

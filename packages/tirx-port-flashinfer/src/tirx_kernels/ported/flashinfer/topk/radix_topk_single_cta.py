@@ -123,6 +123,19 @@ def get_kernel(dtype: str, index_dtype: str = "int64", mode: str = "plain"):
     return build_kernel(dtype, index_dtype, mode)
 
 
+def load_tile(dst, Xr, x_base, first, step, end):  # noqa: N803
+    """Parse-time helper of the top-k kernels' digit passes: the raw bits of scores ``first + j * step`` (j <
+    ``len(dst)``; coalesced for each j) into ``dst``, 0 at or past ``end``; every load issued before any use, so a
+    thread has ``len(dst)`` in flight. One load in flight a thread (1024 threads an SM) bounded the passes, which read
+    the row again each time: 256 x 262144 fp32 k2048 took 1358 us on the H100 (2026-12-07)."""
+    from tvm.script import tirx as T
+
+    for j in range(int(dst.shape[0])):
+        i = first + j * step
+        T.buffer_store(dst, T.if_then_else(i < end, T.Cast("uint32", Xr[x_base + T.Cast("int64", T.min(i, end - 1))]),
+                                           T.uint32(0)), [j])
+
+
 def build_kernel(dtype: str, index_dtype: str, mode: str):
     """``mode``: "plain" writes values and indices of rows of width N; "page_table" / "ragged" read each row's
     length from ``lengths`` (clamped to [0, N]) and write only indices, mapped through ``aux`` (the page table's
@@ -140,14 +153,6 @@ def build_kernel(dtype: str, index_dtype: str, mode: str):
 
     def out_index(col, row, Aux, aux_stride):  # noqa: N803
         return rx.out_index(mode, index_dtype, col, row, Aux, aux_stride)
-
-    def load_tile(raws, Xr, x_base, it, n, tid):  # noqa: N803
-        """Scores ``it * tile + j * threads + tid`` (j < E; coalesced for each j) into ``raws`` (0 past the row): all
-        E loads before any use, so a thread has E in flight."""
-        for j in range(E):
-            i = it * tile + j * threads + tid
-            T.buffer_store(raws, T.if_then_else(i < n, T.Cast("uint32", Xr[x_base + T.Cast("int64", T.min(i, n - 1))]),
-                                                T.uint32(0)), [j])
 
     @T.prim_func
     def radix_topk(x_ptr: T.handle, v_ptr: T.handle, i_ptr: T.handle, len_ptr: T.handle, aux_ptr: T.handle,
@@ -217,15 +222,14 @@ def build_kernel(dtype: str, index_dtype: str, mode: str):
             # The threshold key, one digit a pass; bins count down (bin 255 - digit) so the scan finds the k-th
             # largest with the same ascending prefix count as the index passes below.
             # Every pass reads the row again: a thread first issues the loads of E scores (a 4096-score tile), then
-            # counts them. One load in flight a thread (1024 threads an SM) was the bound: 5 passes over 256 x 262144
-            # fp32 at ~0.8-1 TB/s, 1358 us on the H100 (2026-12-07); the histogram does not depend on the order.
+            # counts them (``load_tile``); the histogram does not depend on the order.
             prefix[0] = T.uint32(0)
             rem[0] = T.Cast("uint32", K)
             for p in range(key_bits // 8):
                 shift = key_bits - 8 * (p + 1)
                 rx.clear_hist(hist, tid)
                 for it in T.serial(tiles):
-                    load_tile(raws, Xr, x_base, it, n, tid)
+                    load_tile(raws, Xr, x_base, it * tile + tid, threads, n)
                     for j in T.unroll(E):
                         if it * tile + j * threads + tid < n:
                             key = rx.key_of(raws[j], dtype)
@@ -247,7 +251,7 @@ def build_kernel(dtype: str, index_dtype: str, mode: str):
                     shift = 24 - 8 * p
                     rx.clear_hist(hist, tid)
                     for it in T.serial(tiles):
-                        load_tile(raws, Xr, x_base, it, n, tid)
+                        load_tile(raws, Xr, x_base, it * tile + tid, threads, n)
                         for j in T.unroll(E):
                             i = it * tile + j * threads + tid
                             if i < n:
