@@ -742,6 +742,14 @@ def test_a_kernel_the_registry_skipped_fails_its_row(monkeypatch):
     assert run_mod.measure_spec({"kernel": "other", "config": "c"})["status"] == "skipped"
 
 
+def test_select_runs_kernels_in_the_order_asked():
+    rosters = roster.load_all(ROOT)
+    asked = [k for k in ("rmsnorm", "act_and_mul", "fp16_bf16_gemm") if k in rosters][::-1]
+    order = list(dict.fromkeys(r.kernel for r in roster.select(rosters, asked)))
+    assert order == asked and asked != sorted(asked)
+    assert list(dict.fromkeys(r.kernel for r in roster.select(rosters))) == sorted(rosters)
+
+
 def test_retries_are_recorded_and_exhausted_retries_fail():
     rows = roster.select(roster.load_all(ROOT), ["rmsnorm"], ["small"])
     res = run_mod.run_rows(rows, FlakyExecutor(1), False, 5, retries=2, progress=False)
