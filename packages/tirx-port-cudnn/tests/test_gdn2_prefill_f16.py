@@ -1,12 +1,14 @@
 # SPDX-License-Identifier: Apache-2.0
 """cudnn_sm90_gdn2_prefill_f16 and cudnn_sm90_gdn2_recompute_f16 (cuDNN's GDN-2 forward and checkpoint recompute):
-the op's path (``_gdn2_common.run``: the torch chunk pass, tirx-native's KDA scan kernel generated and run on the CPU
-by ``core.emulate``, the in-chunk checkpoints) against the fp32 chunked oracle of ``core.gdn2_ref``, with NaN guard
-bands and inputs unchanged; the same path with a torch scan against the fp64 token recurrence (every cadence, gate
-form, GQA / GVA); input validation; on a GPU, the fp64 recurrence and the recompute's bit-identity with the forward.
+the op's path (``_gdn2_common.run``: tirx-native's KDA chunk kernel (GDN-2 variant) and scan kernel generated and
+run on the CPU by ``core.emulate``, the in-chunk checkpoints) against the fp32 chunked oracle of ``core.gdn2_ref``,
+with NaN guard bands and inputs unchanged; the same path with a torch scan against the fp64 token recurrence (every
+cadence, gate form, GQA / GVA); input validation; on a GPU, the fp64 recurrence and the recompute's bit-identity
+with the forward.
 
 CI emulates one forward row (ragged GVA batch with empty and 1-token sequences, cadence 16, safe gate, beta logits,
-q/k L2 norm, int64 cu_seqlens, initial state) and one recompute row (cadence 48, bf16 states) on one compiled scan."""
+q/k L2 norm, int64 cu_seqlens, initial state) and one recompute row (cadence 48, bf16 states) on one compiled chunk
+kernel and scan."""
 
 import shutil
 
@@ -30,13 +32,14 @@ def emulated():
         pytest.skip("no g++ to compile the emulation")
     from tirx_kernels.core import emulate
 
-    compiled = []
+    compiled = {}
 
-    class Functions:  # runtime.FunctionCache's interface, answered by the emulated scan kernel
+    class Functions:  # runtime.FunctionCache's interface, answered by the emulated chunk and scan kernels
         def get(self, key, params_of, device=None):
-            if not compiled:
-                compiled.append(emulate.compile_module(fwd_mod.get_kernel(**params_of())))
-            return lambda *args: compiled[0](*args, hang_timeout=120.0).check()
+            kernel = params_of()["kernel"]
+            if kernel not in compiled:
+                compiled[kernel] = emulate.compile_module(fwd_mod.get_kernel(kernel))
+            return lambda *args: compiled[kernel](*args, hang_timeout=300.0).check()
     return Functions()
 
 

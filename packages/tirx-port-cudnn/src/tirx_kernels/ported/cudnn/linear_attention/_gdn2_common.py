@@ -129,34 +129,55 @@ def check_inputs(op: str, q, k, v, gate, beta, w, cu_seqlens, initial_state, fin
     return hs
 
 
+def get_kernel(kernel: str = "scan"):
+    """The two artifacts: ``_kda_chunk``'s GDN-2 variant (the chunk pass) and tirx-native's KDA scan kernel."""
+    from tirx_kernels.kda import _kda_chunk, _kda_scan
+
+    if kernel == "chunk":
+        return _kda_chunk.build_chunk_kernel("gdn2")
+    if kernel == "scan":
+        return _kda_scan.build_scan_kernel()
+    raise ValueError(f"cudnn gdn2: kernel {kernel!r} is 'chunk' or 'scan'")
+
+
+ARTIFACTS = [{"kernel": "chunk"}, {"kernel": "scan"}]
+
+
 def run(functions, q, k, v, gate, beta, w, output, cu_seqlens, initial_state, final_state, checkpoints, cadence, scale,
         safe_gate, a_log, dt_bias, use_beta_sigmoid, use_qk_l2norm, lower_bound=gdn2_ref.DEFAULT_LOWER_BOUND,
         scan=None):
-    """Chunk pass, scan (``functions``: the module's cache of the KDA scan kernel; ``scan``: a stand-in taking the
-    chunk pass's result, the CPU tests' torch scan or emulated kernel), checkpoints."""
-    cu = [int(x) for x in cu_seqlens.cpu()]
+    """Chunk pass, scan, checkpoints. ``functions``: the module's cache of the two kernels (the chunk pass and the
+    scan: no host read of ``cu_seqlens`` unless checkpoints are asked for); ``scan``: the CPU tests' stand-in, which
+    takes the torch chunk pass's result."""
+    from tirx_kernels.kda import kda_forward_portfolio_multishape as kda_fwd
+
     qf, kf, vf, gf, bf, wf, hs = fwd.expand_inputs(q, k, v, gate, beta, w, use_qk_l2norm, safe_gate, a_log, dt_bias,
                                                    lower_bound, use_beta_sigmoid)
-    ops = fwd.chunk_pass(qf, kf, vf, gf, bf, wf, scale, cu)
-    chunks, base = fwd.chunk_list(cu)
-    n = len(cu) - 1
+    n, total = cu_seqlens.shape[0] - 1, k.shape[0]
     h0 = None if initial_state is None else initial_state.transpose(-1, -2).float().contiguous()  # [N, H, K, V]
     ht = torch.empty(n, hs, DIM, DIM, device=k.device)
-    ck = torch.empty(max(len(chunks), 1), hs, DIM, DIM, device=k.device)
-    out = output if output is not None else torch.empty(k.shape[0], hs, DIM, dtype=torch.bfloat16, device=k.device)
+    out = output if output is not None else torch.empty(total, hs, DIM, dtype=torch.bfloat16, device=k.device)
+    cu = [int(x) for x in cu_seqlens.cpu()] if scan is not None or checkpoints is not None else None
+    ck = ops = None
     if scan is not None:
+        ops = fwd.chunk_pass(qf, kf, vf, gf, bf, wf, scale, cu)
+        ck = torch.empty(max(len(fwd.chunk_list(cu)[0]), 1), hs, DIM, DIM, device=k.device)
         scan(ops, cu, h0, out, ht, ck)
-    elif not chunks:
+    elif total == 0:
         ht.copy_(h0 if h0 is not None else torch.zeros_like(ht))
     else:
+        ops = fwd.kernel_pass(functions, qf, kf, vf, gf, bf, wf, scale, cu_seqlens)
+        if checkpoints is not None:
+            ck = torch.empty(ops["gam"].shape[0], hs, DIM, DIM, device=k.device)  # the state entering each chunk
         fn = functions.get(("scan", k.get_device()), lambda: {"kernel": "scan"}, k.device)
-        cu32 = torch.tensor(cu, dtype=torch.int32, device=k.device)
-        basev = torch.tensor(base, dtype=torch.int32, device=k.device)
-        flags = 2 * int(h0 is not None) + 4 + 8  # _kda_scan: HAS_INIT, HAS_FINAL, HAS_CKPT (int32 cu_seqlens)
-        dummy = torch.zeros(4, dtype=torch.float32, device=k.device)
-        fn(ops["qg"], ops["kg"], ops["kd"], ops["v_in"], ops["tb"], ops["pm"], ops["gam"].view(-1), cu32, basev,
-           out.view(-1), dummy if h0 is None else h0.view(-1), ht.view(-1), ck.view(-1), n, flags)
+        dummy = torch.zeros(4, dtype=torch.int32, device=k.device)
+        fn(*kda_fwd.scan_args(ops["qg"], ops["kg"], ops["kd"], ops["v_in"], ops["tb"], ops["pm"], ops["gam"],
+                              kda_fwd.clamped_cu(cu_seqlens, total), ops["base"], out, h0, ht, dummy, ck))
+        if checkpoints is not None:
+            ops = fwd.checkpoint_operands(ops, kf, gf, cu)
     if final_state is not None:
         final_state.copy_(ht.transpose(-1, -2))
     if checkpoints is not None:
+        if ck is None:  # no tokens: no checkpoints either
+            return
         checkpoints.copy_(fwd.checkpoints(ops, ck, cu, cadence, checkpoints.dtype))

@@ -2,8 +2,8 @@
 # GDN-2 as cuDNN Frontend's gdn2_prefill_f16 / gdn2_recompute_f16 define it (python/cudnn/linear_attention/frost,
 # https://github.com/NVIDIA/cudnn-frontend v1.28.0, commit 1dbd2c09432dfd6cbf13a0ad85a071446398c082); read for
 # semantics only. The state scan is tirx-native's KDA scan kernel (tirx_kernels.kda._kda_scan, commit 27efdc4).
-"""The GDN-2 forward of ``cudnn_sm90_gdn2_prefill_f16`` / ``_recompute_f16``: a torch chunk pass, then the wgmma state
-scan of tirx-native's KDA forward, then the checkpoints.
+"""The GDN-2 forward of ``cudnn_sm90_gdn2_prefill_f16`` / ``_recompute_f16``: the chunk pass (tirx-native's KDA chunk
+kernel, its GDN-2 variant), then the wgmma state scan of tirx-native's KDA forward, then the checkpoints.
 
 GDN-2 (``core.gdn2_ref``): per-key-channel decay g and erase gate b, per-value-channel write gate w. Over a chunk of
 64 tokens (G the inclusive cumulative log decay per key channel) its WY form is exactly the KDA scan's chunk step
@@ -12,11 +12,13 @@ GDN-2 (``core.gdn2_ref``): per-key-channel decay g and erase gate b, per-value-c
 
 with V_in = w * v, K_g = b * k * exp(G), T = (I + A)^-1 (A[i, j] = sum_d b_i k_i k_j exp(G_i - G_j), j < i),
 K_d = k * exp(G_last - G), Q_g = scale q * exp(G), P[i, j] = scale sum_d q_i k_j exp(G_i - G_j) (j <= i), gamma =
-exp(G_last). The chunk pass computes these in fp32 torch (chunk-parallel; decays factored per 16-token block)
-and rounds them to bf16 as the scan takes them; the scan (one CTA per head, sequence and value half, the state in
-registers) stores the state entering every chunk (fp32, [slots, H, K, V]). cuDNN's checkpoints (every 16 / 32 / 48
-tokens: inside a chunk) are then advanced from the chunk's entering state in torch. A host read of ``cu_seqlens``
-builds the chunk table (not CUDA-graph capturable; a device-side chunk kernel is the next step).
+exp(G_last). ``kernel_pass`` computes these on the GPU (``_kda_chunk``: one CTA per chunk and head, the products on
+wgmma in 16-key strips, bf16 out) from the device chunk table; ``chunk_pass`` is the same algebra in fp32 torch
+(chunk-parallel; decays factored per 16-token block), the CPU tests' stand-in beside a torch scan. The scan (one CTA
+per head, sequence and value half, the state in registers) stores the state entering every chunk (fp32, [slots, H,
+K, V]) when checkpoints are asked for. cuDNN's checkpoints (every 16 / 32 / 48 tokens: inside a chunk) are then
+advanced from the chunk's entering state in torch (with a host read of ``cu_seqlens``; without checkpoints the op
+reads nothing back).
 """
 
 from __future__ import annotations
@@ -66,23 +68,57 @@ def _pairwise(G, left, right):
     return out
 
 
-def chunk_pass(q, k, v, g, b, w, scale, cu: list[int]):
-    """The scan's operands on per-state-head fp32 inputs [T, H, *] (``q`` None: zeros, the recompute). Returns a dict:
-    ``qg, kg, kd, v_in`` [T, H, 128] and ``tb, pm`` [T, H, 64] bf16 (token rows), ``gam`` [chunks, H, 128] fp32, and
-    the fp32 chunk tensors the checkpoints need (``kg_c``, ``vin_c``, ``tb_c``, ``k_c``, ``G``: [chunks, H, 64, *])."""
-    total, hs = k.shape[0], k.shape[1]
-    dev = k.device
+def _chunk_gather(cu: list[int], total: int, dev):
+    """``(chunks, token index [nc, 64], live [nc, 64], gather)``: gather maps [T, H, D] to [nc, H, 64, D] fp32 (rows
+    past a chunk's end zero)."""
     chunks, _ = chunk_list(cu)
-    nc = len(chunks)
     t0 = torch.tensor([c[0] for c in chunks], device=dev, dtype=torch.long)
     ln = torch.tensor([c[1] for c in chunks], device=dev, dtype=torch.long)
     i = torch.arange(CHUNK, device=dev)
     tok = (t0[:, None] + i[None]).clamp_max(max(total - 1, 0))  # [nc, 64]
     live = (i[None] < ln[:, None])  # [nc, 64]
 
-    def gather(x):  # [T, H, D] -> [nc, H, 64, D], rows past the chunk zero
-        return torch.where(live[:, :, None, None], x[tok], torch.zeros((), device=dev)).permute(0, 2, 1, 3)
+    def gather(x):
+        return torch.where(live[:, :, None, None], x[tok].float(), torch.zeros((), device=dev)).permute(0, 2, 1, 3)
+    return len(chunks), tok, live, gather
 
+
+def kernel_pass(functions, q, k, v, g, b, w, scale, cu_seqlens):
+    """The chunk pass on the GPU: ``_kda_chunk``'s GDN-2 variant on the expanded inputs (``q`` None: the recompute,
+    k stands in and Q_g / P go unused), every chunk at once from the device chunk table (no host read). Returns the
+    scan's operands (bf16 token rows, ``gam`` [slots, H, 128]) and ``base`` (each sequence's first slot)."""
+    from tirx_kernels.kda import kda_forward_portfolio_multishape as kda_fwd
+
+    total, hs = k.shape[0], k.shape[1]
+    dev, bf16 = k.device, torch.bfloat16
+    tok0, clen, base = kda_fwd.chunk_table(cu_seqlens, total)
+    ops = {name: torch.empty(total, hs, width, dtype=bf16, device=dev)
+           for name, width in (("qg", DIM), ("kg", DIM), ("kd", DIM), ("pm", CHUNK), ("tb", CHUNK))}
+    ops["gam"] = torch.empty(tok0.shape[0], hs, DIM, dtype=torch.float32, device=dev)
+    fn = functions.get(("chunk", k.get_device()), lambda: {"kernel": "chunk"}, dev)
+    fn((k if q is None else q).to(bf16).contiguous(), k.to(bf16).contiguous(), g.float().contiguous(),
+       b.to(bf16).contiguous(), tok0, clen, ops["qg"], ops["kg"], ops["kd"], ops["pm"], ops["tb"], ops["gam"],
+       float(scale))
+    ops["v_in"] = (w * v).to(bf16).contiguous()
+    ops["base"] = base
+    return ops
+
+
+def checkpoint_operands(ops, k, g, cu: list[int]):
+    """The fp32 chunk tensors ``checkpoints`` takes, from the kernel pass's rows (the values the scan used: T, K_g,
+    V_in) and the expanded k and gate (K and G, the in-chunk cumulative log decay)."""
+    nc, _, _, gather = _chunk_gather(cu, k.shape[0], k.device)
+    return {"tb_c": gather(ops["tb"]), "kg_c": gather(ops["kg"]), "vin_c": gather(ops["v_in"]), "k_c": gather(k),
+            "G": torch.cumsum(gather(g), 2)}
+
+
+def chunk_pass(q, k, v, g, b, w, scale, cu: list[int]):
+    """The scan's operands on per-state-head fp32 inputs [T, H, *] (``q`` None: zeros, the recompute). Returns a dict:
+    ``qg, kg, kd, v_in`` [T, H, 128] and ``tb, pm`` [T, H, 64] bf16 (token rows), ``gam`` [chunks, H, 128] fp32, and
+    the fp32 chunk tensors the checkpoints need (``kg_c``, ``vin_c``, ``tb_c``, ``k_c``, ``G``: [chunks, H, 64, *])."""
+    total, hs = k.shape[0], k.shape[1]
+    dev = k.device
+    nc, tok, live, gather = _chunk_gather(cu, total, dev)
     K, V, Gl, B, W = (gather(x) for x in (k, v, g, b, w))
     G = torch.cumsum(Gl, 2)  # flat past the chunk's end (g = 0 there)
     eG = torch.exp(G)

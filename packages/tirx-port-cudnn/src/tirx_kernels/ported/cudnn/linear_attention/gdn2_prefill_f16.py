@@ -3,16 +3,18 @@
 # python/cudnn/linear_attention/frost/kernel/gdn2_prefill_f16.py) to Hopper.
 # Upstream: cudnn-frontend (https://github.com/NVIDIA/cudnn-frontend), release v1.28.0, commit
 # 1dbd2c09432dfd6cbf13a0ad85a071446398c082 (the seed's port followed aded9909c3c2a897fdbc7b5fd79fa53bc915f4f5); read
-# for semantics only. The state scan is tirx-native's KDA scan kernel; the chunk pass is torch (_gdn2_fwd).
+# for semantics only. The chunk pass and the state scan are tirx-native's KDA kernels (_kda_chunk's GDN-2 variant,
+# _kda_scan).
 """cuDNN's GDN-2 forward on Hopper: o, the final state and state checkpoints (every 16 / 32 / 48 tokens) of Gated
 DeltaNet 2 (per-key-channel decay and erase gate, per-value-channel write gate; ``core.gdn2_ref``) over THD-packed
 sequences, K = V = 128, bf16, GQA / GVA, safe gate, beta logits, q/k L2 norm, fp32 / bf16 states [N, H, V, K].
 
 Registered as ``cudnn_sm90_gdn2_prefill_f16`` (the seed's ``cudnn_sm100_gdn2_prefill_f16``: tcgen05 with
-``mma.sync`` 16-token chunks). Here: a chunk-parallel torch pass builds the 64-token WY operands, tirx-native's KDA
+``mma.sync`` 16-token chunks). Here: the gates, norms and head maps are elementwise torch; tirx-native's KDA chunk
+kernel (its GDN-2 variant: per-key-channel erase gate) builds the 64-token WY operands of every chunk at once, its
 scan kernel (wgmma, state in registers) walks the chunks, and torch advances the checkpoints inside a chunk
-(``_gdn2_fwd``). A first, correct form: the chunk pass in torch (and its host read of ``cu_seqlens``) is the cost to
-remove next; fp16 is not served (the scan is bf16)."""
+(``_gdn2_fwd``; a host read of ``cu_seqlens`` only when checkpoints are asked for). fp16 is not served (the kernels
+are bf16)."""
 
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ KERNEL_META = {
     "name": "cudnn_sm90_gdn2_prefill_f16",
     "category": "ported.cudnn",
     "runtime_cuda_archs": ["sm_90a"],
-    "description": "cuDNN GDN-2 forward (per-key decay and erase gate, per-value write gate): torch chunk pass + "
+    "description": "cuDNN GDN-2 forward (per-key decay and erase gate, per-value write gate): wgmma chunk pass + "
                    "wgmma state scan, checkpoints every 16/32/48 tokens, THD varlen, GQA/GVA, bf16",
     "upstream": {
         "project": "cudnn-frontend",
@@ -57,20 +59,16 @@ TOLERANCE = common.TOLERANCE
 
 
 def compile_params(**_) -> dict:
-    """One artifact: tirx-native's KDA scan kernel (sizes, heads and flags are run-time arguments)."""
+    """Nothing of a call changes the code (lengths, heads and flags are run-time); ``chunk`` is the other artifact."""
     return {"kernel": "scan"}
 
 
 def get_kernel(kernel: str = "scan"):
-    from tirx_kernels.kda import _kda_scan
-
-    if kernel != "scan":
-        raise ValueError(f"cudnn gdn2: kernel {kernel!r} is 'scan'")
-    return _kda_scan.build_scan_kernel()
+    return common.get_kernel(kernel)
 
 
 def artifact_params() -> list[dict]:
-    return [{"kernel": "scan"}]
+    return list(common.ARTIFACTS)
 
 
 def call_samples(rng) -> list[dict]:
@@ -79,7 +77,10 @@ def call_samples(rng) -> list[dict]:
             for hq, hv in ((1, 1), (16, 16), (64, 64), (16, 32), (8, 32), (4, 8)) * 4]
 
 
-def sass_expect(**_) -> list[str]:
+def sass_expect(kernel: str = "scan", **_) -> list[str]:
+    """The chunk pass's 16-key strips (m64n16) on the tensor cores; the scan's products and its 3-D TMA loads."""
+    if kernel == "chunk":
+        return [r"HGMMA\.64x16x16\.F32\.BF16"]
     return [r"HGMMA\.64x64x16\.F32\.BF16", r"HGMMA\.64x128x16\.F32\.BF16", r"UTMALDG\.3D"]
 
 

@@ -2,11 +2,12 @@
 # Port of cuDNN Frontend's GDN-2 checkpoint recompute (python/cudnn/linear_attention/frost/kernel/gdn2_recompute_f16.py)
 # to Hopper. Upstream: cudnn-frontend (https://github.com/NVIDIA/cudnn-frontend), release v1.28.0, commit
 # 1dbd2c09432dfd6cbf13a0ad85a071446398c082 (the seed's port followed aded9909c3c2a897fdbc7b5fd79fa53bc915f4f5); read
-# for semantics only. The state scan is tirx-native's KDA scan kernel; the chunk pass is torch (_gdn2_fwd).
+# for semantics only. The chunk pass and the state scan are tirx-native's KDA kernels (_kda_chunk's GDN-2 variant,
+# _kda_scan).
 """cuDNN's GDN-2 recompute on Hopper: the state checkpoints (every 16 / 32 / 48 tokens) and / or the final state from
 k, v and the three gates (no q, no output), what the GDN-2 backward consumes. Registered as
-``cudnn_sm90_gdn2_recompute_f16``; the same path as ``cudnn_sm90_gdn2_prefill_f16`` with the output operands zero
-(the scan's output goes to a scratch buffer). State heads max(Hk, Hv), bf16."""
+``cudnn_sm90_gdn2_recompute_f16``; the same path as ``cudnn_sm90_gdn2_prefill_f16`` with k standing in for q (the
+scan's output goes to a scratch buffer). State heads max(Hk, Hv), bf16."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ KERNEL_META = {
     "name": "cudnn_sm90_gdn2_recompute_f16",
     "category": "ported.cudnn",
     "runtime_cuda_archs": ["sm_90a"],
-    "description": "cuDNN GDN-2 checkpoint recompute (no q / o): torch chunk pass + wgmma state scan, checkpoints "
+    "description": "cuDNN GDN-2 checkpoint recompute (no q / o): wgmma chunk pass + wgmma state scan, checkpoints "
                    "every 16/32/48 tokens and final state, THD varlen, bf16",
     "upstream": {
         "project": "cudnn-frontend",
@@ -51,19 +52,16 @@ TOLERANCE = common.TOLERANCE
 
 
 def compile_params(**_) -> dict:
+    """Nothing of a call changes the code (lengths, heads and flags are run-time); ``chunk`` is the other artifact."""
     return {"kernel": "scan"}
 
 
 def get_kernel(kernel: str = "scan"):
-    from tirx_kernels.kda import _kda_scan
-
-    if kernel != "scan":
-        raise ValueError(f"cudnn gdn2: kernel {kernel!r} is 'scan'")
-    return _kda_scan.build_scan_kernel()
+    return common.get_kernel(kernel)
 
 
 def artifact_params() -> list[dict]:
-    return [{"kernel": "scan"}]
+    return list(common.ARTIFACTS)
 
 
 def call_samples(rng) -> list[dict]:
@@ -72,7 +70,10 @@ def call_samples(rng) -> list[dict]:
             for hk, hv in ((1, 1), (16, 16), (64, 64), (16, 32), (8, 32), (4, 8)) * 4]
 
 
-def sass_expect(**_) -> list[str]:
+def sass_expect(kernel: str = "scan", **_) -> list[str]:
+    """The chunk pass's 16-key strips (m64n16) on the tensor cores; the scan's products and its 3-D TMA loads."""
+    if kernel == "chunk":
+        return [r"HGMMA\.64x16x16\.F32\.BF16"]
     return [r"HGMMA\.64x64x16\.F32\.BF16", r"HGMMA\.64x128x16\.F32\.BF16", r"UTMALDG\.3D"]
 
 
