@@ -158,11 +158,12 @@ def run(functions, q, k, v, gate, beta, w, output, cu_seqlens, initial_state, fi
     ht = torch.empty(n, hs, DIM, DIM, device=k.device)
     out = output if output is not None else torch.empty(total, hs, DIM, dtype=torch.bfloat16, device=k.device)
     cu = [int(x) for x in cu_seqlens.cpu()] if scan is not None or checkpoints is not None else None
-    ck = ops = None
+    ck = rows = None
     if scan is not None:
         ops = fwd.chunk_pass(qf, kf, vf, gf, bf, wf, scale, cu)
         ck = torch.empty(max(len(fwd.chunk_list(cu)[0]), 1), hs, DIM, DIM, device=k.device)
         scan(ops, cu, h0, out, ht, ck)
+        rows = fwd.pass_chunk_rows(ops)
     elif total == 0:
         ht.copy_(h0 if h0 is not None else torch.zeros_like(ht))
     else:
@@ -173,11 +174,10 @@ def run(functions, q, k, v, gate, beta, w, output, cu_seqlens, initial_state, fi
         dummy = torch.zeros(4, dtype=torch.int32, device=k.device)
         fn(*kda_fwd.scan_args(ops["qg"], ops["kg"], ops["kd"], ops["v_in"], ops["tb"], ops["pm"], ops["gam"],
                               kda_fwd.clamped_cu(cu_seqlens, total), ops["base"], out, h0, ht, dummy, ck))
-        if checkpoints is not None:
-            ops = fwd.checkpoint_operands(ops, kf, gf, cu)
+        rows = fwd.kernel_chunk_rows(ops, kf, gf, cu) if checkpoints is not None else None
     if final_state is not None:
         final_state.copy_(ht.transpose(-1, -2))
     if checkpoints is not None:
         if ck is None:  # no tokens: no checkpoints either
             return
-        checkpoints.copy_(fwd.checkpoints(ops, ck, cu, cadence, checkpoints.dtype))
+        checkpoints.copy_(fwd.checkpoints(rows, ck, cu, cadence, checkpoints.dtype))

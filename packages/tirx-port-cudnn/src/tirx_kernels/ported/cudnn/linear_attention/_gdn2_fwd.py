@@ -30,7 +30,7 @@ from tirx_kernels.core import delta_rule_ref, gdn2_ref
 DIM = 128
 CHUNK = 64  # the scan's chunk (cuDNN's GDN-2 kernels use 16: a schedule choice, the math is the same)
 CADENCES = (0, 16, 32, 48)
-_CKPT_BATCH = 64  # checkpoints advanced at a time
+_CKPT_CHUNKS = 16  # chunks whose checkpoints are advanced at a time (H = 64: ~0.3 GiB of fp32 temporaries)
 _SUB = 16  # the pairwise decays' diagonal blocks (16 x 16 x 128 per chunk and head)
 _DIAG_BATCH = 8192  # (chunk, head) pairs per block of diagonal decays: 1 GiB
 
@@ -69,8 +69,8 @@ def _pairwise(G, left, right):
 
 
 def _chunk_gather(cu: list[int], total: int, dev):
-    """``(chunks, token index [nc, 64], live [nc, 64], gather)``: gather maps [T, H, D] to [nc, H, 64, D] fp32 (rows
-    past a chunk's end zero)."""
+    """``(chunks, token index [nc, 64], live [nc, 64], gather)``: ``gather(x, cs)`` maps [T, H, D] to [n, H, 64, D]
+    fp32, the rows of the chunks ``cs`` (all when None; rows past a chunk's end zero)."""
     chunks, _ = chunk_list(cu)
     t0 = torch.tensor([c[0] for c in chunks], device=dev, dtype=torch.long)
     ln = torch.tensor([c[1] for c in chunks], device=dev, dtype=torch.long)
@@ -78,8 +78,9 @@ def _chunk_gather(cu: list[int], total: int, dev):
     tok = (t0[:, None] + i[None]).clamp_max(max(total - 1, 0))  # [nc, 64]
     live = (i[None] < ln[:, None])  # [nc, 64]
 
-    def gather(x):
-        return torch.where(live[:, :, None, None], x[tok].float(), torch.zeros((), device=dev)).permute(0, 2, 1, 3)
+    def gather(x, cs=None):
+        t, lv = (tok, live) if cs is None else (tok[cs], live[cs])
+        return torch.where(lv[:, :, None, None], x[t].float(), torch.zeros((), device=dev)).permute(0, 2, 1, 3)
     return len(chunks), tok, live, gather
 
 
@@ -104,12 +105,18 @@ def kernel_pass(functions, q, k, v, g, b, w, scale, cu_seqlens):
     return ops
 
 
-def checkpoint_operands(ops, k, g, cu: list[int]):
-    """The fp32 chunk tensors ``checkpoints`` takes, from the kernel pass's rows (the values the scan used: T, K_g,
-    V_in) and the expanded k and gate (K and G, the in-chunk cumulative log decay)."""
-    nc, _, _, gather = _chunk_gather(cu, k.shape[0], k.device)
-    return {"tb_c": gather(ops["tb"]), "kg_c": gather(ops["kg"]), "vin_c": gather(ops["v_in"]), "k_c": gather(k),
-            "G": torch.cumsum(gather(g), 2)}
+def kernel_chunk_rows(ops, k, g, cu: list[int]):
+    """``checkpoints``' chunk rows from the kernel pass's token rows (the values the scan used: T, K_g, V_in) and the
+    expanded k and gate (K, and G the in-chunk cumulative log decay), gathered a batch of chunks at a time."""
+    _, _, _, gather = _chunk_gather(cu, k.shape[0], k.device)
+    return lambda cs: {"tb": gather(ops["tb"], cs), "kg": gather(ops["kg"], cs), "vin": gather(ops["v_in"], cs),
+                       "k": gather(k, cs), "G": torch.cumsum(gather(g, cs), 2)}
+
+
+def pass_chunk_rows(ops):
+    """``checkpoints``' chunk rows from the torch chunk pass's fp32 chunk tensors."""
+    return lambda cs: {"tb": ops["tb_c"][cs], "kg": ops["kg_c"][cs], "vin": ops["vin_c"][cs], "k": ops["k_c"][cs],
+                       "G": ops["G"][cs]}
 
 
 def chunk_pass(q, k, v, g, b, w, scale, cu: list[int]):
@@ -166,10 +173,12 @@ def expand_inputs(q, k, v, g, b, w, use_qk_l2norm: bool, safe_gate: bool, a_log,
     return qf, k.float()[:, kh], v.float()[:, vh], gf, bf, wf.float(), hs
 
 
-def checkpoints(ops, ck64, cu: list[int], cadence: int, dtype):
+def checkpoints(chunk_rows, ck64, cu: list[int], cadence: int, dtype):
     """cuDNN's checkpoints [count, H, V, K] in ``dtype`` from the states entering each chunk (``ck64`` [chunks, H, K,
     V] fp32): at an offset m inside a chunk, S_m = S_0 diag(exp(G_{m-1})) + sum_{j<m} u_j (k_j exp(G_{m-1} - G_j))^T
-    with the chunk's writes U = T (V_in - K_g S_0^T)."""
+    with the chunk's writes U = T (V_in - K_g S_0^T). ``chunk_rows(cs)``: fp32 ``tb`` [n, H, 64, 64] and ``kg``,
+    ``vin``, ``k``, ``G`` [n, H, 64, 128] of the chunks ``cs``. A batch of chunks at a time, U once per chunk (the
+    cadence-16 checkpoints of a chunk share it); offset-0 checkpoints are the entering states."""
     chunks, base = chunk_list(cu)
     where = []  # (chunk, offset) of every checkpoint, sequences in order
     for n in range(len(cu) - 1):
@@ -177,19 +186,28 @@ def checkpoints(ops, ck64, cu: list[int], cadence: int, dtype):
     hs = ck64.shape[1]
     dev = ck64.device
     out = torch.empty(len(where), hs, DIM, DIM, dtype=dtype, device=dev)
-    for s in range(0, len(where), _CKPT_BATCH):
-        part = where[s:s + _CKPT_BATCH]
-        c = torch.tensor([x[0] for x in part], device=dev)
-        m = torch.tensor([x[1] for x in part], device=dev)
-        S0 = ck64[c].transpose(-1, -2).float()  # [n, H, V, K]
-        U = ops["tb_c"][c] @ (ops["vin_c"][c] - ops["kg_c"][c] @ S0.transpose(-1, -2))  # [n, H, 64, V]
-        G = ops["G"][c]  # [n, H, 64, K]
-        gm = torch.gather(G, 2, (m - 1).clamp_min(0)[:, None, None, None].expand(-1, hs, 1, DIM))  # G_{m-1}
+    if not where:
+        return out
+    wc = torch.tensor([x[0] for x in where], device=dev)
+    wm = torch.tensor([x[1] for x in where], device=dev)
+    at0 = (wm == 0).nonzero().view(-1)
+    out[at0] = ck64[wc[at0]].transpose(-1, -2).to(dtype)
+    inner = sorted({c for c, m in where if m})
+    for s in range(0, len(inner), _CKPT_CHUNKS):
+        cs = torch.tensor(inner[s:s + _CKPT_CHUNKS], device=dev)
+        r = chunk_rows(cs)
+        S0 = ck64[cs].transpose(-1, -2).float()  # [n, H, V, K]
+        U = r["tb"] @ (r["vin"] - r["kg"] @ S0.transpose(-1, -2))  # [n, H, 64, V]
+        idx = ((wm > 0) & (wc >= cs[0]) & (wc <= cs[-1])).nonzero().view(-1)  # cs: a run of the sorted chunks
+        loc = torch.searchsorted(cs, wc[idx])
+        m = wm[idx]
+        G = r["G"][loc]  # [p, H, 64, K]
+        gm = torch.gather(G, 2, (m - 1)[:, None, None, None].expand(-1, hs, 1, DIM))  # G_{m-1}
         before = (torch.arange(CHUNK, device=dev)[None] < m[:, None]).float()  # j < m
-        Kt = ops["k_c"][c] * torch.exp(gm - G) * before[:, None, :, None]
-        S = S0 * torch.exp(gm) + U.transpose(-1, -2) @ Kt
-        out[s:s + len(part)] = torch.where((m > 0)[:, None, None, None], S, S0)
+        Kt = r["k"][loc] * torch.exp(gm - G) * before[:, None, :, None]
+        out[idx] = (S0[loc] * torch.exp(gm) + U[loc].transpose(-1, -2) @ Kt).to(dtype)
     return out
+
 
 def scan_torch(ops, cu: list[int], initial_state, with_output: bool = True):
     """The scan kernel's chunk steps in torch on the fp32 chunk tensors (the CPU tests' stand-in for the kernel):
