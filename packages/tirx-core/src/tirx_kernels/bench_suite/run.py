@@ -77,7 +77,7 @@ def measure_row(mod, cfg: dict, with_references: bool, references: list | None, 
                 t["graph_error"] = f"{type(e).__name__}: {e}"
     ceil = bench.ceilings()
     us = times["ours"]["median_us"]
-    extra = ("cold_l2_us", "graph_error")
+    extra = ("cold_l2_us", "graph_error", "calls")
     refs = {impl: {"us": t["median_us"], "ref_over_ours": t["median_us"] / us, "timer": t["timer"],
                    "rounds_us": t["rounds_us"], **{k: t[k] for k in extra if k in t}}
             for impl, t in times.items() if impl != "ours"}

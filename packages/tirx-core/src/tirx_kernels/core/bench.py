@@ -23,21 +23,43 @@ def _flush_buffer():
     return torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda")
 
 
+# A round's calls of one implementation take about this long at most: slow implementations get fewer calls (at least
+# MIN_CALLS). 30 calls x 5 rounds of a 170 ms call (the GDN-2 forward at b4 s8192 h64 with checkpoints) took 26 s of
+# a 10-minute device call on 2026-12-07c, and three kernels' rows ran past a 100 s limit; a median of 3-8 calls of
+# a call that long is as steady as one of 30 short ones.
+ROUND_BUDGET_US = 250_000.0
+MIN_CALLS = 3
+
+
+def calls_for(us_per_call: float, calls: int) -> int:
+    """Calls per round for an implementation taking ``us_per_call``: ``calls``, fewer past the round budget."""
+    return max(MIN_CALLS, min(calls, int(ROUND_BUDGET_US // max(us_per_call, 1e-3))))
+
+
 def time_calls(fns: dict, calls: int = 30, rounds: int = 5, warmup: int = 3, cold_l2: bool = True) -> dict:
-    """``{name: {"median_us", "rounds_us": [...]}}``; every round runs each implementation in turn."""
+    """``{name: {"median_us", "rounds_us": [...], "calls"}}``; every round runs each implementation in turn, ``calls``
+    times (fewer for a slow one: ``calls_for`` of its last warm-up call)."""
     import torch
 
     flush = _flush_buffer()
-    for fn in fns.values():
-        for _ in range(warmup):
+    per_round = {}
+    for name, fn in fns.items():
+        for _ in range(max(warmup, 1) - 1):
             fn()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        per_round[name] = calls_for(start.elapsed_time(end) * 1e3, calls)
     torch.cuda.synchronize()
     samples = {n: [] for n in fns}
     for _ in range(rounds):
         for name, fn in fns.items():
-            starts = [torch.cuda.Event(enable_timing=True) for _ in range(calls)]
-            ends = [torch.cuda.Event(enable_timing=True) for _ in range(calls)]
-            for i in range(calls):
+            n_calls = per_round[name]
+            starts = [torch.cuda.Event(enable_timing=True) for _ in range(n_calls)]
+            ends = [torch.cuda.Event(enable_timing=True) for _ in range(n_calls)]
+            for i in range(n_calls):
                 if cold_l2:
                     flush.fill_(i & 0xFF)
                 starts[i].record()
@@ -45,8 +67,8 @@ def time_calls(fns: dict, calls: int = 30, rounds: int = 5, warmup: int = 3, col
                 ends[i].record()
             torch.cuda.synchronize()
             samples[name].append(statistics.median(s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends)))
-    return {n: {"median_us": statistics.median(v), "rounds_us": v, "timer": "events-cold-l2" if cold_l2
-                else "events"} for n, v in samples.items()}
+    return {n: {"median_us": statistics.median(v), "rounds_us": v, "calls": per_round[n],
+                "timer": "events-cold-l2" if cold_l2 else "events"} for n, v in samples.items()}
 
 
 def time_graph(fn, calls: int = 100, rounds: int = 5) -> dict:
