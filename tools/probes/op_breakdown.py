@@ -50,7 +50,7 @@ def breakdown(kernel: str, label: str, calls: int, top: int) -> None:
         if ev.device_type == torch.autograd.DeviceType.CUDA:
             name = ev.name[:70]
             t, n = rows.get(name, (0.0, 0))
-            rows[name] = (t + ev.device_time, n + 1)
+            rows[name] = (t + ev.time_range.elapsed_us(), n + 1)  # a kernel event: its time on the device
     gpu = sum(t for t, _ in rows.values()) / calls
     print(f"\n{kernel} {label}: {per_call:.1f} us a call (events), GPU kernels {gpu:.1f} us a call "
           f"({100 * gpu / per_call:.0f} %: the rest is host work or gaps between launches)")
