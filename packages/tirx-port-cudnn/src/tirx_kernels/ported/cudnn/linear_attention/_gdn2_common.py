@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from tirx_kernels.core import checks, gdn2_ref
+from tirx_kernels.core import checks, delta_rule_ref, gdn2_ref
 from tirx_kernels.ported.cudnn.linear_attention import _fwd_common, _fwd_op
 from tirx_kernels.ported.cudnn.linear_attention import _gdn2_fwd as fwd
 
@@ -151,8 +151,8 @@ def run(functions, q, k, v, gate, beta, w, output, cu_seqlens, initial_state, fi
     takes the torch chunk pass's result."""
     from tirx_kernels.kda import kda_forward_portfolio_multishape as kda_fwd
 
-    qf, kf, vf, gf, bf, wf, hs = fwd.expand_inputs(q, k, v, gate, beta, w, use_qk_l2norm, safe_gate, a_log, dt_bias,
-                                                   lower_bound, use_beta_sigmoid)
+    opts = (use_qk_l2norm, safe_gate, a_log, dt_bias, lower_bound, use_beta_sigmoid)
+    hs = delta_rule_ref.head_maps((q if q is not None else k).shape[1], k.shape[1], v.shape[1])[0]
     n, total = cu_seqlens.shape[0] - 1, k.shape[0]
     h0 = None if initial_state is None else initial_state.transpose(-1, -2).float().contiguous()  # [N, H, K, V]
     ht = torch.empty(n, hs, DIM, DIM, device=k.device)
@@ -160,6 +160,7 @@ def run(functions, q, k, v, gate, beta, w, output, cu_seqlens, initial_state, fi
     cu = [int(x) for x in cu_seqlens.cpu()] if scan is not None or checkpoints is not None else None
     ck = rows = None
     if scan is not None:
+        qf, kf, vf, gf, bf, wf, _ = fwd.expand_inputs(q, k, v, gate, beta, w, *opts)
         ops = fwd.chunk_pass(qf, kf, vf, gf, bf, wf, scale, cu)
         ck = torch.empty(max(len(fwd.chunk_list(cu)[0]), 1), hs, DIM, DIM, device=k.device)
         scan(ops, cu, h0, out, ht, ck)
@@ -167,14 +168,15 @@ def run(functions, q, k, v, gate, beta, w, output, cu_seqlens, initial_state, fi
     elif total == 0:
         ht.copy_(h0 if h0 is not None else torch.zeros_like(ht))
     else:
-        ops = fwd.kernel_pass(functions, qf, kf, vf, gf, bf, wf, scale, cu_seqlens)
+        qb, kb, gf, bb, v_in = fwd.kernel_inputs(q, k, v, gate, beta, w, *opts)
+        ops = fwd.kernel_pass(functions, qb, kb, gf, bb, v_in, scale, cu_seqlens)
         if checkpoints is not None:
             ck = torch.empty(ops["gam"].shape[0], hs, DIM, DIM, device=k.device)  # the state entering each chunk
         fn = functions.get(("scan", k.get_device()), lambda: {"kernel": "scan"}, k.device)
         dummy = torch.zeros(4, dtype=torch.int32, device=k.device)
         fn(*kda_fwd.scan_args(ops["qg"], ops["kg"], ops["kd"], ops["v_in"], ops["tb"], ops["pm"], ops["gam"],
                               kda_fwd.clamped_cu(cu_seqlens, total), ops["base"], out, h0, ht, dummy, ck))
-        rows = fwd.kernel_chunk_rows(ops, kf, gf, cu) if checkpoints is not None else None
+        rows = fwd.kernel_chunk_rows(ops, kb, gf, cu) if checkpoints is not None else None
     if final_state is not None:
         final_state.copy_(ht.transpose(-1, -2))
     if checkpoints is not None:

@@ -84,8 +84,24 @@ def _chunk_gather(cu: list[int], total: int, dev):
     return len(chunks), tok, live, gather
 
 
-def kernel_pass(functions, q, k, v, g, b, w, scale, cu_seqlens):
-    """The chunk pass on the GPU: ``_kda_chunk``'s GDN-2 variant on the expanded inputs (``q`` None: the recompute,
+def kernel_inputs(q, k, v, gate, beta, w, use_qk_l2norm: bool, safe_gate: bool, a_log, dt_bias, lower_bound,
+                  use_beta_sigmoid: bool):
+    """``kernel_pass``'s inputs at the state heads: ``(q, k, g, b, v_in)``, q / k bf16 (normalised; q None stays
+    None), the fp32 natural-log gate, the erase gate b and V_in = w o v in bf16 (each rounded once, as from
+    ``expand_inputs``' fp32 tensors, without those: six fp32 [T, H, 128] copies, 1 GiB each at b1 s8192 h64)."""
+    ref = q if q is not None else k
+    _, qh, kh, vh = delta_rule_ref.head_maps(ref.shape[1], k.shape[1], v.shape[1])
+    bf16 = torch.bfloat16
+
+    def rows(x, idx):
+        return (gdn2_ref.l2norm(x).to(bf16) if use_qk_l2norm else x)[:, idx]
+
+    gf, bf, _ = gdn2_ref.gates(gate, beta, None, safe_gate, a_log, dt_bias, lower_bound, use_beta_sigmoid)
+    return (None if q is None else rows(q, qh)), rows(k, kh), gf, bf.to(bf16), w * v[:, vh]
+
+
+def kernel_pass(functions, q, k, g, b, v_in, scale, cu_seqlens):
+    """The chunk pass on the GPU: ``_kda_chunk``'s GDN-2 variant on ``kernel_inputs`` (``q`` None: the recompute,
     k stands in and Q_g / P go unused), every chunk at once from the device chunk table (no host read). Returns the
     scan's operands (bf16 token rows, ``gam`` [slots, H, 128]) and ``base`` (each sequence's first slot)."""
     from tirx_kernels.kda import kda_forward_portfolio_multishape as kda_fwd
@@ -100,7 +116,7 @@ def kernel_pass(functions, q, k, v, g, b, w, scale, cu_seqlens):
     fn((k if q is None else q).to(bf16).contiguous(), k.to(bf16).contiguous(), g.float().contiguous(),
        b.to(bf16).contiguous(), tok0, clen, ops["qg"], ops["kg"], ops["kd"], ops["pm"], ops["tb"], ops["gam"],
        float(scale))
-    ops["v_in"] = (w * v).to(bf16).contiguous()
+    ops["v_in"] = v_in.to(bf16).contiguous()
     ops["base"] = base
     return ops
 
