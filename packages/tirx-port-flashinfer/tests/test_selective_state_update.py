@@ -160,6 +160,31 @@ def test_emulated_forms(emulated, schedule, kw):
     check(d, before, TOL[d["state"].dtype if d["state"].dtype != torch.float32 else d["x"].dtype])
 
 
+@pytest.mark.parametrize("schedule, kw", [
+    ("mtp_vertical", dict(T=3)),
+    ("mtp_simple", dict(T=4, inter=True, state_dtype=torch.float32, index_dtype=torch.int64)),
+    ("mtp_vertical", dict(T=2, dst="mtp", state_dtype=torch.float16, dtype=torch.float16)),
+    ("mtp_horizontal", dict(T=6, dstate=256, ngroups=4, z=False)),
+])
+def test_token_major_variant_emulated(emulated, schedule, kw):
+    """The sweep's ``token_major`` loop order (all of a thread's rows through a token, then the next token) gives
+    the oracle's outputs and pool in every MTP mode."""
+    from tirx_kernels.core import emulate
+    from tirx_kernels.core.build import codegen
+    from tirx_kernels.ported.flashinfer.mamba import _ssu_kernel as sk
+
+    d = make_inputs(**kw)
+    before = _clone(d)
+    ptrs, scalars, params, grid, block = ssu.kernel_args(**d, schedule=schedule)
+    plan = sk.plan(params["state_dtype"], params["dstate"], params["schedule"])
+    kern = emulate.compile(_shared_loads(_narrow_warp_sums(codegen(sk.build_kernel(
+        params["state_dtype"], params["input_dtype"], params["dstate"], params["max_tokens"], **plan,
+        token_major=True)))))
+    named = {f"{k}_ptr": v for k, v in ptrs.items()}
+    kern(*[named[p.name] if p.pointer else scalars[p.name] for p in kern.params], grid=grid, block=block).check()
+    check(d, before, TOL[d["state"].dtype if d["state"].dtype != torch.float32 else d["x"].dtype])
+
+
 def test_emulated_no_update(emulated):
     d = make_inputs(T=1)
     d["update"] = False

@@ -120,7 +120,14 @@ def get_kernel(state_dtype: str, input_dtype: str, dstate: int, max_tokens: int,
 
 
 def build_kernel(state_dtype: str, input_dtype: str, dstate: int, max_tokens: int, rows_per_cta: int,
-                 lanes_per_row: int, rows_per_thread: int, philox_rounds: int = 0):
+                 lanes_per_row: int, rows_per_thread: int, philox_rounds: int = 0, token_major: bool = False):
+    """``token_major`` (a sweep knob, no registered schedule's yet: ``tools/sweeps/ssu_mtp_schedules.py``): the
+    token loop outside the thread's rows, all ``rows_per_thread`` rows' fp32 state in registers, so a token's B / C
+    shared-memory loads serve every row and the rows' updates and shuffle sums are independent work; row-major (the
+    default) walks one row through every token before the next. Multi-token bf16 / fp16 / fp32 states only."""
+    if token_major and (state_dtype == "int16" or philox_rounds or max_tokens == 1):
+        raise ValueError("selective_state_update: token_major is a multi-token schedule of a bf16 / fp16 / fp32 "
+                         "state (no int16 pool, no stochastic rounding)")
     from tvm.script import tirx as T
 
     from tirx_kernels.core.lang import reduce, vector
@@ -171,26 +178,26 @@ def build_kernel(state_dtype: str, input_dtype: str, dstate: int, max_tokens: in
         """fp32 value of the int16 in the low 16 bits of ``word``."""
         return T.Cast("float32", T.reinterpret("int16", T.Cast("uint16", word & T.uint32(0xFFFF))))
 
-    def unpack_state(regs, base, sf, dequant):
+    def unpack_state(regs, base, sf, dequant, off=0):
         """The fp32 columns of a row from its loaded words ``regs[base:base + words]`` (int16: times the row's
-        decode scale ``dequant``)."""
+        decode scale ``dequant``) into ``sf[off:off + ncols]``."""
         for i in range(words):
             if quant:
-                T.buffer_store(sf, int16_value(regs[base + i]) * dequant, [2 * i])
-                T.buffer_store(sf, int16_value(regs[base + i] >> T.uint32(16)) * dequant, [2 * i + 1])
+                T.buffer_store(sf, int16_value(regs[base + i]) * dequant, [off + 2 * i])
+                T.buffer_store(sf, int16_value(regs[base + i] >> T.uint32(16)) * dequant, [off + 2 * i + 1])
             elif fp32_state:
-                T.buffer_store(sf, T.cuda.uint_as_float(regs[base + i]), [i])
+                T.buffer_store(sf, T.cuda.uint_as_float(regs[base + i]), [off + i])
             else:
                 lo, hi = vector.unpack2(regs[base + i], state_dtype)
-                T.buffer_store(sf, lo, [2 * i])
-                T.buffer_store(sf, hi, [2 * i + 1])
+                T.buffer_store(sf, lo, [off + 2 * i])
+                T.buffer_store(sf, hi, [off + 2 * i + 1])
 
-    def quantize_row(sf, m, qscale):
+    def quantize_row(sf, m, qscale, off=0):
         """int16 state, FlashInfer's convention: the row's max |s| over its ``L`` lanes, encode = 32767 / max (1 for
         an all-zero row), ``qscale[0] =`` encode, ``qscale[1] =`` the decode scale 1 / encode that is stored."""
         T.buffer_store(qscale, T.float32(0), [0])
         for i in range(ncols):
-            T.buffer_store(qscale, T.max(qscale[0], T.fabs(sf[i])), [0])
+            T.buffer_store(qscale, T.max(qscale[0], T.fabs(sf[off + i])), [0])
         if L > 1:  # the shuffle into a register first: every lane of the warp takes it, none in a select's branch
             T.buffer_store(qscale, T.cuda.warp_max(qscale[0], L), [0])
         T.buffer_store(qscale, T.if_then_else(qscale[0] == T.float32(0), T.float32(1),
@@ -202,7 +209,7 @@ def build_kernel(state_dtype: str, input_dtype: str, dstate: int, max_tokens: in
         q = T.Cast("int32", T.nearbyint(T.min(T.max(x * enc, T.float32(-INT16_MAX)), T.float32(INT16_MAX))))
         return T.Cast("uint32", q) & T.uint32(0xFFFF)
 
-    def store_state(buf, row_base, m, sf, packed, pred, qscale=None, rng=None):
+    def store_state(buf, row_base, m, sf, packed, pred, qscale=None, rng=None, off=0):
         """The row's columns rounded once to the state dtype, 16-byte stores (int16: ``qscale`` from
         ``quantize_row``; ``rng = (ph, seed_lo, seed_hi, row offset)``: fp16 stochastic rounding, one Philox call
         per 4 columns at the group's element offset)."""
@@ -215,19 +222,19 @@ def build_kernel(state_dtype: str, input_dtype: str, dstate: int, max_tokens: in
                                          rounds)
                     for w in range(2):
                         e = v * 8 + 4 * half + 2 * w
-                        T.buffer_store(packed, philox.tir_cvt_rs_f16(T, sf[e], ph[2 * w])
-                                       | (philox.tir_cvt_rs_f16(T, sf[e + 1], ph[2 * w + 1]) << T.uint32(16)),
+                        T.buffer_store(packed, philox.tir_cvt_rs_f16(T, sf[off + e], ph[2 * w])
+                                       | (philox.tir_cvt_rs_f16(T, sf[off + e + 1], ph[2 * w + 1]) << T.uint32(16)),
                                        [2 * half + w])
             elif quant:
                 for w in range(4):
-                    T.buffer_store(packed, int16_bits(sf[v * 8 + 2 * w], qscale[0])
-                                   | (int16_bits(sf[v * 8 + 2 * w + 1], qscale[0]) << T.uint32(16)), [w])
+                    T.buffer_store(packed, int16_bits(sf[off + v * 8 + 2 * w], qscale[0])
+                                   | (int16_bits(sf[off + v * 8 + 2 * w + 1], qscale[0]) << T.uint32(16)), [w])
             elif fp32_state:
                 for w in range(4):
-                    T.buffer_store(packed, T.cuda.float_as_uint(sf[v * 4 + w]), [w])
+                    T.buffer_store(packed, T.cuda.float_as_uint(sf[off + v * 4 + w]), [w])
             else:
                 for w in range(4):
-                    vector.pack2(packed, w, sf[v * 8 + 2 * w], sf[v * 8 + 2 * w + 1], state_dtype)
+                    vector.pack2(packed, w, sf[off + v * 8 + 2 * w], sf[off + v * 8 + 2 * w + 1], state_dtype)
             vector.store_v4(buf.ptr_to([row_base + i64((v * L + m) * ve)]), packed, 0, pred)
 
     def rng_of(ph, seed, row_off, rounds_arg):
@@ -249,6 +256,55 @@ def build_kernel(state_dtype: str, input_dtype: str, dstate: int, max_tokens: in
                 i = v * ve + e  # B in bc[0:8], C in bc[8:16]
                 T.buffer_store(sf, sf[i] * dA + T.cuda.uint_as_float(bc[e]) * dtx, [i])
                 T.buffer_store(acc, acc[0] + sf[i] * T.cuda.uint_as_float(bc[8 + e]), [0])
+
+    def token_step_rows(Bs, Cs, sf, bc, acc, t, m, dA, dtx):  # noqa: N803
+        """``token_step`` for all ``RT`` rows of the thread at once (``token_major``): row k's columns at ``sf[k *
+        ncols:]``, its dt' x in ``dtx[k]``, its partial dot in ``acc[k]``; B / C loaded once for every row."""
+        for k in range(RT):
+            T.buffer_store(acc, T.float32(0), [k])
+        for v in range(vpt):
+            col0 = (v * L + m) * ve
+            for q in range(ve // 4):
+                vector.load_shared_v4(bc, 4 * q, Bs.ptr_to([t * dstate + col0 + 4 * q]))
+                vector.load_shared_v4(bc, 8 + 4 * q, Cs.ptr_to([t * dstate + col0 + 4 * q]))
+            for k in range(RT):
+                for e in range(ve):
+                    i = k * ncols + v * ve + e
+                    T.buffer_store(sf, sf[i] * dA + T.cuda.uint_as_float(bc[e]) * dtx[k], [i])
+                    T.buffer_store(acc, acc[k] + sf[i] * T.cuda.uint_as_float(bc[8 + e]), [k])
+
+    @T.macro
+    def row_token_out(S, OUT, INTER, DST, SC, SEED, sf, off, packed, qscale, ph, total, b, t, h, lr, row_base, m,  # noqa: N803
+                      slot, pad, icache, d_h, Xs, Zs, flags, o_sb, o_st, dim, row0, nheads, cache_steps, dst_sb,
+                      dst_st, ntokens, pad_slot_id, state_stride, scale_sb, philox_rounds_arg, is64):
+        """Token ``t`` of one row: its output (lane 0 of the row), and its state where the token's state goes (the
+        intermediate buffer, or a destination slot)."""
+        if m == 0:
+            xv = Xs[t * R + lr]
+            y = total + d_h * xv
+            if (flags & HAS_Z) != 0:
+                zv = Zs[t * R + lr]
+                y = y * (zv / (T.float32(1) + T.exp(T.float32(0) - zv)))
+            vector.pack2(packed, 0, y, y, input_dtype)
+            OUT[i64(b) * i64(o_sb) + i64(t * o_st + h * dim + row0 + lr)] = T.reinterpret(
+                input_dtype, T.Cast("uint16", packed[0]))
+        if (flags & INTERMEDIATE) != 0:
+            # (an int16 pool takes no intermediate buffer: the op rejects one, its scales are not ported)
+            if quant:
+                quantize_row(sf, m, qscale, off)
+            store_state(INTER, (icache * i64(cache_steps) + i64(t)) * i64(nheads * dim * dstate) + row_base,
+                        m, sf, packed, T.Not(pad), qscale, None, off)
+        elif (flags & HAS_DST) != 0:
+            dslot = index_value(DST, b * dst_sb + t * dst_st, is64)
+            dpred = T.And(T.And(T.Not(pad), dslot != i64(pad_slot_id)),
+                          T.And((flags & UPDATE) != 0, T.Or(t == ntokens - 1, dst_st != 0)))
+            if quant:
+                quantize_row(sf, m, qscale, off)
+            store_state(S, dslot * i64(state_stride) + row_base, m, sf, packed, dpred, qscale,
+                        rng_of(ph, SEED, slot * i64(state_stride) + row_base, philox_rounds_arg), off)
+            if quant:
+                if T.And(m == 0, dpred):
+                    SC[dslot * i64(scale_sb) + i64(h * dim + row0 + lr)] = qscale[1]
 
     @T.prim_func
     def selective_state_update(state_ptr: T.handle, x_ptr: T.handle, dt_ptr: T.handle, a_ptr: T.handle,
@@ -305,10 +361,10 @@ def build_kernel(state_dtype: str, input_dtype: str, dstate: int, max_tokens: in
         Dts = T.alloc_shared((max_tokens,), "float32")
         DAs = T.alloc_shared((max_tokens,), "float32")
         regs = T.alloc_local((RT * words,), "uint32")
-        sf = T.alloc_local((ncols,), "float32")
+        sf = T.alloc_local(((RT if token_major else 1) * ncols,), "float32")
         bc = T.alloc_local((16,), "uint32")
         packed = T.alloc_local((4,), "uint32")
-        acc = T.alloc_local((1,), "float32")
+        acc = T.alloc_local(((RT if token_major else 1),), "float32")
         qscale = T.alloc_local((2,), "float32")
         ph = T.alloc_local((8,), "uint32")
 
@@ -361,53 +417,65 @@ def build_kernel(state_dtype: str, input_dtype: str, dstate: int, max_tokens: in
         d_h = weight_value(Dv, h, weight_kind)
         icache = T.if_then_else((flags & HAS_INTER_INDEX) != 0,
                                 index_value(IIDX, b * inter_idx_s, is64), slot)
-        for k in T.unroll(RT):
-            lr = g + k * groups
-            row_base = head_base + i64(row0 + lr) * i64(dstate)
-            # int16: the row's decode scale (a pad slot's rows are zeros, its scale never read)
-            dequant = T.if_then_else(pad, T.float32(0), SC[slot * i64(scale_sb) + i64(h * dim + row0 + lr)]) \
-                if quant else T.float32(1)
-            unpack_state(regs, k * words, sf, dequant)
-            sf[0] = sf[0] + a_zero
+        if token_major:
+            dtx = T.alloc_local((RT,), "float32")
+            for k in T.unroll(RT):
+                lr = g + k * groups
+                dequant = T.if_then_else(pad, T.float32(0), SC[slot * i64(scale_sb) + i64(h * dim + row0 + lr)]) \
+                    if quant else T.float32(1)
+                unpack_state(regs, k * words, sf, dequant, k * ncols)
+                sf[k * ncols] = sf[k * ncols] + a_zero
             for t in T.serial(ntokens):
-                dA = DAs[t]
-                dtx = Dts[t] * Xs[t * R + lr]
-                token_step(Bs, Cs, sf, bc, acc, t, m, dA, dtx)
-                total = reduce.warp_sum(acc[0], L) if L > 1 else acc[0]
-                if m == 0:
-                    xv = Xs[t * R + lr]
-                    y = total + d_h * xv
-                    if (flags & HAS_Z) != 0:
-                        zv = Zs[t * R + lr]
-                        y = y * (zv / (T.float32(1) + T.exp(T.float32(0) - zv)))
-                    vector.pack2(packed, 0, y, y, input_dtype)
-                    OUT[i64(b) * i64(o_sb) + i64(t * o_st + h * dim + row0 + lr)] = T.reinterpret(
-                        input_dtype, T.Cast("uint16", packed[0]))
-                if (flags & INTERMEDIATE) != 0:
-                    # (an int16 pool takes no intermediate buffer: the op rejects one, its scales are not ported)
+                for k in T.unroll(RT):
+                    dtx[k] = Dts[t] * Xs[t * R + g + k * groups]
+                token_step_rows(Bs, Cs, sf, bc, acc, t, m, DAs[t], dtx)
+                if L > 1:
+                    for k in T.unroll(RT):
+                        acc[k] = reduce.warp_sum(acc[k], L)
+                for k in T.unroll(RT):
+                    row_token_out(S, OUT, INTER, DST, SC, SEED, sf, k * ncols, packed, qscale, ph, acc[k], b, t, h,
+                                  g + k * groups, head_base + i64(row0 + g + k * groups) * i64(dstate), m, slot, pad,
+                                  icache, d_h, Xs, Zs, flags, o_sb, o_st, dim, row0, nheads, cache_steps, dst_sb,
+                                  dst_st, ntokens, pad_slot_id, state_stride, scale_sb, philox_rounds_arg, is64)
+            for k in T.unroll(RT):
+                lr = g + k * groups
+                row_base = head_base + i64(row0 + lr) * i64(dstate)
+                if (flags & (INTERMEDIATE | HAS_DST)) == 0:
+                    spred = T.And(T.Not(pad), (flags & UPDATE) != 0)
+                    if quant:
+                        quantize_row(sf, m, qscale, k * ncols)
+                    store_state(S, slot * i64(state_stride) + row_base, m, sf, packed, spred, qscale,
+                                rng_of(ph, SEED, slot * i64(state_stride) + row_base, philox_rounds_arg),
+                                k * ncols)
+                    if quant:
+                        if T.And(m == 0, spred):
+                            SC[slot * i64(scale_sb) + i64(h * dim + row0 + lr)] = qscale[1]
+        else:
+            for k in T.unroll(RT):
+                lr = g + k * groups
+                row_base = head_base + i64(row0 + lr) * i64(dstate)
+                # int16: the row's decode scale (a pad slot's rows are zeros, its scale never read)
+                dequant = T.if_then_else(pad, T.float32(0), SC[slot * i64(scale_sb) + i64(h * dim + row0 + lr)]) \
+                    if quant else T.float32(1)
+                unpack_state(regs, k * words, sf, dequant)
+                sf[0] = sf[0] + a_zero
+                for t in T.serial(ntokens):
+                    dA = DAs[t]
+                    dtx = Dts[t] * Xs[t * R + lr]
+                    token_step(Bs, Cs, sf, bc, acc, t, m, dA, dtx)
+                    total = reduce.warp_sum(acc[0], L) if L > 1 else acc[0]
+                    row_token_out(S, OUT, INTER, DST, SC, SEED, sf, 0, packed, qscale, ph, total, b, t, h, lr,
+                                  row_base, m, slot, pad, icache, d_h, Xs, Zs, flags, o_sb, o_st, dim, row0, nheads,
+                                  cache_steps, dst_sb, dst_st, ntokens, pad_slot_id, state_stride, scale_sb,
+                                  philox_rounds_arg, is64)
+                if (flags & (INTERMEDIATE | HAS_DST)) == 0:
+                    spred = T.And(T.Not(pad), (flags & UPDATE) != 0)
                     if quant:
                         quantize_row(sf, m, qscale)
-                    store_state(INTER, (icache * i64(cache_steps) + i64(t)) * i64(nheads * dim * dstate) + row_base,
-                                m, sf, packed, T.Not(pad), qscale)
-                elif (flags & HAS_DST) != 0:
-                    dslot = index_value(DST, b * dst_sb + t * dst_st, is64)
-                    dpred = T.And(T.And(T.Not(pad), dslot != i64(pad_slot_id)),
-                                  T.And((flags & UPDATE) != 0, T.Or(t == ntokens - 1, dst_st != 0)))
-                    if quant:
-                        quantize_row(sf, m, qscale)
-                    store_state(S, dslot * i64(state_stride) + row_base, m, sf, packed, dpred, qscale,
+                    store_state(S, slot * i64(state_stride) + row_base, m, sf, packed, spred, qscale,
                                 rng_of(ph, SEED, slot * i64(state_stride) + row_base, philox_rounds_arg))
                     if quant:
-                        if T.And(m == 0, dpred):
-                            SC[dslot * i64(scale_sb) + i64(h * dim + row0 + lr)] = qscale[1]
-            if (flags & (INTERMEDIATE | HAS_DST)) == 0:
-                spred = T.And(T.Not(pad), (flags & UPDATE) != 0)
-                if quant:
-                    quantize_row(sf, m, qscale)
-                store_state(S, slot * i64(state_stride) + row_base, m, sf, packed, spred, qscale,
-                            rng_of(ph, SEED, slot * i64(state_stride) + row_base, philox_rounds_arg))
-                if quant:
-                    if T.And(m == 0, spred):
-                        SC[slot * i64(scale_sb) + i64(h * dim + row0 + lr)] = qscale[1]
+                        if T.And(m == 0, spred):
+                            SC[slot * i64(scale_sb) + i64(h * dim + row0 + lr)] = qscale[1]
 
     return selective_state_update
