@@ -3,7 +3,7 @@
 # One full GPU evidence run on a host staged with ../shared/gpu/stage (run from the repo root there):
 # correctness of every (kernel, config), graphs/torch.compile, compute-sanitizer on small configs, and
 # the bench with references. Logs go to $OUT (or ./gpu-logs); a short table is printed last.
-#   bash tools/gpu_check.sh [test|sanitize|general|bench|suite|gemm-sweep|c2x2|micro|all] [bench/suite kernels...]
+#   bash tools/gpu_check.sh [test|sanitize|general|bench|suite|gemm-sweep|c2x2|micro|breakdown|ssu-sweep|all] [args]
 # FlashInfer references without its JIT: put the tar.xz of tools/flashinfer_aot.py into .gpu/trees/ after staging
 # with --ref flashinfer (setup.sh unpacks it into the staged tree).
 # gemm-sweep needs every tile in the bundle: build them with `python tools/gemm_sweep.py tiles` + build --params.
@@ -145,6 +145,16 @@ if [ "$what" = c2x2 ]; then
       --only 8192x8192x8192,16384x16384x16384,8192x28672x8192,8192x14336x4096,512x4096x14336,2048x7168x2048,512x7168x2048 \
       --out "$OUT/gemm-c2x2-$pass.json" 2>&1 | tee "$OUT/gemm-c2x2-$pass.log" | tail -8 || rc=1
   done
+fi
+if [ "$what" = breakdown ]; then
+  # Where multi-kernel ops spend their time (tools/probes/op_breakdown.py): the arguments are kernel:config rows.
+  timeout 300 python3 tools/probes/op_breakdown.py "$@" 2>&1 | tee "$OUT/breakdown.log" | tail -60 || rc=1
+fi
+if [ "$what" = ssu-sweep ]; then
+  # Mamba selective_state_update schedules (tools/sweeps/ssu_mtp_schedules.py): build them on the CPU machine into
+  # build/sweep-ssu (~10 MiB) and carry it.
+  timeout 400 python3 tools/sweeps/ssu_mtp_schedules.py run --dir build/sweep-ssu 2>&1 | tee "$OUT/ssu-sweep.log" \
+    | grep -v "^\[" | tail -70 || rc=1
 fi
 if [ "$what" = gemm-sweep ]; then
   python3 tools/gemm_sweep.py run --shapes issue --out "$OUT/gemm-issue.json" 2>&1 | tee "$OUT/gemm-issue.log" | tail -8 || rc=1
