@@ -7,16 +7,16 @@ GPU, the harness's checks of every config and both public ops against the oracle
 
 import ctypes
 import ctypes.util
-import random
 
 import pytest
 import torch
 
-from tirx_kernels.core import artifacts, quant_ref, runtime
+from tirx_kernels.core import quant_ref
 from tirx_kernels.core.checks import TirxInputError
 from tirx_kernels.ported.flashinfer.norm import _fp4_rows
 from tirx_kernels.ported.flashinfer.quantization import _block_quant as B
 from tirx_kernels.ported.flashinfer.quantization import nvfp4_quantize as mod
+from tirx_kernels.ported.flashinfer.quantization._test_cases import BlockQuantCases
 
 FMT, OP = "nvfp4", mod.nvfp4_quantize
 
@@ -29,30 +29,15 @@ def _ref(x, gs, layout):
     return quant_ref.nvfp4_quantize(x, gs, layout)
 
 
-def test_every_call_resolves_to_a_bundled_artifact():
-    bundled = {artifacts.canonical_params(p) for p in mod.artifact_params()}
-    for call in mod.call_samples(random.Random(0)):
-        cands = [artifacts.canonical_params(p) for p in runtime.candidate_params(mod, mod.compile_params(**call))]
-        assert bundled & set(cands), call
+class TestNvfp4(BlockQuantCases):
+    FMT, MOD, BAD_K = FMT, mod, 40
+    BENCH_LABELS = {"fp16_128x4_m128_k1024", "fp16_linear_m4096_k4096", "fp16_128x4_m16384_k7168"}
 
+    def call(self, x, layout="128x4"):
+        return _call(x, layout)
 
-def test_protocol_literals():
-    assert mod.KERNEL_META["name"] == f"{FMT}_quantize" and len(mod.KERNEL_META["upstream"]["commit"]) == 40
-    labels = [c["label"] for c in mod.CONFIGS]
-    assert len(labels) == len(set(labels))
-    assert {c["label"] for c in mod.BENCH_CONFIGS} == {"fp16_128x4_m128_k1024", "fp16_linear_m4096_k4096",
-                                                        "fp16_128x4_m16384_k7168"}
-
-
-@pytest.mark.parametrize("x, arg, what", [
-    (torch.zeros(4, 40, dtype=torch.bfloat16), "input", "K=40"),
-    (torch.zeros(4, 64), "input", "dtype"),
-    (torch.zeros(2, 4, 64, dtype=torch.bfloat16), "input", "dimensions"),
-    (torch.zeros(4, 64, dtype=torch.bfloat16), "input", "CUDA"),
-])
-def test_rejected_inputs_name_the_argument(x, arg, what):
-    with pytest.raises(TirxInputError, match=f"argument '{arg}'.*{what}"):
-        _call(x)
+    def ref(self, x, gs, layout):
+        return _ref(x, gs, layout)
 
 
 @pytest.mark.parametrize("x, kw, arg, what", [
@@ -94,13 +79,6 @@ def test_silu_and_mul_rows_stay_in_the_dtype_range(monkeypatch, seed):
         assert torch.isfinite(h).all() and h.abs().max() < 1e4 and 0 < gs < float("inf"), c["label"]
 
 
-def test_layout_names():
-    assert B.layout_name("op", 0) == "128x4" and B.layout_name("op", 1) == "8x4" and B.layout_name("op", 2) == "linear"
-    assert B.layout_name("op", "layout_linear") == "linear"
-    with pytest.raises(TirxInputError, match="sfLayout"):
-        B.layout_name("op", "64x4")
-
-
 @pytest.fixture(scope="module")
 def emulation():
     pytest.importorskip("tvm", reason="apache-tvm is needed to generate the kernels")
@@ -108,20 +86,6 @@ def emulation():
 
     if shutil.which("g++") is None:
         pytest.skip("no g++ to compile the emulation")
-
-
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("layout", B.LAYOUTS)
-@pytest.mark.parametrize("M, K", [(1, 64), (37, 96), (130, 160)])
-def test_emulated_bit_exact(emulation, dtype, layout, M, K):  # noqa: N803
-    K = K // B.block_of(FMT) * B.block_of(FMT)  # noqa: N806
-    x = B.special_rows(M, K, dtype)
-    gs = torch.tensor([448.0 * 6.0 / 30.0])
-    codes, sf = B.emulate_quantize(x, gs if FMT == "nvfp4" else None, FMT, layout)
-    want_codes, want_sf = _ref(x, gs, layout)
-    assert torch.equal(codes.view(torch.uint8), want_codes)
-    assert torch.equal(sf.view(-1), want_sf.view(-1))  # padding included: zeros in the swizzled layouts
-    assert sf.shape == ((M, K // B.block_of(FMT)) if layout == "linear" else (want_sf.numel(),))
 
 
 _LIBM = ctypes.CDLL(ctypes.util.find_library("m"))
