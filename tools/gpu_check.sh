@@ -16,17 +16,26 @@ what=${1:-all}; shift || true
 # A whole bundle is ~46 MiB of .so files, ~4.5 MiB xz-packed (2026-12-07): carry .gpu/artifacts.tar.xz (made by
 # `tar -C build -cf - artifacts | xz -T2 > .gpu/artifacts.tar.xz`) instead of .gpu/artifacts/, unpacked here.
 # fla's Triton kernels took 100-116 s of compiling per fresh host in 2026-12-07's test runs (test_kda_forward h96,
-# test_gdn_bprop): a Triton cache brought back from an earlier run ($OUT/triton-cache.tar.xz, packed at the end) and
-# carried as .gpu/triton-cache.tar.xz is unpacked first.
-if [ -f .gpu/triton-cache.tar.xz ] && [ -n "${TRITON_CACHE_DIR:-}" ]; then
-  mkdir -p "$TRITON_CACHE_DIR" && xz -dc .gpu/triton-cache.tar.xz | tar -x -C "$TRITON_CACHE_DIR"
+# test_gdn_bprop), and the torch.compile references compile per row: the compile caches (Triton's, and Inductor's
+# FX-graph / autotune cache) brought back from an earlier run ($OUT/caches.tar.xz, packed at the end: triton/ and
+# inductor/) and carried as .gpu/caches.tar.xz are unpacked first (.gpu/triton-cache.tar.xz: a Triton cache alone).
+export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/inductor}
+if [ -n "${TRITON_CACHE_DIR:-}" ]; then
+  mkdir -p "$TRITON_CACHE_DIR" "$TORCHINDUCTOR_CACHE_DIR"
+  [ -f .gpu/triton-cache.tar.xz ] && xz -dc .gpu/triton-cache.tar.xz | tar -x -C "$TRITON_CACHE_DIR"
+  if [ -f .gpu/caches.tar.xz ]; then
+    mkdir -p /tmp/caches && xz -dc .gpu/caches.tar.xz | tar -x -C /tmp/caches
+    cp -a /tmp/caches/triton/. "$TRITON_CACHE_DIR"/ 2>/dev/null; cp -a /tmp/caches/inductor/. "$TORCHINDUCTOR_CACHE_DIR"/ 2>/dev/null
+  fi
 fi
-pack_triton_cache() {  # at most 20 MiB packed, else not brought back
+pack_caches() {  # at most 24 MiB packed, else not brought back
   [ -n "${TRITON_CACHE_DIR:-}" ] && [ -d "$TRITON_CACHE_DIR" ] || return 0
-  tar -C "$TRITON_CACHE_DIR" -cf - . | xz -T0 -6 > "$OUT/triton-cache.tar.xz"
-  [ "$(stat -c %s "$OUT/triton-cache.tar.xz")" -le $((20 << 20)) ] || rm -f "$OUT/triton-cache.tar.xz"
+  rm -rf /tmp/caches-out && mkdir -p /tmp/caches-out && ln -s "$TRITON_CACHE_DIR" /tmp/caches-out/triton
+  [ -d "$TORCHINDUCTOR_CACHE_DIR" ] && ln -s "$TORCHINDUCTOR_CACHE_DIR" /tmp/caches-out/inductor
+  tar -C /tmp/caches-out -chf - . | xz -T0 -6 > "$OUT/caches.tar.xz"
+  [ "$(stat -c %s "$OUT/caches.tar.xz")" -le $((24 << 20)) ] || rm -f "$OUT/caches.tar.xz"
 }
-trap pack_triton_cache EXIT
+trap pack_caches EXIT
 if [ -f .gpu/artifacts.tar.xz ]; then
   mkdir -p /tmp/tirx-bundle && xz -dc .gpu/artifacts.tar.xz | tar -x -C /tmp/tirx-bundle
   export TIRX_KERNELS_ARTIFACTS=/tmp/tirx-bundle/artifacts
