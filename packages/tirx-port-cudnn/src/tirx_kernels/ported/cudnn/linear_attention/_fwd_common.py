@@ -171,3 +171,18 @@ def run(functions, op: str, q, k, v, gate, beta, output, cu_seqlens, initial_sta
                             checkpoints, cadence, scale, output))
     if ht is not final_state:
         final_state.copy_(ht)
+
+
+class tf32_matmuls:  # noqa: N801 -- a context manager, named like torch's
+    """TF32 for the fp32 matmuls of the torch steps (the backwards' chunk steps, GDN-2's checkpoint advance),
+    restored on exit: the products' inputs are mostly 16-bit values (q, k, v, dO, the checkpoints, the scan's bf16
+    operands: exact in TF32's 10-bit mantissa), the rest fp32 intermediates rounded to ~5e-4, below the bf16
+    rounding of the outputs; fp32 batched matmuls without it run at a fraction of the tensor cores' rate. Not yet
+    measured on a GPU."""
+
+    def __enter__(self):
+        self.prev = torch.backends.cuda.matmul.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = True
+
+    def __exit__(self, *exc):
+        torch.backends.cuda.matmul.allow_tf32 = self.prev

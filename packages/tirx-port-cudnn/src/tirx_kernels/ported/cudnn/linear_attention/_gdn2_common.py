@@ -182,4 +182,5 @@ def run(functions, q, k, v, gate, beta, w, output, cu_seqlens, initial_state, fi
     if checkpoints is not None:
         if ck is None:  # no tokens: no checkpoints either
             return
-        checkpoints.copy_(fwd.checkpoints(rows, ck, cu, cadence, checkpoints.dtype))
+        with _fwd_common.tf32_matmuls():
+            checkpoints.copy_(fwd.checkpoints(rows, ck, cu, cadence, checkpoints.dtype))

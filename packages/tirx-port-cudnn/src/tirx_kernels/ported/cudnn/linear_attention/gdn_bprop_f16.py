@@ -31,6 +31,7 @@ from tirx_kernels.ported.cudnn.linear_attention import _bwd_chunks as ch
 from tirx_kernels.ported.cudnn.linear_attention import _bwd_gates as gates
 from tirx_kernels.ported.cudnn.linear_attention import _bwd_oracle as orc
 from tirx_kernels.ported.cudnn.linear_attention import _bwd_state_kernel as sk
+from tirx_kernels.ported.cudnn.linear_attention._fwd_common import tf32_matmuls
 
 KERNEL_META = {
     "name": "cudnn_sm90_gdn_bprop_f16",
@@ -353,20 +354,6 @@ def check_checkpoints(op: str, state_checkpoints, lens, chunk: int, layout: str)
         raise checks.TirxInputError(f"{op}: argument 'state_checkpoints': expected {sum(counts)} rows ({rule}), "
                                     f"got shape {tuple(state_checkpoints.shape)}")
     return counts
-
-
-class tf32_matmuls:  # noqa: N801 -- a context manager, named like torch's
-    """TF32 for the fp32 matmuls of the torch steps, restored on exit: the products' inputs are mostly 16-bit
-    values (q, k, v, dO, the checkpoints: exact in TF32's 10-bit mantissa), the rest fp32 intermediates rounded to
-    ~5e-4, below the bf16 rounding of the outputs; fp32 batched matmuls without it run at a fraction of the tensor
-    cores' rate. Not yet measured on a GPU."""
-
-    def __enter__(self):
-        self.prev = torch.backends.cuda.matmul.allow_tf32
-        torch.backends.cuda.matmul.allow_tf32 = True
-
-    def __exit__(self, *exc):
-        torch.backends.cuda.matmul.allow_tf32 = self.prev
 
 
 def run(q, k, v, g, beta, do, state_checkpoints, cu_seqlens, scale, initial_state, d_final_state, dq, dk, dv, dg,
