@@ -87,6 +87,13 @@ def test_forward_emulated(emulated):
     assert all(s["rel_fro"] < 1e-2 for s in stats.values()), stats
 
 
+def test_forward_fp16_emulated(emulated):
+    """fp16 I/O: inputs rounded to bf16 for the kernels, the output through a bf16 scratch, fp16 checkpoints."""
+    stats = run_path(fwd_mod, True, {"Hq": 2, "Hk": 2, "Hv": 2, "seqs": "40+0+70", "init": True, "checkpoint": 32,
+                                     "l2norm": True, "dtype": "float16"}, emulated)
+    assert all(s["rel_fro"] < 1e-2 for s in stats.values()), stats
+
+
 def test_recompute_emulated(emulated):
     stats = run_path(rc_mod, False, {"Hq": 2, "Hv": 1, "seqs": "70+0+49", "init": True, "checkpoint": 48,
                                      "state_dtype": "bfloat16"}, emulated)
@@ -99,7 +106,9 @@ def test_recompute_emulated(emulated):
     (fwd_mod, True, {"Hq": 4, "Hk": 2, "Hv": 2, "seqs": "65+3", "checkpoint": 32, "l2norm": True}),
     (rc_mod, False, {"Hq": 1, "Hv": 1, "seqs": "100+1", "init": True, "checkpoint": 48}),
     (rc_mod, False, {"Hq": 1, "Hv": 2, "seqs": "40+0", "init": True, "checkpoint": 0}),
-], ids=["fwd_gva_c16_safe", "fwd_gqa_c32_l2", "rc_c48", "rc_final_only"])
+    (fwd_mod, True, {"Hq": 1, "Hv": 2, "seqs": "33+1", "checkpoint": 16, "dtype": "float16"}),
+    (rc_mod, False, {"Hq": 2, "Hv": 1, "seqs": "70", "init": True, "checkpoint": 48, "dtype": "float16"}),
+], ids=["fwd_gva_c16_safe", "fwd_gqa_c32_l2", "rc_c48", "rc_final_only", "fwd_fp16", "rc_fp16"])
 def test_path_matches_the_recurrence(mod, with_q, cfg):
     """The chunk pass, a torch scan of the kernel's chunk steps and the in-chunk checkpoints against the fp64 token
     recurrence (the kernel's own roundings are the emulated tests')."""
@@ -116,7 +125,8 @@ def _cpu_inputs(total=10, hq=2, hv=4):
 
 
 @pytest.mark.parametrize("change, arg", [
-    ({"q": torch.randn(10, 2, 128, dtype=torch.float16)}, "q"),
+    ({"q": torch.randn(10, 2, 128)}, "q"),
+    ({"beta": torch.rand(10, 4, 128).half()}, "beta"),  # fp16 beta with bf16 q
     ({"gate": torch.rand(10, 4)}, "gate"),
     ({"beta": torch.rand(10, 4, 128)}, "beta"),
     ({"w": torch.rand(10, 4, 64).bfloat16()}, "w"),

@@ -5,12 +5,14 @@
 """What the GDN-2 forward and recompute modules share: validation, data, the oracle's outputs, the byte / FLOP
 model and the launch (``run``: ``_gdn2_fwd``'s chunk pass, the KDA scan kernel, the checkpoints).
 
-cuDNN's conventions: q [T, Hq, 128], k [T, Hk, 128], v [T, Hv, 128] bf16 (fp16 is not served yet: the scan kernel is
-bf16), H = max(Hq, Hv) state heads (the recompute: max(Hk, Hv)); gate fp32 [T, H, 128] (the natural-log decay, <= 0
-as upstream requires, or with ``safe_gate`` the raw gate of ``lower_bound * sigmoid(exp(a_log[h]) (x + dt_bias[h]))``,
-a_log [H], dt_bias [H, 128]), beta [T, H, 128] (post-sigmoid, or logits with ``use_beta_sigmoid``) and w [T, H, 128]
-in the I/O dtype, states [N, H, V, K] fp32 / bf16, checkpoints [count, H, V, K] in the I/O dtype every 16 / 32 / 48
-tokens (checkpoint i of a sequence = the state entering its token i x cadence); ``use_qk_l2norm_in_kernel``."""
+cuDNN's conventions: q [T, Hq, 128], k [T, Hk, 128], v [T, Hv, 128] bf16 or fp16 (the kernels' operands are bf16
+either way: the chunk pass gates its key side by up to 2^108, past fp16's range; fp16 inputs are rounded to bf16 on
+the way in, the output goes out through a bf16 scratch), H = max(Hq, Hv) state heads (the recompute: max(Hk, Hv));
+gate fp32 [T, H, 128] (the natural-log decay, <= 0 as upstream requires, or with ``safe_gate`` the raw gate of
+``lower_bound * sigmoid(exp(a_log[h]) (x + dt_bias[h]))``, a_log [H], dt_bias [H, 128]), beta [T, H, 128]
+(post-sigmoid, or logits with ``use_beta_sigmoid``) and w [T, H, 128] in the I/O dtype, states [N, H, V, K] fp32 /
+bf16, checkpoints [count, H, V, K] in the I/O dtype every 16 / 32 / 48 tokens (checkpoint i of a sequence = the
+state entering its token i x cadence); ``use_qk_l2norm_in_kernel``."""
 
 from __future__ import annotations
 
@@ -22,17 +24,17 @@ from tirx_kernels.ported.cudnn.linear_attention import _gdn2_fwd as fwd
 
 DIM = 128
 DEFAULTS = {"Hk": None, "cu_dtype": "int32", "init": False, "final": True, "state_dtype": "float32",
-            "checkpoint": 0, "safe_gate": False, "beta_sigmoid": False, "l2norm": False}
+            "checkpoint": 0, "safe_gate": False, "beta_sigmoid": False, "l2norm": False, "dtype": "bfloat16"}
 # The scan rounds Sb, Y, Delta and its bf16 operands (Q_g, K_g, K_d, T, P) as the KDA forward does (a few 1e-3 of
 # relative Frobenius error); checkpoints are the state rounded to bf16.
-TOLERANCE = {"bfloat16": (1.2e-1, 4e-2), "float32": (1.2e-1, 4e-2)}
+TOLERANCE = {"bfloat16": (1.2e-1, 4e-2), "float16": (1.2e-1, 4e-2), "float32": (1.2e-1, 4e-2)}
 
 
 def prepare_data(with_q: bool, device: str = "cuda", **cfg) -> dict:
     """cuDNN's test draws: q, k, v 0.2-scaled normals (k L2-normalised unless the op normalises), the log decay in
     (-0.08, -0.01) (a safe-gate logit ~ 0.2 N), beta post-sigmoid (or logits), w = sigmoid(0.3 N)."""
     cfg = {**DEFAULTS, **cfg}
-    t = torch.bfloat16
+    t = getattr(torch, cfg["dtype"])
     st = {"float32": torch.float32, "bfloat16": torch.bfloat16}[cfg["state_dtype"]]
     hq, hk, hv, hs = _fwd_common.heads(cfg, with_q)
     lens = _fwd_common.seq_lens(cfg["seqs"])
@@ -101,14 +103,14 @@ def roofline(with_q: bool, **cfg) -> dict:
 
 def check_inputs(op: str, q, k, v, gate, beta, w, cu_seqlens, initial_state, final_state, checkpoints, cadence,
                  safe_gate, a_log, dt_bias, use_beta_sigmoid, output=None, scale=None, final_name="final_state"):
-    """GDN-1's checks (``_fwd_op.check_inputs``, with GDN-2's [T, H, 128] gates and bf16 only). Returns H."""
+    """GDN-1's checks (``_fwd_op.check_inputs``, with GDN-2's [T, H, 128] gates). Returns H."""
     lead, ref = ("q", q) if q is not None else ("k", k)
-    checks.tensor(op, lead, ref, dtypes=(torch.bfloat16,), ndim=3, cuda=False)
+    checks.tensor(op, lead, ref, dtypes=(torch.bfloat16, torch.float16), ndim=3, cuda=False)
     total = ref.shape[0]
     hs = max(ref.shape[1], v.shape[1]) if v.ndim == 3 else 0
     checks.tensor(op, "gate", gate, dtypes=(torch.float32,), shape=(total, hs, DIM), contiguous=True, cuda=False)
-    checks.tensor(op, "beta", beta, dtypes=(torch.bfloat16,), shape=(total, hs, DIM), contiguous=True, cuda=False)
-    checks.tensor(op, "w", w, dtypes=(torch.bfloat16,), shape=(total, hs, DIM), contiguous=True, cuda=False)
+    checks.tensor(op, "beta", beta, dtypes=(ref.dtype,), shape=(total, hs, DIM), contiguous=True, cuda=False)
+    checks.tensor(op, "w", w, dtypes=(ref.dtype,), shape=(total, hs, DIM), contiguous=True, cuda=False)
     if safe_gate:
         if a_log is None or dt_bias is None:
             _fwd_op.fail(op, "a_log", "a_log [H] and dt_bias [H, 128] (fp32) with safe_gate", "None")
@@ -124,7 +126,7 @@ def check_inputs(op: str, q, k, v, gate, beta, w, cu_seqlens, initial_state, fin
     if checkpoints is not None:
         if not cadence:
             _fwd_op.fail(op, "output_state_checkpoints", "None without checkpoint_every_n_tokens", "a tensor")
-        checks.tensor(op, "output_state_checkpoints", checkpoints, dtypes=(torch.bfloat16,),
+        checks.tensor(op, "output_state_checkpoints", checkpoints, dtypes=(ref.dtype,),
                       shape=(None, hs, DIM, DIM), contiguous=True)
     return hs
 
@@ -156,7 +158,9 @@ def run(functions, q, k, v, gate, beta, w, output, cu_seqlens, initial_state, fi
     n, total = cu_seqlens.shape[0] - 1, k.shape[0]
     h0 = None if initial_state is None else initial_state.transpose(-1, -2).float().contiguous()  # [N, H, K, V]
     ht = torch.empty(n, hs, DIM, DIM, device=k.device)
-    out = output if output is not None else torch.empty(total, hs, DIM, dtype=torch.bfloat16, device=k.device)
+    # the scan writes bf16: an fp16 output goes through a bf16 scratch
+    out = output if output is not None and output.dtype == torch.bfloat16 else \
+        torch.empty(total, hs, DIM, dtype=torch.bfloat16, device=k.device)
     cu = [int(x) for x in cu_seqlens.cpu()] if scan is not None or checkpoints is not None else None
     ck = rows = None
     if scan is not None:
@@ -177,6 +181,8 @@ def run(functions, q, k, v, gate, beta, w, output, cu_seqlens, initial_state, fi
         fn(*kda_fwd.scan_args(ops["qg"], ops["kg"], ops["kd"], ops["v_in"], ops["tb"], ops["pm"], ops["gam"],
                               kda_fwd.clamped_cu(cu_seqlens, total), ops["base"], out, h0, ht, dummy, ck))
         rows = fwd.kernel_chunk_rows(ops, kb, gf, cu) if checkpoints is not None else None
+    if output is not None and output is not out:
+        output.copy_(out)
     if final_state is not None:
         final_state.copy_(ht.transpose(-1, -2))
     if checkpoints is not None:

@@ -88,16 +88,18 @@ def kernel_inputs(q, k, v, gate, beta, w, use_qk_l2norm: bool, safe_gate: bool, 
                   use_beta_sigmoid: bool):
     """``kernel_pass``'s inputs at the state heads: ``(q, k, g, b, v_in)``, q / k bf16 (normalised; q None stays
     None), the fp32 natural-log gate, the erase gate b and V_in = w o v in bf16 (each rounded once, as from
-    ``expand_inputs``' fp32 tensors, without those: six fp32 [T, H, 128] copies, 1 GiB each at b1 s8192 h64)."""
+    ``expand_inputs``' fp32 tensors, without those: six fp32 [T, H, 128] copies, 1 GiB each at b1 s8192 h64). fp16
+    inputs are rounded to bf16 here (the kernels' operands are bf16)."""
     ref = q if q is not None else k
     _, qh, kh, vh = delta_rule_ref.head_maps(ref.shape[1], k.shape[1], v.shape[1])
     bf16 = torch.bfloat16
 
     def rows(x, idx):
-        return (gdn2_ref.l2norm(x).to(bf16) if use_qk_l2norm else x)[:, idx]
+        return (gdn2_ref.l2norm(x) if use_qk_l2norm else x).to(bf16)[:, idx]
 
     gf, bf, _ = gdn2_ref.gates(gate, beta, None, safe_gate, a_log, dt_bias, lower_bound, use_beta_sigmoid)
-    return (None if q is None else rows(q, qh)), rows(k, kh), gf, bf.to(bf16), w * v[:, vh]
+    v_in = w * v[:, vh] if w.dtype == bf16 else (w.float() * v[:, vh].float()).to(bf16)
+    return (None if q is None else rows(q, qh)), rows(k, kh), gf, bf.to(bf16), v_in
 
 
 def kernel_pass(functions, q, k, g, b, v_in, scale, cu_seqlens):

@@ -7,14 +7,14 @@
 # _kda_scan).
 """cuDNN's GDN-2 forward on Hopper: o, the final state and state checkpoints (every 16 / 32 / 48 tokens) of Gated
 DeltaNet 2 (per-key-channel decay and erase gate, per-value-channel write gate; ``core.gdn2_ref``) over THD-packed
-sequences, K = V = 128, bf16, GQA / GVA, safe gate, beta logits, q/k L2 norm, fp32 / bf16 states [N, H, V, K].
+sequences, K = V = 128, bf16 / fp16, GQA / GVA, safe gate, beta logits, q/k L2 norm, fp32 / bf16 states [N, H, V, K].
 
 Registered as ``cudnn_sm90_gdn2_prefill_f16`` (the seed's ``cudnn_sm100_gdn2_prefill_f16``: tcgen05 with
 ``mma.sync`` 16-token chunks). Here: the gates, norms and head maps are elementwise torch; tirx-native's KDA chunk
 kernel (its GDN-2 variant: per-key-channel erase gate) builds the 64-token WY operands of every chunk at once, its
 scan kernel (wgmma, state in registers) walks the chunks, and torch advances the checkpoints inside a chunk
-(``_gdn2_fwd``; a host read of ``cu_seqlens`` only when checkpoints are asked for). fp16 is not served (the kernels
-are bf16)."""
+(``_gdn2_fwd``; a host read of ``cu_seqlens`` only when checkpoints are asked for). fp16 I/O through bf16 operands
+(``_gdn2_common``)."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ KERNEL_META = {
     "category": "ported.cudnn",
     "runtime_cuda_archs": ["sm_90a"],
     "description": "cuDNN GDN-2 forward (per-key decay and erase gate, per-value write gate): wgmma chunk pass + "
-                   "wgmma state scan, checkpoints every 16/32/48 tokens, THD varlen, GQA/GVA, bf16",
+                   "wgmma state scan, checkpoints every 16/32/48 tokens, THD varlen, GQA/GVA, bf16/fp16",
     "upstream": {
         "project": "cudnn-frontend",
         "url": "https://github.com/NVIDIA/cudnn-frontend",
@@ -44,6 +44,8 @@ CONFIGS = [
      "checkpoint": 32, "state_dtype": "bfloat16"},
     {"label": "h4_ckpt48_nofinal", "Hq": 4, "Hv": 4, "seqs": "96+1+300", "final": False, "checkpoint": 48},
     {"label": "perf_b1_s8192_h16_l2", "Hq": 16, "Hv": 16, "seqs": "8192", "l2norm": True},
+    {"label": "fp16_gva_hq2_hv4_ckpt16_safe", "dtype": "float16", "Hq": 2, "Hk": 2, "Hv": 4, "seqs": "17+0+1+80",
+     "init": True, "checkpoint": 16, "safe_gate": True, "l2norm": True},
 ]
 
 BENCH_CONFIGS = [
@@ -54,7 +56,8 @@ BENCH_CONFIGS = [
 ]
 
 DEFAULTS = {"Hk": None, "cu_dtype": "int32", "init": False, "final": True, "state_dtype": "float32",
-            "checkpoint": 0, "safe_gate": False, "beta_sigmoid": False, "l2norm": False}  # _gdn2_common.DEFAULTS
+            "checkpoint": 0, "safe_gate": False, "beta_sigmoid": False, "l2norm": False,
+            "dtype": "bfloat16"}  # _gdn2_common.DEFAULTS
 TOLERANCE = common.TOLERANCE
 
 

@@ -7,7 +7,7 @@
 """cuDNN's GDN-2 recompute on Hopper: the state checkpoints (every 16 / 32 / 48 tokens) and / or the final state from
 k, v and the three gates (no q, no output), what the GDN-2 backward consumes. Registered as
 ``cudnn_sm90_gdn2_recompute_f16``; the same path as ``cudnn_sm90_gdn2_prefill_f16`` with k standing in for q (the
-scan's output goes to a scratch buffer). State heads max(Hk, Hv), bf16."""
+scan's output goes to a scratch buffer). State heads max(Hk, Hv), bf16 / fp16."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ KERNEL_META = {
     "category": "ported.cudnn",
     "runtime_cuda_archs": ["sm_90a"],
     "description": "cuDNN GDN-2 checkpoint recompute (no q / o): wgmma chunk pass + wgmma state scan, checkpoints "
-                   "every 16/32/48 tokens and final state, THD varlen, bf16",
+                   "every 16/32/48 tokens and final state, THD varlen, bf16/fp16",
     "upstream": {
         "project": "cudnn-frontend",
         "url": "https://github.com/NVIDIA/cudnn-frontend",
@@ -36,6 +36,8 @@ CONFIGS = [
     {"label": "h2_ckpt32_bf16state", "Hq": 2, "Hv": 2, "seqs": "17+65+200", "init": True, "checkpoint": 32,
      "state_dtype": "bfloat16"},
     {"label": "final_only_h2", "Hq": 2, "Hv": 2, "seqs": "48+0+1", "init": True, "checkpoint": 0},
+    {"label": "fp16_h2_ckpt48", "dtype": "float16", "Hq": 2, "Hv": 2, "seqs": "100+1", "init": True,
+     "checkpoint": 48},
 ]
 
 BENCH_CONFIGS = [
@@ -47,7 +49,8 @@ BENCH_CONFIGS = [
 ]
 
 DEFAULTS = {"Hk": None, "cu_dtype": "int32", "init": False, "final": True, "state_dtype": "float32",
-            "checkpoint": 0, "safe_gate": False, "beta_sigmoid": False, "l2norm": False}  # _gdn2_common.DEFAULTS
+            "checkpoint": 0, "safe_gate": False, "beta_sigmoid": False, "l2norm": False,
+            "dtype": "bfloat16"}  # _gdn2_common.DEFAULTS
 TOLERANCE = common.TOLERANCE
 
 
