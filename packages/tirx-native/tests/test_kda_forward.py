@@ -142,6 +142,30 @@ def test_rejected_inputs_name_the_argument(change, arg):
         mod.chunk_kda(**{**_cpu_inputs(), **change})
 
 
+def test_fp16_inputs_reach_the_kernels_as_bf16_and_the_output_comes_back_fp16(monkeypatch):
+    """fp16 I/O: the kernels' operands are bf16 (their strips' gating needs its range), so ``_run`` rounds q, k, v, g
+    and beta to bf16, runs the scan into a bf16 scratch and copies it into the fp16 output."""
+    d = {k: (v.half() if v.dtype == torch.bfloat16 else v) for k, v in _cpu_inputs().items()}
+    seen = {}
+
+    def fake_chunk_pass(q, k, g, beta, *rest):
+        seen["chunk"] = {t.dtype for t in (q, k, g, beta)}
+        return "chunks"
+
+    def fake_scan_pass(chunks, v, cu, out, *rest):
+        seen["scan"] = (v.dtype, out.dtype)
+        out.copy_(torch.arange(out.numel()).reshape(out.shape).to(out.dtype))
+
+    monkeypatch.setattr(mod, "chunk_pass", fake_chunk_pass)
+    monkeypatch.setattr(mod, "scan_pass", fake_scan_pass)
+    out = torch.full_like(d["v"], float("nan"))
+    mod._run(d["q"], d["k"], d["v"], d["g"], d["beta"], d["A_log"], d["dt_bias"], 0.1, None, d["cu_seqlens"], out,
+             None)
+    assert seen == {"chunk": {torch.bfloat16}, "scan": (torch.bfloat16, torch.bfloat16)}
+    assert out.dtype == torch.float16
+    assert torch.equal(out, torch.arange(out.numel()).reshape(out.shape).to(torch.bfloat16).half())
+
+
 def test_sass():
     """Both kernels build without spills or local memory; the strips and the scan on HGMMA, the scan's TMA."""
     pytest.importorskip("tvm", reason="apache-tvm is needed to build")

@@ -2,7 +2,8 @@
 # The contract and the chunked algorithm follow fla's chunk_kda (fla-org/flash-linear-attention, fla/ops/kda, commit
 # 9c8e42e7: safe gate, beta sigmoid and q/k L2 norm in the kernel, state [N, H, K, V]); read, not copied.
 """KDA (Kimi Delta Attention) chunked forward on Hopper: THD-packed variable-length sequences (B = 1, cu_seqlens),
-K = V = 128, bf16 q, k, v, raw gate g and beta logits, fp32 initial / final states [N, H, K, V] (fla's layout).
+K = V = 128, bf16 (or fp16: rounded to bf16 first) q, k, v, raw gate g and beta logits, fp32 initial / final states
+[N, H, K, V] (fla's layout).
 
 Per sequence and head, token by token (the oracle is :mod:`tirx_kernels.core.kda_ref`)::
 
@@ -33,7 +34,7 @@ KERNEL_META = {
     "category": "kda",
     "runtime_cuda_archs": ["sm_90a"],
     "description": "KDA chunked forward (safe gate, beta sigmoid, q/k L2 norm in kernel; chunk-local WY pass and a "
-                   "wgmma state scan), THD varlen, K = V = 128, bf16, fp32 states",
+                   "wgmma state scan), THD varlen, K = V = 128, bf16/fp16, fp32 states",
     "reference_requirements": [
         {"package": "fla-core", "import": "fla", "specifier": "==0.6.0", "baseline": "fla"},
     ],
@@ -60,6 +61,7 @@ CONFIGS = [
     {"label": "h8_65seqs", "H": 8, "seqs": "100x64+37"},
     {"label": "h2_ragged_empty_one", "H": 2, "seqs": "70+0+1+64+130", "init": True},
     {"label": "h4_noinit", "H": 4, "seqs": "200+3", "init": False},
+    {"label": "fp16_h2_ragged", "H": 2, "seqs": "70+1+130", "dtype": "float16"},
 ]
 BENCH_CONFIGS = [
     {"label": "h16_b1_t8192", "H": 16, "seqs": "8192"},
@@ -67,11 +69,12 @@ BENCH_CONFIGS = [
     {"label": "h96_fixed8192", "H": 96, "seqs": "8192"},
     {"label": "h96_uniform1024x8", "H": 96, "seqs": "1024x8"},
 ]
-DEFAULTS = {"init": True}
+DEFAULTS = {"init": True, "dtype": "bfloat16"}
 
 # The kernels round Sb, Y, Delta, P, T beta, Q_g, K_g, K_d and the normalised q / k to bf16 (as fla's kernels do):
 # a relative Frobenius error of a few 1e-3 on the fp32 oracle (emulated rows).
-TOLERANCE = {"bfloat16": (1e-1, 4e-2), "float32": (1e-1, 4e-2)}
+# fp16 I/O goes through the same bf16 operands (fp16 inputs rounded to bf16 first: ``_run``).
+TOLERANCE = {"bfloat16": (1e-1, 4e-2), "float16": (1e-1, 4e-2), "float32": (1e-1, 4e-2)}
 
 
 def seq_lens(seqs: str) -> list[int]:
@@ -121,12 +124,12 @@ def sass_expect(kernel: str = "scan", **_) -> list[str]:
 # Data, oracle, baselines
 # ---------------------------------------------------------------------------------------------------------
 
-def prepare_data(H: int, seqs: str, init: bool = True, device: str = "cuda") -> dict:  # noqa: N803
-    """Random q, k, v, raw gate (normal), beta logits, A_log, dt_bias (as a model's), a small initial state;
-    outputs poisoned (NaN)."""
+def prepare_data(H: int, seqs: str, init: bool = True, dtype: str = "bfloat16", device: str = "cuda") -> dict:  # noqa: N803
+    """Random q, k, v, raw gate (normal), beta logits (in ``dtype``), A_log, dt_bias (as a model's), a small initial
+    state; outputs poisoned (NaN)."""
     lens = seq_lens(seqs)
     total, n = sum(lens), len(lens)
-    bf = torch.bfloat16
+    bf = getattr(torch, dtype)
     q, k, v = (torch.randn(1, total, H, DIM, device=device).to(bf) for _ in range(3))
     g = torch.randn(1, total, H, DIM, device=device).to(bf)
     beta = torch.randn(1, total, H, device=device).to(bf)
@@ -208,13 +211,13 @@ def _fail(name: str, expected: str, got: str):
 
 
 def check_inputs(q, k, v, g, beta, A_log, dt_bias, scale, initial_state, cu_seqlens, out, final_state):  # noqa: N803
-    checks.tensor(OP, "q", q, dtypes=(torch.bfloat16,), ndim=4, contiguous=True, cuda=False)
+    checks.tensor(OP, "q", q, dtypes=(torch.bfloat16, torch.float16), ndim=4, contiguous=True, cuda=False)
     b, total, h, d = q.shape
     if b != 1 or d != DIM or h < 1:
         _fail("q", f"[1, T, H, {DIM}] (packed sequences, B = 1)", f"shape {tuple(q.shape)}")
     for name, t in (("k", k), ("v", v), ("g", g)):
-        checks.tensor(OP, name, t, dtypes=(torch.bfloat16,), shape=(1, total, h, DIM), contiguous=True, cuda=False)
-    checks.tensor(OP, "beta", beta, dtypes=(torch.bfloat16,), shape=(1, total, h), contiguous=True, cuda=False)
+        checks.tensor(OP, name, t, dtypes=(q.dtype,), shape=(1, total, h, DIM), contiguous=True, cuda=False)
+    checks.tensor(OP, "beta", beta, dtypes=(q.dtype,), shape=(1, total, h), contiguous=True, cuda=False)
     checks.tensor(OP, "A_log", A_log, dtypes=(torch.float32,), shape=(h,), contiguous=True, cuda=False)
     checks.tensor(OP, "dt_bias", dt_bias, dtypes=(torch.float32,), shape=(h * DIM,), contiguous=True, cuda=False)
     if scale is not None and not (isinstance(scale, (int, float)) and math.isfinite(scale)):
@@ -232,7 +235,7 @@ def check_inputs(q, k, v, g, beta, A_log, dt_bias, scale, initial_state, cu_seql
         if st is not None:
             checks.tensor(OP, name, st, dtypes=(torch.float32,), shape=(n, h, DIM, DIM), contiguous=True, cuda=False)
     if out is not None:
-        checks.tensor(OP, "out", out, dtypes=(torch.bfloat16,), shape=(1, total, h, DIM), contiguous=True, cuda=False)
+        checks.tensor(OP, "out", out, dtypes=(q.dtype,), shape=(1, total, h, DIM), contiguous=True, cuda=False)
     checks.tensor(OP, "q", q, cuda=True)
     present = {name: t for name, t in (("k", k), ("v", v), ("g", g), ("beta", beta), ("A_log", A_log),
                                        ("dt_bias", dt_bias), ("cu_seqlens", cu_seqlens),
@@ -316,7 +319,7 @@ def scan_pass(chunks, v, cu_seqlens, out, initial_state, final_state, ckpt=None,
 def chunk_kda(q, k, v, g, beta, A_log, dt_bias, scale=None, initial_state=None, output_final_state=False,  # noqa: N803
               cu_seqlens=None, out=None, final_state=None):
     """fla's ``chunk_kda`` with ``use_qk_l2norm_in_kernel``, ``use_gate_in_kernel``, ``safe_gate`` (lower bound
-    -5) and ``use_beta_sigmoid_in_kernel``: q, k, v, g [1, T, H, 128] bf16, beta [1, T, H] bf16 (logits), A_log [H]
+    -5) and ``use_beta_sigmoid_in_kernel``: q, k, v, g [1, T, H, 128] bf16 or fp16, beta [1, T, H] (logits), A_log [H]
     and dt_bias [H * 128] fp32, states fp32 [N, H, K, V]. Returns ``(o, final_state or None)``."""
     check_inputs(q, k, v, g, beta, A_log, dt_bias, scale, initial_state, cu_seqlens, out, final_state)
     scale = DIM ** -0.5 if scale is None else float(scale)
@@ -342,6 +345,13 @@ def _run(q, k, v, g, beta, A_log, dt_bias, scale, initial_state, cu_seqlens, out
     if q.shape[1] == 0:
         if final_state is not None:
             final_state.copy_(initial_state if initial_state is not None else torch.zeros_like(final_state))
+        return
+    if q.dtype == torch.float16:  # the kernels' operands are bf16 (the strips' gating needs its range): round to it
+        q, k, v, g, beta = (t.to(torch.bfloat16) for t in (q, k, v, g, beta))
+        scratch = torch.empty_like(v)
+        chunks = chunk_pass(q, k, g, beta, A_log, dt_bias, scale, cu_seqlens)
+        scan_pass(chunks, v, cu_seqlens, scratch, initial_state, final_state)
+        out.copy_(scratch)
         return
     chunks = chunk_pass(q, k, g, beta, A_log, dt_bias, scale, cu_seqlens)
     scan_pass(chunks, v, cu_seqlens, out, initial_state, final_state)
