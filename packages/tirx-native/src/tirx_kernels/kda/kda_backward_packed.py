@@ -2,7 +2,7 @@
 # The backward contract and algorithm follow fla's chunk_kda backward (fla-org/flash-linear-attention, fla/ops/kda,
 # commit 9c8e42e7: per-chunk state checkpoints, the state gradient walked backward over the chunks); read, not copied.
 """KDA (Kimi Delta Attention) backward on Hopper: the gradients of ``kda_forward_portfolio_multishape``'s
-``chunk_kda`` (THD-packed, B = 1, K = V = 128, bf16, safe gate / beta sigmoid / q/k L2 norm in the kernel) with
+``chunk_kda`` (THD-packed, B = 1, K = V = 128, bf16 / fp16, safe gate / beta sigmoid / q/k L2 norm in the kernel) with
 respect to its raw inputs: dq, dk, dv, dg (raw gate), dbeta (logits), dA_log, ddt_bias and dh0, from dO and the
 final state's gradient dht.
 
@@ -38,7 +38,8 @@ KERNEL_META = {
     "category": "kda",
     "runtime_cuda_archs": ["sm_90a"],
     "description": "KDA chunked backward (dq, dk, dv, dg, dbeta, dA_log, ddt_bias, dh0): forward and state-gradient "
-                   "walks on wgmma with per-chunk checkpoints, chunk-parallel gradients in torch; THD varlen, bf16",
+                   "walks on wgmma with per-chunk checkpoints, chunk-parallel gradients in torch; THD varlen, "
+                   "bf16/fp16",
     "reference_requirements": [
         {"package": "fla-core", "import": "fla", "specifier": "==0.6.0", "baseline": "fla"},
     ],
@@ -58,6 +59,7 @@ CONFIGS = [
     {"label": "h16_b1_t8192", "H": 16, "seqs": "8192"},
     {"label": "h8_ragged_tails", "H": 8, "seqs": "1+63+64+65+127+129+1000"},
     {"label": "h2_ragged_empty_one", "H": 2, "seqs": "70+0+1+64+130"},
+    {"label": "fp16_h2_ragged", "H": 2, "seqs": "70+1+130", "dtype": "float16"},
 ]
 BENCH_CONFIGS = [
     {"label": "h16_b1_t8192", "H": 16, "seqs": "8192"},
@@ -73,14 +75,18 @@ TOLERANCE = {"float32": (1.2e-1, 4e-2)}
 # elementwise bound above while the relative Frobenius error was 6.5e-4 to 8.0e-4 (the bf16 level): the chance tail
 # of long rounded sums, as with attention's dK/dV. dg is judged by the relative Frobenius norm instead (one wrong
 # 64-row chunk of one head is >= 2e-2 there at these sizes), with a looser elementwise bound against outliers.
-DG_REL_FRO = 2e-3
+# fp16 inputs reach the kernels rounded to bf16 (2^-9 relative), which dg feels most: 2.1e-3 on an emulated ragged
+# row where the same row in bf16 gave 4.1e-4 (the chunk-parallel part takes the fp16 inputs as given; with the rounded
+# ones it was 3.7e-3).
+DG_REL_FRO = {"bfloat16": 2e-3, "float16": 5e-3}
 DG_TOLERANCE = (1.0, 4e-2)
 
 
 def _compare_dg(got, want, cfg, inputs) -> dict:
     stats = harness.compare("dg", got, want, DG_TOLERANCE, "the fp32 oracle")
-    if stats["rel_fro"] > DG_REL_FRO:
-        raise harness.KernelCheckError(f"dg: relative Frobenius error {stats['rel_fro']:.2e} > {DG_REL_FRO}")
+    bound = DG_REL_FRO[cfg.get("dtype", "bfloat16")]
+    if stats["rel_fro"] > bound:
+        raise harness.KernelCheckError(f"dg: relative Frobenius error {stats['rel_fro']:.2e} > {bound}")
     return stats
 
 
@@ -117,11 +123,11 @@ def sass_expect(kernel: str = "walk", **_) -> list[str]:
 # Data, oracle, baselines
 # ---------------------------------------------------------------------------------------------------------
 
-def prepare_data(H: int, seqs: str, device: str = "cuda") -> dict:  # noqa: N803
-    d = fwd.prepare_data(H=H, seqs=seqs, init=True, device=device)
+def prepare_data(H: int, seqs: str, dtype: str = "bfloat16", device: str = "cuda") -> dict:  # noqa: N803
+    d = fwd.prepare_data(H=H, seqs=seqs, init=True, dtype=dtype, device=device)
     del d["o"], d["final_state"]
     total, n = d["q"].shape[1], d["cu_seqlens"].shape[0] - 1
-    d["do"] = torch.randn(1, total, H, DIM, device=device).to(torch.bfloat16)
+    d["do"] = torch.randn(1, total, H, DIM, device=device).to(getattr(torch, dtype))
     d["dht"] = torch.randn(n, H, DIM, DIM, device=device) * 0.1
     nan = float("nan")
     for key, like in (("dq", d["q"]), ("dk", d["k"]), ("dv", d["v"]), ("dg", d["g"]), ("dbeta", d["beta"]),
@@ -201,7 +207,7 @@ def chunk_kda_bwd(q, k, v, g, beta, A_log, dt_bias, do, dht=None, scale=None, in
     """The gradients of ``chunk_kda``'s raw inputs: ``{dq, dk, dv, dg, dbeta, dA_log, ddt_bias, dh0}`` (fp32;
     dh0 is the gradient of ``initial_state``, zero-state when it is None). ``checkpoints``: the forward scan's
     per-chunk entering states, recomputed when None."""
-    checks.tensor(OP, "do", do, dtypes=(torch.bfloat16,), shape=tuple(q.shape), contiguous=True, cuda=False)
+    checks.tensor(OP, "do", do, dtypes=(q.dtype,), shape=tuple(q.shape), contiguous=True, cuda=False)
     if dht is not None and cu_seqlens is not None:
         checks.tensor(OP, "dht", dht, dtypes=(torch.float32,), shape=(cu_seqlens.shape[0] - 1, q.shape[2], DIM, DIM),
                       contiguous=True, cuda=False)
@@ -227,7 +233,12 @@ def chunk_kda_bwd(q, k, v, g, beta, A_log, dt_bias, do, dht=None, scale=None, in
 
 def _run(q, k, v, g, beta, A_log, dt_bias, do, dht, scale, initial_state, cu_seqlens, checkpoints,  # noqa: N803
          dq, dk, dv, dg, dbeta, dA_log, ddt_bias, dh0):  # noqa: N803
-    """The backward on validated inputs into the given gradient buffers."""
+    """The backward on validated inputs into the given gradient buffers. fp16 inputs: the kernels (the forward's
+    recompute and the walk) take them rounded to bf16, as the forward does; the chunk-parallel gradients (torch,
+    fp32) take them as given (with the rounded ones dg's relative error was 3.7e-3 against the oracle's 2e-3 bound on
+    an emulated ragged row)."""
+    exact = (q, k, v, g, beta, do)
+    q, k, v, g, beta, do = _as_bf16(q, k, v, g, beta, do)
     total, h = q.shape[1], q.shape[2]
     n = cu_seqlens.shape[0] - 1
     if total == 0:
@@ -242,11 +253,18 @@ def _run(q, k, v, g, beta, A_log, dt_bias, do, dht, scale, initial_state, cu_seq
                       functions=_FUNCTIONS)
     dh_out, d0 = _walk(chunks, do, dht, cu_seqlens, h, n)
     tok0, clen, _ = fwd.chunk_table(cu_seqlens, total)
+    q, k, v, g, beta, do = exact
     gr = _kda_bwd.chunk_grads(q, k, v, g, beta, A_log, dt_bias, scale, fwd.LOWER_BOUND, tok0, clen, checkpoints,
                               dh_out, do)
     for dst, src in ((dq, gr["dq"]), (dk, gr["dk"]), (dv, gr["dv"]), (dg, gr["dg"]), (dbeta, gr["dbeta"]),
                      (dA_log, gr["dA_log"]), (ddt_bias, gr["ddt_bias"]), (dh0, d0)):
         dst.copy_(src)
+
+
+def _as_bf16(*ts):
+    """The kernels' operand dtype: fp16 tensors rounded to bf16 (the forward's strips need bf16's range), bf16 ones
+    as they are."""
+    return tuple(t.to(torch.bfloat16) if t.dtype == torch.float16 else t for t in ts)
 
 
 @torch.library.custom_op("tirx::kda_backward_packed",
@@ -275,6 +293,9 @@ class KDAFunction(torch.autograd.Function):
         # The kernels take plain tensors (DLPack refuses ones that require grad).
         q, k, v, g, beta, A_log, dt_bias = (t.detach() for t in (q, k, v, g, beta, A_log, dt_bias))  # noqa: N806
         initial_state = None if initial_state is None else initial_state.detach()
+        ctx.io = q.dtype  # fp16 I/O: the kernels run on bf16 copies, o and the gradients go back in fp16
+        given = (q, k, v, g, beta)  # what the backward takes (chunk_kda_bwd rounds for its kernels itself)
+        q, k, v, g, beta = _as_bf16(q, k, v, g, beta)
         n, h = cu_seqlens.shape[0] - 1, q.shape[2]
         out = torch.empty_like(v)
         final = torch.empty(n, h, DIM, DIM, dtype=torch.float32, device=q.device)
@@ -285,20 +306,21 @@ class KDAFunction(torch.autograd.Function):
             chunks = fwd.chunk_pass(q, k, g, beta, A_log, dt_bias, scale, cu_seqlens, functions=_FUNCTIONS)
             ckpt = torch.zeros(chunks[5].shape[0], h, DIM, DIM, dtype=torch.float32, device=q.device)
             fwd.scan_pass(chunks, v, cu_seqlens, out, initial_state, final, ckpt, functions=_FUNCTIONS)
-        ctx.save_for_backward(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, ckpt)
+        ctx.save_for_backward(*given, A_log, dt_bias, initial_state, cu_seqlens, ckpt)
         ctx.scale = scale
-        return out, final
+        return out.to(ctx.io), final
 
     @staticmethod
     def backward(ctx, do, dht):
         q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, ckpt = (  # noqa: N806
             None if t is None else t.detach() for t in ctx.saved_tensors)
-        gr = chunk_kda_bwd(q, k, v, g, beta, A_log, dt_bias, do.to(torch.bfloat16).contiguous(),
+        gr = chunk_kda_bwd(q, k, v, g, beta, A_log, dt_bias, do.to(ctx.io).contiguous(),
                            None if dht is None else dht.float().contiguous(), ctx.scale, initial_state, cu_seqlens,
                            checkpoints=ckpt)
         dh0 = gr["dh0"] if initial_state is not None else None
-        return (gr["dq"].to(q.dtype), gr["dk"].to(k.dtype), gr["dv"].to(v.dtype), gr["dg"].to(g.dtype),
-                gr["dbeta"].to(beta.dtype), gr["dA_log"], gr["ddt_bias"], dh0, None, None)
+        io = ctx.io
+        return (gr["dq"].to(io), gr["dk"].to(io), gr["dv"].to(io), gr["dg"].to(io), gr["dbeta"].to(io), gr["dA_log"],
+                gr["ddt_bias"], dh0, None, None)
 
 
 def chunk_kda_train(q, k, v, g, beta, A_log, dt_bias, initial_state=None, cu_seqlens=None, scale=None):  # noqa: N803

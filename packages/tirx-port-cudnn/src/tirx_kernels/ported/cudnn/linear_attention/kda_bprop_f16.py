@@ -4,10 +4,10 @@
 # kda_engine.py and frost/kernel/kda_bprop_f16.py, release v1.28.0 (commit 1dbd2c09432dfd6cbf13a0ad85a071446398c082);
 # read for the contract only. The backward itself is tirx-native's KDA backward core (tirx_kernels.kda:
 # kda_backward_packed): one core, two public conventions.
-"""``kda_bprop``: cuDNN's KDA backward over THD-packed sequences (no batch dim), K = V = 128, bf16: q, k, v
-[T, H, 128], the raw gate g [T, H, 128], beta logits [T, H], ``a_log`` [H] and ``dt_bias`` [H * 128], dO, optional
-initial state and final-state gradient in cuDNN's layout [N, H, V, K] -> dq, dk, dv, dg, dbeta, d_a_log, d_dt_bias,
-d_initial_state.
+"""``kda_bprop``: cuDNN's KDA backward over THD-packed sequences (no batch dim), K = V = 128, bf16 / fp16 (the
+kernels' operands bf16): q, k, v [T, H, 128], the raw gate g [T, H, 128], beta logits [T, H], ``a_log`` [H] and
+``dt_bias`` [H * 128], dO, optional initial state and final-state gradient in cuDNN's layout [N, H, V, K] -> dq, dk,
+dv, dg, dbeta, d_a_log, d_dt_bias, d_initial_state.
 
 Registered as ``cudnn_sm90_kda_bprop_f16`` (the seed's ``cudnn_sm100_kda_bprop_f16``, tcgen05/TMEM, BT = 16).
 Supported profile: cuDNN's ``perf_l2_*`` rows -- ``use_qk_l2norm``, ``use_beta_sigmoid`` and ``safe_gate`` with
@@ -31,7 +31,7 @@ KERNEL_META = {
     "runtime_cuda_archs": ["sm_90a"],
     "description": "cuDNN KDA backward (l2norm, safe gate, beta sigmoid): dq, dk, dv, dg, dbeta, d_a_log, d_dt_bias, "
                    "d_initial_state on tirx-native's KDA backward core (wgmma state walks, chunk-parallel gradients "
-                   "in torch), THD varlen, bf16",
+                   "in torch), THD varlen, bf16/fp16",
     "upstream": {
         "project": "cudnn-frontend",
         "url": "https://github.com/NVIDIA/cudnn-frontend",
@@ -52,6 +52,7 @@ CONFIGS = [
     {"label": "perf_basic_b1_s2048_h16", "H": 16, "seqs": "2048"},
     {"label": "perf_l2_b1_s8192_h16", "H": 16, "seqs": "8192"},
     {"label": "perf_l2_b4_s8192_h64", "H": 64, "seqs": "8192x4"},
+    {"label": "fp16_ragged_h2", "H": 2, "seqs": "70+1+64", "dtype": "float16"},
 ]
 BENCH_CONFIGS = [
     {"label": "perf_basic_b1_s2048_h16", "H": 16, "seqs": "2048"},
@@ -60,6 +61,7 @@ BENCH_CONFIGS = [
 ]
 DEFAULTS: dict = {}
 TOLERANCE = core.TOLERANCE
+COMPARATORS = core.COMPARATORS  # dg in the relative Frobenius norm, as the core's (its bound per input dtype)
 GRAD_KEYS = ("dq", "dk", "dv", "dg", "dbeta", "d_a_log", "d_dt_bias", "d_initial_state")
 
 
@@ -87,9 +89,9 @@ def _to_cudnn(name: str) -> str:
     return {"dA_log": "d_a_log", "ddt_bias": "d_dt_bias", "dh0": "d_initial_state"}.get(name, name)
 
 
-def prepare_data(H: int, seqs: str, device: str = "cuda") -> dict:  # noqa: N803
+def prepare_data(H: int, seqs: str, dtype: str = "bfloat16", device: str = "cuda") -> dict:  # noqa: N803
     """The core's data in cuDNN's layout: THD tensors, states [N, H, V, K]."""
-    d = core.prepare_data(H=H, seqs=seqs, device=device)
+    d = core.prepare_data(H=H, seqs=seqs, dtype=dtype, device=device)
     out = {k: d[k][0] for k in ("q", "k", "v", "g", "beta", "do")}
     out.update(a_log=d["A_log"], dt_bias=d["dt_bias"], cu_seqlens=d["cu_seqlens"],
                initial_state=d["initial_state"].transpose(-1, -2).contiguous(),
@@ -155,8 +157,8 @@ def kda_bprop(q, k, v, g, beta, do, cu_seqlens, state_checkpoints=None, checkpoi
         if not ok:
             raise NotImplementedError(f"{OP}: argument '{name}': only {want} is implemented on Hopper")
     for name, t in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta), ("do", do)):
-        checks.tensor(OP, name, t, dtypes=(torch.bfloat16,), ndim=3 if name != "beta" else 2, contiguous=True,
-                      cuda=False)
+        checks.tensor(OP, name, t, dtypes=(torch.bfloat16, torch.float16) if name == "q" else (q.dtype,),
+                      ndim=3 if name != "beta" else 2, contiguous=True, cuda=False)
     n = cu_seqlens.shape[0] - 1 if cu_seqlens is not None else 0
     for name, st in (("initial_state", initial_state), ("d_final_state", d_final_state)):
         if st is not None:
