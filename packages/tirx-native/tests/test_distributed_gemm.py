@@ -41,6 +41,24 @@ def test_allgather_first_wave_reads_the_own_shard_first(world, n):
         assert not foreign or foreign[0] == (rank + 1) % world
 
 
+def test_one_rank_copies_before_a_gemm_that_never_waits(monkeypatch):
+    """World size 1: the gathered A is complete before the GEMM starts, and every flag the GEMM would wait on is
+    already set (no concurrent copy a spinning persistent GEMM could starve)."""
+    calls = []
+
+    def fake_gemm(gathered, w, out, flags, shard, chunk, m_rotate):
+        calls.append((gathered.clone(), flags.clone(), shard, chunk, m_rotate))
+        out.copy_(gathered @ w.T)
+
+    monkeypatch.setattr(ag, "_gemm_fn", lambda a, w, tile: (fake_gemm, 128))
+    a, w = torch.randn(300, 64), torch.randn(40, 64)
+    out, gathered = torch.full((300, 40), float("nan")), torch.full((300, 64), float("nan"))
+    ag.local_gemm(a, w, out, gathered)
+    (g, flags, shard, chunk, m_rotate), = calls
+    assert torch.equal(g, a) and bool((flags == 1).all()) and flags.numel() == -(-shard // chunk)
+    assert shard == 300 and m_rotate == 0 and torch.allclose(out, a @ w.T)
+
+
 def test_chunks_are_whole_m_tiles():
     for shard in (100, 128, 1024, 2048, 8192, 1000):
         c = _dist.chunk_rows(shard, 128)

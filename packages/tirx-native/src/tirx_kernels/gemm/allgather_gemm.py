@@ -233,13 +233,27 @@ def pull_and_gemm(sources: list, rank: int, w: torch.Tensor, out: torch.Tensor, 
     cur.wait_stream(side)
 
 
+def local_gemm(a_shard, w, out, gathered, tile=None) -> None:
+    """One rank alone: the gathered A is a copy of ``a_shard``, made before the GEMM on the current stream, and the
+    GEMM's flags are set up front, so it never waits. (The overlapped protocol rests on the copies needing no SM; a
+    same-device copy may run as a kernel, which a persistent GEMM spinning on every SM would starve: allgather_gemm's
+    one-GPU bench rows ran past 200 s twice on the H100, 2026-12-07b / c. Here a copy of M x K beside an M x N x K
+    GEMM has nothing worth overlapping.)"""
+    fn, block_m = _gemm_fn(gathered, w, tile)
+    shard = a_shard.shape[0]
+    chunk = _dist.chunk_rows(shard, block_m)
+    gathered.copy_(a_shard)
+    flags = torch.ones(-(-shard // chunk), dtype=torch.int32, device=gathered.device)
+    fn(gathered, w, out, flags, shard, chunk, 0)
+
+
 def _allgather_gemm(a_shard, w, group, out, gathered, tile):
     name, rank, world = _dist.group_rank_size(group)
     m, k = a_shard.shape[0] * world, a_shard.shape[1]
     out = out if out is not None else a_shard.new_empty((m, w.shape[0]))
     gathered = gathered if gathered is not None else a_shard.new_empty((m, k))
     if world == 1:
-        pull_and_gemm([a_shard], 0, w, out, gathered, tile)
+        local_gemm(a_shard, w, out, gathered, tile)
         return gathered, out
     symm = _dist.symm_workspace(name, a_shard.numel() * a_shard.element_size())
     symm.get_buffer(rank, a_shard.shape, a_shard.dtype).copy_(a_shard)
