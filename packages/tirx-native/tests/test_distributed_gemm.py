@@ -59,6 +59,21 @@ def test_one_rank_copies_before_a_gemm_that_never_waits(monkeypatch):
     assert shard == 300 and m_rotate == 0 and torch.allclose(out, a @ w.T)
 
 
+def test_one_rank_reduces_after_its_gemm(monkeypatch):
+    """gemm_reduce_scatter with one rank: the reduce runs after the GEMM on the same stream (no overlap, so no CTA
+    spins on a kernel it depends on), whatever the SM count."""
+    seen = {}
+
+    def fake(a, w, p, flags, deltas, out, rank, world, tile, overlap=True, steps="both"):
+        seen.update(rank=rank, world=world, overlap=overlap)
+
+    monkeypatch.setattr(rs, "gemm_then_reduce", fake)
+    monkeypatch.setattr(rs, "_fits", lambda device: True)
+    a, w = torch.randn(256, 64).half(), torch.randn(128, 64).half()
+    rs._gemm_reduce_scatter(a, w, None, torch.empty(256, 128, dtype=torch.float16), None)
+    assert seen == {"rank": 0, "world": 1, "overlap": False}
+
+
 def test_chunks_are_whole_m_tiles():
     for shard in (100, 128, 1024, 2048, 8192, 1000):
         c = _dist.chunk_rows(shard, 128)

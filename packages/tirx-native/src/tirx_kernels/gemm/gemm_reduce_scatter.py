@@ -14,8 +14,8 @@ Design (the owner reduces with peer loads after per-tile flags; re-derived for t
   workspace's byte offset (``core.lang.peer``), fp32 sums, one rounding.
 - Overlap: the reduce (``REDUCE_CTAS`` CTAs) runs on a side stream beside a GEMM built for ``GEMM_CTAS`` = SMs -
   ``REDUCE_CTAS`` persistent CTAs, so both are resident at once whatever the launch order: the reduce's waits end
-  because every rank's GEMM never waits. Where the device has fewer SMs than both need, the reduce runs after the
-  GEMM (no overlap, still correct).
+  because every rank's GEMM never waits. Where the device has fewer SMs than both need, and with one rank, the
+  reduce runs after the GEMM (no overlap, still correct).
 - Per call: the flags are zeroed, then a barrier (every rank's flags zero) before any GEMM writes, and a closing
   barrier (no peer still reads this rank's P when the next op writes the group's workspace); buffers are reused.
 
@@ -263,7 +263,9 @@ def _gemm_reduce_scatter(a, w, group, out, tile):
         deltas = torch.tensor([ptrs[q] - ptrs[rank] for q in range(world)], dtype=torch.int64, device=a.device)
         flags.zero_()
         symm.barrier()  # every rank's flags zero
-    gemm_then_reduce(a, w, p, flags, deltas, out, rank, world, tile, overlap=_fits(a.device))
+    # One rank: the reduce after the GEMM (its "reduce" is a copy of P; nothing worth overlapping, and no CTA then
+    # spins on a kernel it depends on: the one-GPU bench rows ran past 100 s on 2026-12-07c, cause not confirmed).
+    gemm_then_reduce(a, w, p, flags, deltas, out, rank, world, tile, overlap=_fits(a.device) and world > 1)
     if world > 1:
         # Every peer done reading this rank's P: the next op on this group's workspace (any op: torch keeps one per
         # group) may write it before its own first barrier.
