@@ -306,6 +306,26 @@ def build_kernel(state_dtype: str, input_dtype: str, dstate: int, max_tokens: in
                 if T.And(m == 0, dpred):
                     SC[dslot * i64(scale_sb) + i64(h * dim + row0 + lr)] = qscale[1]
 
+    @T.macro
+    def row_final_store(S, SC, SEED, sf, off, packed, qscale, ph, h, lr, row_base, m, slot, pad, flags, dim, row0,  # noqa: N803
+                        state_stride, scale_sb, philox_rounds_arg):
+        """A row's state after its last token, back to its own slot, where no token's state went elsewhere (the
+        intermediate buffer, a destination slot)."""
+        if (flags & (INTERMEDIATE | HAS_DST)) == 0:
+            spred = T.And(T.Not(pad), (flags & UPDATE) != 0)
+            if quant:
+                quantize_row(sf, m, qscale, off)
+            store_state(S, slot * i64(state_stride) + row_base, m, sf, packed, spred, qscale,
+                        rng_of(ph, SEED, slot * i64(state_stride) + row_base, philox_rounds_arg), off)
+            if quant:
+                if T.And(m == 0, spred):
+                    SC[slot * i64(scale_sb) + i64(h * dim + row0 + lr)] = qscale[1]
+
+    def row_dequant(SC, pad, slot, scale_sb, h, dim, row0, lr):  # noqa: N803
+        """int16: the row's decode scale (a pad slot's rows are zeros, its scale never read); else 1."""
+        return T.if_then_else(pad, T.float32(0), SC[slot * i64(scale_sb) + i64(h * dim + row0 + lr)]) if quant \
+            else T.float32(1)
+
     @T.prim_func
     def selective_state_update(state_ptr: T.handle, x_ptr: T.handle, dt_ptr: T.handle, a_ptr: T.handle,
                                b_ptr: T.handle, c_ptr: T.handle, d_ptr: T.handle, bias_ptr: T.handle,
@@ -420,9 +440,7 @@ def build_kernel(state_dtype: str, input_dtype: str, dstate: int, max_tokens: in
         if token_major:
             dtx = T.alloc_local((RT,), "float32")
             for k in T.unroll(RT):
-                lr = g + k * groups
-                dequant = T.if_then_else(pad, T.float32(0), SC[slot * i64(scale_sb) + i64(h * dim + row0 + lr)]) \
-                    if quant else T.float32(1)
+                dequant = row_dequant(SC, pad, slot, scale_sb, h, dim, row0, g + k * groups)
                 unpack_state(regs, k * words, sf, dequant, k * ncols)
                 sf[k * ncols] = sf[k * ncols] + a_zero
             for t in T.serial(ntokens):
@@ -439,24 +457,14 @@ def build_kernel(state_dtype: str, input_dtype: str, dstate: int, max_tokens: in
                                   dst_st, ntokens, pad_slot_id, state_stride, scale_sb, philox_rounds_arg, is64)
             for k in T.unroll(RT):
                 lr = g + k * groups
-                row_base = head_base + i64(row0 + lr) * i64(dstate)
-                if (flags & (INTERMEDIATE | HAS_DST)) == 0:
-                    spred = T.And(T.Not(pad), (flags & UPDATE) != 0)
-                    if quant:
-                        quantize_row(sf, m, qscale, k * ncols)
-                    store_state(S, slot * i64(state_stride) + row_base, m, sf, packed, spred, qscale,
-                                rng_of(ph, SEED, slot * i64(state_stride) + row_base, philox_rounds_arg),
-                                k * ncols)
-                    if quant:
-                        if T.And(m == 0, spred):
-                            SC[slot * i64(scale_sb) + i64(h * dim + row0 + lr)] = qscale[1]
+                row_final_store(S, SC, SEED, sf, k * ncols, packed, qscale, ph, h, lr,
+                                head_base + i64(row0 + lr) * i64(dstate), m, slot, pad, flags, dim, row0, state_stride,
+                                scale_sb, philox_rounds_arg)
         else:
             for k in T.unroll(RT):
                 lr = g + k * groups
                 row_base = head_base + i64(row0 + lr) * i64(dstate)
-                # int16: the row's decode scale (a pad slot's rows are zeros, its scale never read)
-                dequant = T.if_then_else(pad, T.float32(0), SC[slot * i64(scale_sb) + i64(h * dim + row0 + lr)]) \
-                    if quant else T.float32(1)
+                dequant = row_dequant(SC, pad, slot, scale_sb, h, dim, row0, lr)
                 unpack_state(regs, k * words, sf, dequant)
                 sf[0] = sf[0] + a_zero
                 for t in T.serial(ntokens):
@@ -468,14 +476,7 @@ def build_kernel(state_dtype: str, input_dtype: str, dstate: int, max_tokens: in
                                   row_base, m, slot, pad, icache, d_h, Xs, Zs, flags, o_sb, o_st, dim, row0, nheads,
                                   cache_steps, dst_sb, dst_st, ntokens, pad_slot_id, state_stride, scale_sb,
                                   philox_rounds_arg, is64)
-                if (flags & (INTERMEDIATE | HAS_DST)) == 0:
-                    spred = T.And(T.Not(pad), (flags & UPDATE) != 0)
-                    if quant:
-                        quantize_row(sf, m, qscale)
-                    store_state(S, slot * i64(state_stride) + row_base, m, sf, packed, spred, qscale,
-                                rng_of(ph, SEED, slot * i64(state_stride) + row_base, philox_rounds_arg))
-                    if quant:
-                        if T.And(m == 0, spred):
-                            SC[slot * i64(scale_sb) + i64(h * dim + row0 + lr)] = qscale[1]
+                row_final_store(S, SC, SEED, sf, 0, packed, qscale, ph, h, lr, row_base, m, slot, pad, flags, dim,
+                                row0, state_stride, scale_sb, philox_rounds_arg)
 
     return selective_state_update
