@@ -238,7 +238,7 @@ def _run(q, k, v, g, beta, A_log, dt_bias, do, dht, scale, initial_state, cu_seq
     fp32) take them as given (with the rounded ones dg's relative error was 3.7e-3 against the oracle's 2e-3 bound on
     an emulated ragged row)."""
     exact = (q, k, v, g, beta, do)
-    q, k, v, g, beta, do = _as_bf16(q, k, v, g, beta, do)
+    q, k, v, g, beta, do = fwd.as_kernel_dtype(q, k, v, g, beta, do)
     total, h = q.shape[1], q.shape[2]
     n = cu_seqlens.shape[0] - 1
     if total == 0:
@@ -259,12 +259,6 @@ def _run(q, k, v, g, beta, A_log, dt_bias, do, dht, scale, initial_state, cu_seq
     for dst, src in ((dq, gr["dq"]), (dk, gr["dk"]), (dv, gr["dv"]), (dg, gr["dg"]), (dbeta, gr["dbeta"]),
                      (dA_log, gr["dA_log"]), (ddt_bias, gr["ddt_bias"]), (dh0, d0)):
         dst.copy_(src)
-
-
-def _as_bf16(*ts):
-    """The kernels' operand dtype: fp16 tensors rounded to bf16 (the forward's strips need bf16's range), bf16 ones
-    as they are."""
-    return tuple(t.to(torch.bfloat16) if t.dtype == torch.float16 else t for t in ts)
 
 
 @torch.library.custom_op("tirx::kda_backward_packed",
@@ -295,7 +289,7 @@ class KDAFunction(torch.autograd.Function):
         initial_state = None if initial_state is None else initial_state.detach()
         ctx.io = q.dtype  # fp16 I/O: the kernels run on bf16 copies, o and the gradients go back in fp16
         given = (q, k, v, g, beta)  # what the backward takes (chunk_kda_bwd rounds for its kernels itself)
-        q, k, v, g, beta = _as_bf16(q, k, v, g, beta)
+        q, k, v, g, beta = fwd.as_kernel_dtype(q, k, v, g, beta)
         n, h = cu_seqlens.shape[0] - 1, q.shape[2]
         out = torch.empty_like(v)
         final = torch.empty(n, h, DIM, DIM, dtype=torch.float32, device=q.device)

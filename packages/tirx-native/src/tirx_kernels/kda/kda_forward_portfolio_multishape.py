@@ -278,12 +278,18 @@ def chunk_pass(q, k, g, beta, A_log, dt_bias, scale, cu_seqlens, functions=None)
     """The chunk kernel: ``(qg, kg, kd, pm, tb, gam, chunk_base)`` (``functions``: the calling module's cache)."""
     total, h = q.shape[1], q.shape[2]
     tok0, clen, base = chunk_table(cu_seqlens, total)
-    qg, kg, kd = (torch.empty(total, h, DIM, dtype=torch.bfloat16, device=q.device) for _ in range(3))
-    pm, tb = (torch.empty(total, h, CHUNK, dtype=torch.bfloat16, device=q.device) for _ in range(2))
-    gam = torch.empty(tok0.shape[0], h, DIM, dtype=torch.float32, device=q.device)
+    qg, kg, kd, pm, tb, gam = chunk_outputs(total, h, tok0.shape[0], q.device)
     fn = (functions or _FUNCTIONS).get(("chunk", q.get_device()), lambda: {"kernel": "chunk"}, q.device)
     fn(*chunk_args(q, k, g, beta, A_log, dt_bias, tok0, clen, qg, kg, kd, pm, tb, gam, scale))
     return qg, kg, kd, pm, tb, gam, base
+
+
+def chunk_outputs(total: int, h: int, slots: int, device) -> tuple:
+    """The chunk kernel's outputs (the scan's operands): ``qg, kg, kd`` [T, H, 128] and ``pm, tb`` [T, H, 64] bf16,
+    ``gam`` [slots, H, 128] fp32."""
+    qg, kg, kd = (torch.empty(total, h, DIM, dtype=torch.bfloat16, device=device) for _ in range(3))
+    pm, tb = (torch.empty(total, h, CHUNK, dtype=torch.bfloat16, device=device) for _ in range(2))
+    return qg, kg, kd, pm, tb, torch.empty(slots, h, DIM, dtype=torch.float32, device=device)
 
 
 def chunk_args(q, k, g, beta, A_log, dt_bias, tok0, clen, qg, kg, kd, pm, tb, gam, scale):  # noqa: N803
@@ -346,15 +352,18 @@ def _run(q, k, v, g, beta, A_log, dt_bias, scale, initial_state, cu_seqlens, out
         if final_state is not None:
             final_state.copy_(initial_state if initial_state is not None else torch.zeros_like(final_state))
         return
-    if q.dtype == torch.float16:  # the kernels' operands are bf16 (the strips' gating needs its range): round to it
-        q, k, v, g, beta = (t.to(torch.bfloat16) for t in (q, k, v, g, beta))
-        scratch = torch.empty_like(v)
-        chunks = chunk_pass(q, k, g, beta, A_log, dt_bias, scale, cu_seqlens)
-        scan_pass(chunks, v, cu_seqlens, scratch, initial_state, final_state)
-        out.copy_(scratch)
-        return
+    q, k, v, g, beta = as_kernel_dtype(q, k, v, g, beta)
+    target = out if out.dtype == v.dtype else torch.empty_like(v)  # fp16 out: through a bf16 scratch
     chunks = chunk_pass(q, k, g, beta, A_log, dt_bias, scale, cu_seqlens)
-    scan_pass(chunks, v, cu_seqlens, out, initial_state, final_state)
+    scan_pass(chunks, v, cu_seqlens, target, initial_state, final_state)
+    if target is not out:
+        out.copy_(target)
+
+
+def as_kernel_dtype(*ts):
+    """The kernels' operand dtype: fp16 tensors rounded to bf16 (the chunk pass's strips gate the key side by up to
+    2^108, past fp16's range), bf16 ones as they are."""
+    return tuple(t.to(torch.bfloat16) if t.dtype == torch.float16 else t for t in ts)
 
 
 @torch.library.custom_op("tirx::kda_forward_portfolio_multishape", mutates_args=("out", "final_state"))

@@ -173,14 +173,11 @@ def run(functions, q, k, v, gate, beta, w, output, cu_seqlens, initial_state, fi
         ht.copy_(h0 if h0 is not None else torch.zeros_like(ht))
     else:
         qb, kb, gf, bb, v_in = fwd.kernel_inputs(q, k, v, gate, beta, w, *opts)
-        ops = fwd.kernel_pass(functions, qb, kb, gf, bb, v_in, scale, cu_seqlens)
+        chunks = fwd.kernel_pass(functions, qb, kb, gf, bb, scale, cu_seqlens)
         if checkpoints is not None:
-            ck = torch.empty(ops["gam"].shape[0], hs, DIM, DIM, device=k.device)  # the state entering each chunk
-        fn = functions.get(("scan", k.get_device()), lambda: {"kernel": "scan"}, k.device)
-        dummy = torch.zeros(4, dtype=torch.int32, device=k.device)
-        fn(*kda_fwd.scan_args(ops["qg"], ops["kg"], ops["kd"], ops["v_in"], ops["tb"], ops["pm"], ops["gam"],
-                              kda_fwd.clamped_cu(cu_seqlens, total), ops["base"], out, h0, ht, dummy, ck))
-        rows = fwd.kernel_chunk_rows(ops, kb, gf, cu) if checkpoints is not None else None
+            ck = torch.empty(chunks[5].shape[0], hs, DIM, DIM, device=k.device)  # the state entering each chunk
+        kda_fwd.scan_pass(chunks, v_in[None], cu_seqlens, out, h0, ht, ck, functions=functions)
+        rows = fwd.kernel_chunk_rows(chunks, v_in, kb, gf, cu) if checkpoints is not None else None
     if output is not None and output is not out:
         output.copy_(out)
     if final_state is not None:

@@ -102,33 +102,27 @@ def kernel_inputs(q, k, v, gate, beta, w, use_qk_l2norm: bool, safe_gate: bool, 
     return (None if q is None else rows(q, qh)), rows(k, kh), gf, bf.to(bf16), v_in
 
 
-def kernel_pass(functions, q, k, g, b, v_in, scale, cu_seqlens):
+def kernel_pass(functions, q, k, g, b, scale, cu_seqlens):
     """The chunk pass on the GPU: ``_kda_chunk``'s GDN-2 variant on ``kernel_inputs`` (``q`` None: the recompute,
-    k stands in and Q_g / P go unused), every chunk at once from the device chunk table (no host read). Returns the
-    scan's operands (bf16 token rows, ``gam`` [slots, H, 128]) and ``base`` (each sequence's first slot)."""
+    k stands in and Q_g / P go unused), every chunk at once from the device chunk table (no host read). Returns what
+    the KDA forward's ``chunk_pass`` does, for its ``scan_pass``: ``(qg, kg, kd, pm, tb, gam, base)``."""
     from tirx_kernels.kda import kda_forward_portfolio_multishape as kda_fwd
 
     total, hs = k.shape[0], k.shape[1]
-    dev, bf16 = k.device, torch.bfloat16
     tok0, clen, base = kda_fwd.chunk_table(cu_seqlens, total)
-    ops = {name: torch.empty(total, hs, width, dtype=bf16, device=dev)
-           for name, width in (("qg", DIM), ("kg", DIM), ("kd", DIM), ("pm", CHUNK), ("tb", CHUNK))}
-    ops["gam"] = torch.empty(tok0.shape[0], hs, DIM, dtype=torch.float32, device=dev)
-    fn = functions.get(("chunk", k.get_device()), lambda: {"kernel": "chunk"}, dev)
-    fn((k if q is None else q).to(bf16).contiguous(), k.to(bf16).contiguous(), g.float().contiguous(),
-       b.to(bf16).contiguous(), tok0, clen, ops["qg"], ops["kg"], ops["kd"], ops["pm"], ops["tb"], ops["gam"],
-       float(scale))
-    ops["v_in"] = v_in.to(bf16).contiguous()
-    ops["base"] = base
-    return ops
+    out = kda_fwd.chunk_outputs(total, hs, tok0.shape[0], k.device)
+    fn = functions.get(("chunk", k.get_device()), lambda: {"kernel": "chunk"}, k.device)
+    fn(k if q is None else q, k, g.float().contiguous(), b, tok0, clen, *out, float(scale))
+    return (*out, base)
 
 
-def kernel_chunk_rows(ops, k, g, cu: list[int]):
+def kernel_chunk_rows(chunks, v_in, k, g, cu: list[int]):
     """``checkpoints``' chunk rows from the kernel pass's token rows (the values the scan used: T, K_g, V_in) and the
     expanded k and gate (K, and G the in-chunk cumulative log decay), gathered a batch of chunks at a time."""
     _, _, _, gather = _chunk_gather(cu, k.shape[0], k.device)
-    return lambda cs: {"tb": gather(ops["tb"], cs), "kg": gather(ops["kg"], cs), "vin": gather(ops["v_in"], cs),
-                       "k": gather(k, cs), "G": torch.cumsum(gather(g, cs), 2)}
+    kg, tb = chunks[1], chunks[4]
+    return lambda cs: {"tb": gather(tb, cs), "kg": gather(kg, cs), "vin": gather(v_in, cs), "k": gather(k, cs),
+                       "G": torch.cumsum(gather(g, cs), 2)}
 
 
 def pass_chunk_rows(ops):
