@@ -25,13 +25,7 @@ def _ref(x, gs, layout):
 
 class TestMxfp8(BlockQuantCases):
     FMT, MOD, BAD_K = FMT, mod, 48
-    BENCH_LABELS = {"fp16_128x4_m128_k1024", "fp16_linear_m4096_k4096", "fp16_128x4_m16384_k7168"}
-
-    def call(self, x, layout="128x4"):
-        return _call(x, layout)
-
-    def ref(self, x, gs, layout):
-        return _ref(x, gs, layout)
+    call, ref = staticmethod(_call), staticmethod(_ref)
 
 
 def test_sass():

@@ -22,7 +22,7 @@ GLOBAL_SCALE = 448.0 * 6.0 / 30.0  # nvfp4's global scale in the emulated rows (
 class BlockQuantCases:
     FMT: str = ""
     MOD = None
-    BENCH_LABELS: set = set()
+    BENCH_LABELS = {"fp16_128x4_m128_k1024", "fp16_linear_m4096_k4096", "fp16_128x4_m16384_k7168"}  # every format's
     BAD_K: int = 0  # a row width the format refuses
 
     def call(self, x, layout="128x4"):
