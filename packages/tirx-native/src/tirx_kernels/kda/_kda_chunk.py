@@ -190,19 +190,6 @@ def build_chunk_kernel(variant: str = "kda"):
     def l2norm_rows(Q, K, sm, tok0, L, h, warp, lane, wv, packed, normalize=True):
         """q / k L2 norm (``normalize``; else a copy): warp w owns tokens 16 w .. 16 w + 15, a lane 4 channels (2
         words) of a row; rows past L are zero."""
-        if not normalize:
-            for t16 in range(16):
-                t = warp * 16 + t16
-                for src, dst in ((Q, OFF_QN), (K, OFF_KN)):
-                    for i in range(2):
-                        T.buffer_store(wv, T.uint32(0), [i])
-                    with when(t < L):
-                        with T.Then():
-                            for i in range(2):
-                                T.buffer_store(wv, src[tok0 + t, h, 2 * lane + i], [i])
-                    for i in range(2):
-                        T.buffer_store(sm, wv[i], [dst // 4 + t * 64 + 2 * lane + i])
-            return
         for t16 in range(16):
             t = warp * 16 + t16
             for src, dst in ((Q, OFF_QN), (K, OFF_KN)):
@@ -212,11 +199,15 @@ def build_chunk_kernel(variant: str = "kda"):
                     with T.Then():
                         for i in range(2):
                             T.buffer_store(wv, src[tok0 + t, h, 2 * lane + i], [i])
+                base = dst // 4 + t * 64 + 2 * lane
+                if not normalize:
+                    for i in range(2):
+                        T.buffer_store(sm, wv[i], [base + i])
+                    continue
                 a0, a1 = vector.unpack2(wv[0], io)
                 b0, b1 = vector.unpack2(wv[1], io)
                 ss = reduce.warp_sum(a0 * a0 + a1 * a1 + b0 * b0 + b1 * b1)
                 rs = T.rsqrt(ss + T.float32(L2_EPS))
-                base = dst // 4 + t * 64 + 2 * lane
                 vector.pack2(packed, 0, a0 * rs, a1 * rs, io)
                 T.buffer_store(sm, packed[0], [base])
                 vector.pack2(packed, 0, b0 * rs, b1 * rs, io)
