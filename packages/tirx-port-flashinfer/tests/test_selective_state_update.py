@@ -167,8 +167,9 @@ def test_emulated_forms(emulated, schedule, kw):
     ("mtp_horizontal", dict(T=6, dstate=256, ngroups=4, z=False)),
 ])
 def test_token_major_variant_emulated(emulated, schedule, kw):
-    """The sweep's ``token_major`` loop order (all of a thread's rows through a token, then the next token) gives
-    the oracle's outputs and pool in every MTP mode."""
+    """The ``token_major`` loop order (all of a thread's rows through a token, then the next token; the MTP simple
+    and vertical schedules' own, forced here onto horizontal too) gives the oracle's outputs and pool in every MTP
+    mode."""
     from tirx_kernels.core import emulate
     from tirx_kernels.core.build import codegen
     from tirx_kernels.ported.flashinfer.mamba import _ssu_kernel as sk
@@ -176,10 +177,10 @@ def test_token_major_variant_emulated(emulated, schedule, kw):
     d = make_inputs(**kw)
     before = _clone(d)
     ptrs, scalars, params, grid, block = ssu.kernel_args(**d, schedule=schedule)
-    plan = sk.plan(params["state_dtype"], params["dstate"], params["schedule"])
+    plan = {**sk.plan(params["state_dtype"], params["dstate"], params["schedule"], params["max_tokens"]),
+            "token_major": True}
     kern = emulate.compile(_shared_loads(_narrow_warp_sums(codegen(sk.build_kernel(
-        params["state_dtype"], params["input_dtype"], params["dstate"], params["max_tokens"], **plan,
-        token_major=True)))))
+        params["state_dtype"], params["input_dtype"], params["dstate"], params["max_tokens"], **plan)))))
     named = {f"{k}_ptr": v for k, v in ptrs.items()}
     kern(*[named[p.name] if p.pointer else scalars[p.name] for p in kern.params], grid=grid, block=block).check()
     check(d, before, TOL[d["state"].dtype if d["state"].dtype != torch.float32 else d["x"].dtype])
@@ -371,11 +372,24 @@ def test_every_dtype_and_dstate_has_a_simple_artifact_and_pinned_ones_fall_back(
 @pytest.mark.parametrize("state_dtype, dstate", [("bfloat16", 96), ("float16", 64), ("float32", 256)])
 def test_plan_divides_the_row(state_dtype, dstate):
     for name in ssu.SCHEDULES:
-        p = ssu.plan(state_dtype, dstate, name)
-        vpr = ssu._vectors_per_row(state_dtype, dstate)
-        assert vpr % p["lanes_per_row"] == 0 and p["lanes_per_row"] & (p["lanes_per_row"] - 1) == 0
-        threads = p["rows_per_cta"] * p["lanes_per_row"] // p["rows_per_thread"]
-        assert threads % 32 == 0 and threads <= 1024
+        for max_tokens in (1, ssu.MAX_TOKENS):
+            p = ssu.plan(state_dtype, dstate, name, max_tokens)
+            vpr = ssu._vectors_per_row(state_dtype, dstate)
+            assert vpr % p["lanes_per_row"] == 0 and p["lanes_per_row"] & (p["lanes_per_row"] - 1) == 0
+            threads = p["rows_per_cta"] * p["lanes_per_row"] // p["rows_per_thread"]
+            assert threads % 32 == 0 and threads <= 1024
+            assert ssu.DIMS[0] % p["rows_per_cta"] == 0
+            if p.get("token_major"):
+                assert dstate // p["lanes_per_row"] * p["rows_per_thread"] <= ssu.TOKEN_MAJOR_STATE_REGS
+
+
+def test_multi_token_schedules_are_token_major_except_int16_and_horizontal():
+    assert ssu.plan("bfloat16", 128, "simple", ssu.MAX_TOKENS) == {
+        "rows_per_cta": 32, "lanes_per_row": 4, "rows_per_thread": 2, "token_major": True}
+    assert ssu.plan("bfloat16", 256, "simple", ssu.MAX_TOKENS)["lanes_per_row"] == 8  # 64 state registers, not 128
+    for state_dtype, name, tokens in (("bfloat16", "simple", 1), ("int16", "simple", ssu.MAX_TOKENS),
+                                      ("bfloat16", "horizontal", ssu.MAX_TOKENS)):
+        assert not ssu.plan(state_dtype, 128, name, tokens).get("token_major")
 
 
 @pytest.mark.parametrize("schedule, params", [

@@ -71,12 +71,32 @@ def _vectors_per_row(state_dtype: str, dstate: int) -> int:
     return dstate * (4 if state_dtype == "float32" else 2) // 16
 
 
-def plan(state_dtype: str, dstate: int, schedule: str) -> dict:
-    """The schedule's knobs fitted to the row: lanes a row is the schedule's, lowered (halved) until it divides the
-    row's 16-byte vectors (dstate 96 bf16: 12 vectors -> 4 lanes of 3)."""
-    s = dict(SCHEDULES[schedule])
+# Multi-token (MTP) forms of simple and vertical for a bf16 / fp16 / fp32 state: token-major (``build_kernel``), half
+# the rows a thread and a CTA, 4 lanes a row. The H200 sweep of 2026-12-07 (tools/sweeps/ssu_mtp_schedules.py,
+# docs/measurements/2026-12-07d/ssu-sweep.log; bf16 state, d64, dstate 128, 6 tokens): simple's 64x8x4 row-major ran
+# 164 / 1118 / 4454 us at batch 64 / 512 / 2048, 32x4x2 token-major 108 / 786 / 3379 (FlashInfer 115 / 813 / 3201).
+# horizontal keeps its row-major form (one row a thread: the loop order changes nothing); int16 pools too (the
+# token-major body has no per-row requantize).
+MTP_SCHEDULES = {
+    "simple": {"rows_per_cta": 32, "lanes_per_row": 4, "rows_per_thread": 2, "token_major": True},
+    "vertical": {"rows_per_cta": 16, "lanes_per_row": 4, "rows_per_thread": 2, "token_major": True},
+}
+# token-major keeps every row of the thread in fp32 registers: lanes are raised until that is at most this many
+# (dstate 256 at 4 lanes and 2 rows would be 128)
+TOKEN_MAJOR_STATE_REGS = 64
+
+
+def plan(state_dtype: str, dstate: int, schedule: str, max_tokens: int = 1) -> dict:
+    """The schedule's knobs fitted to the row: lanes a row is the schedule's (a token-major schedule's raised until
+    the thread's fp32 state fits ``TOKEN_MAJOR_STATE_REGS``), lowered (halved) until it divides the row's 16-byte
+    vectors (dstate 96 bf16: 12 vectors -> 4 lanes of 3). ``max_tokens`` > 1 takes ``MTP_SCHEDULES`` where it has
+    the schedule and the state is not int16."""
+    mtp = max_tokens > 1 and state_dtype != "int16" and schedule in MTP_SCHEDULES
+    s = dict(MTP_SCHEDULES[schedule] if mtp else SCHEDULES[schedule])
     vpr = _vectors_per_row(state_dtype, dstate)
     lanes = s["lanes_per_row"]
+    while s.get("token_major") and dstate // lanes * s["rows_per_thread"] > TOKEN_MAJOR_STATE_REGS:
+        lanes *= 2
     while vpr % lanes:
         lanes //= 2
     s["lanes_per_row"] = lanes
@@ -115,13 +135,13 @@ def get_kernel(state_dtype: str, input_dtype: str, dstate: int, max_tokens: int,
         raise ValueError(f"selective_state_update: stochastic rounding (philox_rounds {philox_rounds}: 1..16, or "
                          f"{PHILOX_RUNTIME} for the rounds at run time) takes an fp16 state and one token, not "
                          f"{state_dtype!r} / max_tokens {max_tokens}")
-    return build_kernel(state_dtype, input_dtype, dstate, max_tokens, **plan(state_dtype, dstate, schedule),
-                        philox_rounds=philox_rounds)
+    knobs = plan(state_dtype, dstate, schedule, max_tokens)
+    return build_kernel(state_dtype, input_dtype, dstate, max_tokens, **knobs, philox_rounds=philox_rounds)
 
 
 def build_kernel(state_dtype: str, input_dtype: str, dstate: int, max_tokens: int, rows_per_cta: int,
                  lanes_per_row: int, rows_per_thread: int, philox_rounds: int = 0, token_major: bool = False):
-    """``token_major`` (a sweep knob, no registered schedule's yet: ``tools/sweeps/ssu_mtp_schedules.py``): the
+    """``token_major`` (``MTP_SCHEDULES``; swept by ``tools/sweeps/ssu_mtp_schedules.py``): the
     token loop outside the thread's rows, all ``rows_per_thread`` rows' fp32 state in registers, so a token's B / C
     shared-memory loads serve every row and the rows' updates and shuffle sums are independent work; row-major (the
     default) walks one row through every token before the next. Multi-token bf16 / fp16 / fp32 states only."""

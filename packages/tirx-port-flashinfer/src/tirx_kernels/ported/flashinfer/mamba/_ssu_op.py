@@ -112,7 +112,7 @@ def kernel_args(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, idx, pad_slot
     name = schedule_name(schedule)
     params = kernel_params(str(state.dtype)[6:], str(x.dtype)[6:], dstate, max_tokens, name,
                            philox_rounds if rand_seed is not None else 0)
-    p = plan(params["state_dtype"], dstate, name)
+    p = plan(params["state_dtype"], dstate, name, max_tokens)
     grid = (batch, nheads * (dim // p["rows_per_cta"]))
     block = (p["rows_per_cta"] * p["lanes_per_row"] // p["rows_per_thread"],)
     return ptrs, scalars, params, grid, block
