@@ -59,19 +59,19 @@ def test_one_rank_copies_before_a_gemm_that_never_waits(monkeypatch):
     assert shard == 300 and m_rotate == 0 and torch.allclose(out, a @ w.T)
 
 
-def test_one_rank_reduces_after_its_gemm(monkeypatch):
-    """gemm_reduce_scatter with one rank: the reduce runs after the GEMM on the same stream (no overlap, so no CTA
-    spins on a kernel it depends on), whatever the SM count."""
-    seen = {}
+def test_one_rank_is_the_library_gemm_into_out(monkeypatch):
+    """gemm_reduce_scatter with one rank: the plain product by fp16_bf16_gemm straight into ``out`` (no partial
+    workspace, no flags, no reduce kernel), the pinned tile passed on."""
+    from tirx_kernels.gemm import fp16_bf16_gemm
 
-    def fake(a, w, p, flags, deltas, out, rank, world, tile, overlap=True, steps="both"):
-        seen.update(rank=rank, world=world, overlap=overlap)
-
-    monkeypatch.setattr(rs, "gemm_then_reduce", fake)
-    monkeypatch.setattr(rs, "_fits", lambda device: True)
+    seen = []
+    monkeypatch.setattr(rs, "gemm_then_reduce", lambda *a, **k: seen.append("protocol"))
+    monkeypatch.setattr(fp16_bf16_gemm, "gemm_nt", lambda a, w, out, tile=None: (
+        seen.append(tile), out.copy_(a.float() @ w.float().T)))
     a, w = torch.randn(256, 64).half(), torch.randn(128, 64).half()
-    rs._gemm_reduce_scatter(a, w, None, torch.empty(256, 128, dtype=torch.float16), None)
-    assert seen == {"rank": 0, "world": 1, "overlap": False}
+    out = torch.full((256, 128), float("nan"), dtype=torch.float16)
+    assert rs._gemm_reduce_scatter(a, w, None, out, rs.NARROW_TILE) is out
+    assert seen == [rs.NARROW_TILE] and torch.allclose(out.float(), a.float() @ w.float().T, atol=1e-2)
 
 
 def test_chunks_are_whole_m_tiles():

@@ -14,8 +14,8 @@ Design (the owner reduces with peer loads after per-tile flags; re-derived for t
   workspace's byte offset (``core.lang.peer``), fp32 sums, one rounding.
 - Overlap: the reduce (``REDUCE_CTAS`` CTAs) runs on a side stream beside a GEMM built for ``GEMM_CTAS`` = SMs -
   ``REDUCE_CTAS`` persistent CTAs, so both are resident at once whatever the launch order: the reduce's waits end
-  because every rank's GEMM never waits. Where the device has fewer SMs than both need, and with one rank, the
-  reduce runs after the GEMM (no overlap, still correct).
+  because every rank's GEMM never waits. Where the device has fewer SMs than both need, the reduce runs after the
+  GEMM (no overlap, still correct). One rank is the plain product: ``fp16_bf16_gemm.gemm_nt`` into ``out``.
 - Per call: the flags are zeroed, then a barrier (every rank's flags zero) before any GEMM writes, and a closing
   barrier (no peer still reads this rank's P when the next op writes the group's workspace); buffers are reused.
 
@@ -247,29 +247,28 @@ def _fits(device) -> bool:
 def _gemm_reduce_scatter(a, w, group, out, tile):
     name, rank, world = _dist.group_rank_size(group)
     M, N = a.shape[0], w.shape[0]  # noqa: N806
-    tile = tile or choose_tile(N)
     out = out if out is not None else a.new_empty((M // world, N))
-    _, _, nbytes = layout(M, N, tile)
     if world == 1:
-        ws = torch.empty(nbytes, dtype=torch.uint8, device=a.device)
-        p, flags = _views(ws, M, N, tile, a.dtype)
-        flags.zero_()
-        deltas = torch.zeros(1, dtype=torch.int64, device=a.device)
-    else:
-        symm = _dist.symm_workspace(name, nbytes)
-        ws = symm.get_buffer(rank, (nbytes,), torch.uint8)
-        p, flags = _views(ws, M, N, tile, a.dtype)
-        ptrs = symm.buffer_ptrs
-        deltas = torch.tensor([ptrs[q] - ptrs[rank] for q in range(world)], dtype=torch.int64, device=a.device)
-        flags.zero_()
-        symm.barrier()  # every rank's flags zero
-    # One rank: the reduce after the GEMM (its "reduce" is a copy of P; nothing worth overlapping, and no CTA then
-    # spins on a kernel it depends on: the one-GPU bench rows ran past 100 s on 2026-12-07c, cause not confirmed).
-    gemm_then_reduce(a, w, p, flags, deltas, out, rank, world, tile, overlap=_fits(a.device) and world > 1)
-    if world > 1:
-        # Every peer done reading this rank's P: the next op on this group's workspace (any op: torch keeps one per
-        # group) may write it before its own first barrier.
-        symm.barrier()
+        # One rank: the plain product, straight into ``out`` by the library GEMM (its own tile choice). The partial
+        # GEMM on GEMM_CTAS publishing its tiles, then a 12-CTA copy of P, ran 2015 us against cuBLAS's 1264 at
+        # m8192 n4096 k12288 fp16 (H200, 2026-12-07d).
+        from tirx_kernels.gemm import fp16_bf16_gemm
+
+        fp16_bf16_gemm.gemm_nt(a, w, out, tile=tile)
+        return out
+    tile = tile or choose_tile(N)
+    _, _, nbytes = layout(M, N, tile)
+    symm = _dist.symm_workspace(name, nbytes)
+    ws = symm.get_buffer(rank, (nbytes,), torch.uint8)
+    p, flags = _views(ws, M, N, tile, a.dtype)
+    ptrs = symm.buffer_ptrs
+    deltas = torch.tensor([ptrs[q] - ptrs[rank] for q in range(world)], dtype=torch.int64, device=a.device)
+    flags.zero_()
+    symm.barrier()  # every rank's flags zero
+    gemm_then_reduce(a, w, p, flags, deltas, out, rank, world, tile, overlap=_fits(a.device))
+    # Every peer done reading this rank's P: the next op on this group's workspace (any op: torch keeps one per group)
+    # may write it before its own first barrier.
+    symm.barrier()
     return out
 
 
