@@ -30,7 +30,9 @@ from tirx_kernels.core import delta_rule_ref, gdn2_ref
 DIM = 128
 CHUNK = 64  # the scan's chunk (cuDNN's GDN-2 kernels use 16: a schedule choice, the math is the same)
 CADENCES = (0, 16, 32, 48)
-_CKPT_CHUNKS = 16  # chunks whose checkpoints are advanced at a time (H = 64: ~0.3 GiB of fp32 temporaries)
+# (chunk, head) pairs whose checkpoints are advanced at a time: ~150 KiB of fp32 temporaries each (48 rows of five
+# gathered tensors and U), ~0.6 GiB a batch
+_CKPT_PAIRS = 4096
 _SUB = 16  # the pairwise decays' diagonal blocks (16 x 16 x 128 per chunk and head)
 _DIAG_BATCH = 8192  # (chunk, head) pairs per block of diagonal decays: 1 GiB
 
@@ -69,8 +71,8 @@ def _pairwise(G, left, right):
 
 
 def _chunk_gather(cu: list[int], total: int, dev):
-    """``(chunks, token index [nc, 64], live [nc, 64], gather)``: ``gather(x, cs)`` maps [T, H, D] to [n, H, 64, D]
-    fp32, the rows of the chunks ``cs`` (all when None; rows past a chunk's end zero)."""
+    """``(chunks, token index [nc, 64], live [nc, 64], gather)``: ``gather(x, cs, rows)`` maps [T, H, D] to [n, H,
+    rows, D] fp32, the first ``rows`` rows of the chunks ``cs`` (all when None; rows past a chunk's end zero)."""
     chunks, _ = chunk_list(cu)
     t0 = torch.tensor([c[0] for c in chunks], device=dev, dtype=torch.long)
     ln = torch.tensor([c[1] for c in chunks], device=dev, dtype=torch.long)
@@ -78,8 +80,9 @@ def _chunk_gather(cu: list[int], total: int, dev):
     tok = (t0[:, None] + i[None]).clamp_max(max(total - 1, 0))  # [nc, 64]
     live = (i[None] < ln[:, None])  # [nc, 64]
 
-    def gather(x, cs=None):
+    def gather(x, cs=None, rows=CHUNK):
         t, lv = (tok, live) if cs is None else (tok[cs], live[cs])
+        t, lv = t[:, :rows], lv[:, :rows]
         return torch.where(lv[:, :, None, None], x[t].float(), torch.zeros((), device=dev)).permute(0, 2, 1, 3)
     return len(chunks), tok, live, gather
 
@@ -121,14 +124,14 @@ def kernel_chunk_rows(chunks, v_in, k, g, cu: list[int]):
     expanded k and gate (K, and G the in-chunk cumulative log decay), gathered a batch of chunks at a time."""
     _, _, _, gather = _chunk_gather(cu, k.shape[0], k.device)
     kg, tb = chunks[1], chunks[4]
-    return lambda cs: {"tb": gather(tb, cs), "kg": gather(kg, cs), "vin": gather(v_in, cs), "k": gather(k, cs),
-                       "G": torch.cumsum(gather(g, cs), 2)}
+    return lambda cs, n: {"tb": gather(tb, cs, n)[..., :n], "kg": gather(kg, cs, n), "vin": gather(v_in, cs, n),
+                          "k": gather(k, cs, n), "G": torch.cumsum(gather(g, cs, n), 2)}
 
 
 def pass_chunk_rows(ops):
     """``checkpoints``' chunk rows from the torch chunk pass's fp32 chunk tensors."""
-    return lambda cs: {"tb": ops["tb_c"][cs], "kg": ops["kg_c"][cs], "vin": ops["vin_c"][cs], "k": ops["k_c"][cs],
-                       "G": ops["G"][cs]}
+    return lambda cs, n: {"tb": ops["tb_c"][cs, :, :n, :n], "kg": ops["kg_c"][cs, :, :n],
+                          "vin": ops["vin_c"][cs, :, :n], "k": ops["k_c"][cs, :, :n], "G": ops["G"][cs, :, :n]}
 
 
 def chunk_pass(q, k, v, g, b, w, scale, cu: list[int]):
@@ -185,39 +188,46 @@ def expand_inputs(q, k, v, g, b, w, use_qk_l2norm: bool, safe_gate: bool, a_log,
     return qf, k.float()[:, kh], v.float()[:, vh], gf, bf, wf.float(), hs
 
 
-def checkpoints(chunk_rows, ck64, cu: list[int], cadence: int, dtype):
-    """cuDNN's checkpoints [count, H, V, K] in ``dtype`` from the states entering each chunk (``ck64`` [chunks, H, K,
-    V] fp32): at an offset m inside a chunk, S_m = S_0 diag(exp(G_{m-1})) + sum_{j<m} u_j (k_j exp(G_{m-1} - G_j))^T
-    with the chunk's writes U = T (V_in - K_g S_0^T). ``chunk_rows(cs)``: fp32 ``tb`` [n, H, 64, 64] and ``kg``,
-    ``vin``, ``k``, ``G`` [n, H, 64, 128] of the chunks ``cs``. A batch of chunks at a time, U once per chunk (the
-    cadence-16 checkpoints of a chunk share it); offset-0 checkpoints are the entering states."""
+def checkpoints(chunk_rows, ck64, cu: list[int], cadence: int, out):
+    """cuDNN's checkpoints into ``out`` [count, H, V, K] from the states entering each chunk (``ck64`` [chunks, H, K,
+    V] fp32). Inside a chunk the state is walked in 16-token blocks from the entering state S_0 with the chunk's
+    writes U = T (V_in - K_g S_0^T): S_e = S_b diag(exp(G_e - G_b)) + U[b:e]^T (K[b:e] exp(G_e - G[b:e])) (b, e the
+    last tokens before and in the block; every factor <= 1: G is non-increasing). ``chunk_rows(cs, n)``: fp32 ``tb``
+    [c, H, n, n] and ``kg``, ``vin``, ``k``, ``G`` [c, H, n, 128], the first n rows of the chunks ``cs``. A batch of
+    chunks at a time; offset-0 checkpoints are the entering states. (It advanced every checkpoint from S_0 over the
+    chunk's 64 rows at once before: 48 [H, 64, 128] fp32 temporaries per batch of 16 chunks at cadence 16.)"""
     chunks, base = chunk_list(cu)
     where = []  # (chunk, offset) of every checkpoint, sequences in order
     for n in range(len(cu) - 1):
         where += [(base[n] + p // CHUNK, p % CHUNK) for p in range(0, cu[n + 1] - cu[n], cadence)]
-    hs = ck64.shape[1]
-    dev = ck64.device
-    out = torch.empty(len(where), hs, DIM, DIM, dtype=dtype, device=dev)
     if not where:
         return out
-    wc = torch.tensor([x[0] for x in where], device=dev)
-    wm = torch.tensor([x[1] for x in where], device=dev)
-    at0 = (wm == 0).nonzero().view(-1)
-    out[at0] = ck64[wc[at0]].transpose(-1, -2).to(dtype)
+    dev = ck64.device
+
+    def put(slots, chunk_pos, states):
+        """``out[slots] = states[chunk_pos]`` (host lists; nothing read back)."""
+        if slots:
+            out[torch.tensor(slots, device=dev)] = states[torch.tensor(chunk_pos, device=dev)].to(out.dtype)
+
+    put([i for i, (_, m) in enumerate(where) if m == 0], [c for c, m in where if m == 0], ck64.transpose(-1, -2))
+    slot = {cm: i for i, cm in enumerate(where)}
     inner = sorted({c for c, m in where if m})
-    for s in range(0, len(inner), _CKPT_CHUNKS):
-        cs = torch.tensor(inner[s:s + _CKPT_CHUNKS], device=dev)
-        r = chunk_rows(cs)
-        S0 = ck64[cs].transpose(-1, -2).float()  # [n, H, V, K]
-        U = r["tb"] @ (r["vin"] - r["kg"] @ S0.transpose(-1, -2))  # [n, H, 64, V]
-        idx = ((wm > 0) & (wc >= cs[0]) & (wc <= cs[-1])).nonzero().view(-1)  # cs: a run of the sorted chunks
-        loc = torch.searchsorted(cs, wc[idx])
-        m = wm[idx]
-        G = r["G"][loc]  # [p, H, 64, K]
-        gm = torch.gather(G, 2, (m - 1)[:, None, None, None].expand(-1, hs, 1, DIM))  # G_{m-1}
-        before = (torch.arange(CHUNK, device=dev)[None] < m[:, None]).float()  # j < m
-        Kt = r["k"][loc] * torch.exp(gm - G) * before[:, None, :, None]
-        out[idx] = (S0[loc] * torch.exp(gm) + U[loc].transpose(-1, -2) @ Kt).to(dtype)
+    blocks = max(m for _, m in where) // _SUB  # 16-token blocks walked: up to the last checkpoint offset
+    step = max(1, _CKPT_PAIRS // ck64.shape[1])
+    for s in range(0, len(inner), step):
+        batch = inner[s:s + step]
+        r = chunk_rows(torch.tensor(batch, device=dev), blocks * _SUB)
+        S = ck64[batch].transpose(-1, -2).float()  # [c, H, V, K]: S_0
+        U = r["tb"] @ (r["vin"] - r["kg"] @ S.transpose(-1, -2))  # [c, H, n, V]
+        g_before = torch.zeros_like(r["G"][:, :, :1])
+        for blk in range(blocks):
+            rows = slice(blk * _SUB, (blk + 1) * _SUB)
+            g_last = r["G"][:, :, rows.stop - 1:rows.stop]  # [c, H, 1, K]
+            S = S * torch.exp(g_last - g_before) + U[:, :, rows].transpose(-1, -2) @ (
+                r["k"][:, :, rows] * torch.exp(g_last - r["G"][:, :, rows]))
+            g_before = g_last
+            at = [(slot[c, rows.stop], p) for p, c in enumerate(batch) if (c, rows.stop) in slot]
+            put([i for i, _ in at], [p for _, p in at], S)
     return out
 
 
