@@ -82,3 +82,20 @@ def test_bundle_roundtrip_and_stale_detection(tiny_module, tmp_path, monkeypatch
     assert runtime.artifact_path(mod, {"n": 256}) == os.path.join(str(bundle), man["artifacts"][0]["file"])
     with pytest.raises(runtime.ArtifactNotFoundError, match="python -m tirx_kernels.build --kernel tiny"):
         runtime.artifact_path(mod, {"n": 512})
+
+
+def test_rebuilt_artifact_replaces_its_file_in_the_bundle(tiny_module, tmp_path, monkeypatch):
+    """A rebuild into an existing bundle keeps one file per entry: the superseded .so goes, other entries' stay."""
+    mod, _ = tiny_module
+    monkeypatch.setenv("TIRX_KERNELS_CACHE", str(tmp_path / "cache"))
+    bundle = str(tmp_path / "bundle")
+    monkeypatch.setattr(artifacts, "fingerprint", lambda m: "a" * 16)
+    first = [artifacts.build_cached(mod, "tiny", {"n": n}) for n in (256, 512)]
+    artifacts.write_bundle(bundle, [{**info, "so": so} for so, info in first])
+    old = {a["file"] for a in artifacts.read_manifest(bundle)["artifacts"]}
+    monkeypatch.setattr(artifacts, "fingerprint", lambda m: "b" * 16)  # the source changed: a new file for n 256
+    so, info = artifacts.build_cached(mod, "tiny", {"n": 256})
+    artifacts.write_bundle(bundle, [{**info, "so": so}])
+    files = {a["file"] for a in artifacts.read_manifest(bundle)["artifacts"]}
+    assert len(files) == 2 and len(files & old) == 1
+    assert sorted(f for f in os.listdir(bundle) if f.endswith(".so")) == sorted(files)
