@@ -383,12 +383,13 @@ def test_plan_divides_the_row(state_dtype, dstate):
                 assert dstate // p["lanes_per_row"] * p["rows_per_thread"] <= ssu.TOKEN_MAJOR_STATE_REGS
 
 
-def test_multi_token_schedules_are_token_major_except_int16_and_horizontal():
+def test_multi_token_schedules_are_token_major_except_int16():
     assert ssu.plan("bfloat16", 128, "simple", ssu.MAX_TOKENS) == {
         "rows_per_cta": 32, "lanes_per_row": 4, "rows_per_thread": 2, "token_major": True}
     assert ssu.plan("bfloat16", 256, "simple", ssu.MAX_TOKENS)["lanes_per_row"] == 8  # 64 state registers, not 128
+    assert ssu.plan("float32", 128, "horizontal", ssu.MAX_TOKENS)["token_major"]
     for state_dtype, name, tokens in (("bfloat16", "simple", 1), ("int16", "simple", ssu.MAX_TOKENS),
-                                      ("bfloat16", "horizontal", ssu.MAX_TOKENS)):
+                                      ("int16", "horizontal", ssu.MAX_TOKENS), ("float16", "vertical", 1)):
         assert not ssu.plan(state_dtype, 128, name, tokens).get("token_major")
 
 

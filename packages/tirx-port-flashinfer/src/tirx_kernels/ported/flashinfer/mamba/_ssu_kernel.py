@@ -71,15 +71,19 @@ def _vectors_per_row(state_dtype: str, dstate: int) -> int:
     return dstate * (4 if state_dtype == "float32" else 2) // 16
 
 
-# Multi-token (MTP) forms of simple and vertical for a bf16 / fp16 / fp32 state: token-major (``build_kernel``), half
-# the rows a thread and a CTA, 4 lanes a row. The H200 sweep of 2026-12-07 (tools/sweeps/ssu_mtp_schedules.py,
-# docs/measurements/2026-12-07d/ssu-sweep.log; bf16 state, d64, dstate 128, 6 tokens): simple's 64x8x4 row-major ran
-# 164 / 1118 / 4454 us at batch 64 / 512 / 2048, 32x4x2 token-major 108 / 786 / 3379 (FlashInfer 115 / 813 / 3201).
-# horizontal keeps its row-major form (one row a thread: the loop order changes nothing); int16 pools too (the
-# token-major body has no per-row requantize).
+# Multi-token (MTP) forms for a bf16 / fp16 / fp32 state: token-major (``build_kernel``), 2 rows a thread; simple 32
+# rows a CTA and 4 lanes a row, vertical half the rows (twice the CTAs), horizontal twice the lanes (8: its
+# one-row-a-thread, 16-lane form ran 2.1x the best). The H200 sweep of 2026-12-07 (tools/sweeps/ssu_mtp_schedules.py,
+# docs/measurements/2026-12-07d/ssu-sweep.log; bf16 state, d64, dstate 128, 6 tokens, batch 64 / 512 / 2048 in us):
+#   simple      64x8x4 row-major 164 / 1118 / 4454   ->  32x4x2 token-major 108 / 786 / 3379
+#   vertical    16x8x2 row-major 180 / 1122 / 4944   ->  16x4x2 token-major 129 / 915 / 3670
+#   horizontal  32x16x1          227 / 1719 / 7033   ->  32x8x2 token-major 120 / 868 / 3854
+#   FlashInfer 0.7.4 (simple)    115 / 813 / 3201
+# int16 pools keep the row-major forms (the token-major body has no per-row requantize).
 MTP_SCHEDULES = {
     "simple": {"rows_per_cta": 32, "lanes_per_row": 4, "rows_per_thread": 2, "token_major": True},
     "vertical": {"rows_per_cta": 16, "lanes_per_row": 4, "rows_per_thread": 2, "token_major": True},
+    "horizontal": {"rows_per_cta": 32, "lanes_per_row": 8, "rows_per_thread": 2, "token_major": True},
 }
 # token-major keeps every row of the thread in fp32 registers: lanes are raised until that is at most this many
 # (dstate 256 at 4 lanes and 2 rows would be 128)
