@@ -6,7 +6,10 @@ that are several kernels and torch glue (the linear-attention forwards and backw
 tuning one of them.
 
     python3 tools/probes/op_breakdown.py cudnn_sm90_gdn2_prefill_f16:perf_b1_s8192_h16_l2 \\
-        kda_forward_portfolio_multishape:h16_b1_t8192 [--calls 3] [--top 12]
+        kda_forward_portfolio_multishape:h16_b1_t8192 [--calls 3] [--top 12] [--host]
+
+``--host``: also the host side, where the events time exceeds the kernels' (2026-12-07d: KDA forward h16 1915 us a
+call against 1095 us of kernels, back to back): the calls' Python time with no sync, then cProfile by own time.
 """
 
 import argparse
@@ -22,7 +25,32 @@ def find_config(mod, label: str) -> dict:
     raise SystemExit(f"{mod.__name__}: no config {label!r}")
 
 
-def breakdown(kernel: str, label: str, calls: int, top: int) -> None:
+def host_side(mod, cfg, data, calls: int, top: int) -> None:
+    import cProfile
+    import io
+    import pstats
+    import time
+
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        mod.launch(cfg, data)
+    host = (time.perf_counter() - t0) / calls * 1e6
+    torch.cuda.synchronize()
+    with_gpu = (time.perf_counter() - t0) / calls * 1e6
+    print(f"  host: {host:.1f} us a call issuing (no sync), {with_gpu:.1f} us with the GPU")
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        mod.launch(cfg, data)
+    torch.cuda.synchronize()
+    prof.disable()
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(top)
+    print("\n".join("    " + line for line in buf.getvalue().splitlines() if line.strip())[-6000:])
+
+
+def breakdown(kernel: str, label: str, calls: int, top: int, host: bool = False) -> None:
     from torch.profiler import ProfilerActivity, profile
 
     from tirx_kernels import registry
@@ -56,6 +84,8 @@ def breakdown(kernel: str, label: str, calls: int, top: int) -> None:
           f"({100 * gpu / per_call:.0f} %: the rest is host work or gaps between launches)")
     for name, (t, n) in sorted(rows.items(), key=lambda kv: -kv[1][0])[:top]:
         print(f"  {t / calls:10.1f} us  {100 * t / calls / per_call:5.1f} %  x{n // calls:<4d} {name}")
+    if host:
+        host_side(mod, cfg, data, calls, top)
 
 
 def main(argv) -> int:
@@ -63,11 +93,12 @@ def main(argv) -> int:
     ap.add_argument("rows", nargs="+", help="kernel:config label")
     ap.add_argument("--calls", type=int, default=3)
     ap.add_argument("--top", type=int, default=12)
+    ap.add_argument("--host", action="store_true", help="also the host time and a cProfile of the calls")
     a = ap.parse_args(argv)
     for row in a.rows:
         kernel, _, label = row.partition(":")
         try:
-            breakdown(kernel, label, a.calls, a.top)
+            breakdown(kernel, label, a.calls, a.top, a.host)
         except Exception as e:  # one row's failure (a missing artifact, OOM) does not end the others
             print(f"\n{row}: {type(e).__name__}: {e}")
     return 0
