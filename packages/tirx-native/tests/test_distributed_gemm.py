@@ -184,3 +184,15 @@ def test_distributed_gemm_builds_without_spills(kernel, params):
     from tirx_kernels.core import testing
 
     testing.build_and_check_sass(importlib.import_module(f"tirx_kernels.gemm.{kernel}"), kernel, params)
+
+
+def test_peer_deltas_are_made_once_per_workspace():
+    """The reduce's peer offsets are a device tensor made once per workspace and rank (a per-call copy of a host
+    list broke CUDA-graph capture), each peer's address minus this rank's."""
+    class Symm:
+        buffer_ptrs = [1 << 20, 5 << 20, 3 << 20]
+
+    d = rs._peer_deltas(Symm(), 1, torch.device("cpu"))
+    assert d.tolist() == [-(4 << 20), 0, -(2 << 20)] and d.dtype == torch.int64
+    assert rs._peer_deltas(Symm(), 1, torch.device("cpu")) is d
+    assert rs._peer_deltas(Symm(), 2, torch.device("cpu")).tolist() == [-(2 << 20), 2 << 20, 0]

@@ -244,6 +244,19 @@ def _fits(device) -> bool:
     return torch.cuda.get_device_properties(device).multi_processor_count >= GEMM_CTAS + REDUCE_CTAS
 
 
+_DELTAS: dict = {}
+
+
+def _peer_deltas(symm, rank: int, device) -> torch.Tensor:
+    """Each peer's workspace address minus this rank's (int64, on the device), made once per workspace: a host
+    list copied per call cannot be captured in a CUDA graph."""
+    ptrs = tuple(symm.buffer_ptrs)
+    key = (ptrs, rank, str(device))
+    if key not in _DELTAS:
+        _DELTAS[key] = torch.tensor([p - ptrs[rank] for p in ptrs], dtype=torch.int64, device=device)
+    return _DELTAS[key]
+
+
 def _gemm_reduce_scatter(a, w, group, out, tile):
     name, rank, world = _dist.group_rank_size(group)
     M, N = a.shape[0], w.shape[0]  # noqa: N806
@@ -261,8 +274,7 @@ def _gemm_reduce_scatter(a, w, group, out, tile):
     symm = _dist.symm_workspace(name, nbytes)
     ws = symm.get_buffer(rank, (nbytes,), torch.uint8)
     p, flags = _views(ws, M, N, tile, a.dtype)
-    ptrs = symm.buffer_ptrs
-    deltas = torch.tensor([ptrs[q] - ptrs[rank] for q in range(world)], dtype=torch.int64, device=a.device)
+    deltas = _peer_deltas(symm, rank, a.device)
     flags.zero_()
     symm.barrier()  # every rank's flags zero
     gemm_then_reduce(a, w, p, flags, deltas, out, rank, world, tile, overlap=_fits(a.device))
@@ -326,7 +338,8 @@ def simulate_ranks(a: torch.Tensor, w: torch.Tensor, out: torch.Tensor, tile: st
     for steps in ("gemm", "reduce"):
         for r, s in enumerate(streams):
             s.wait_stream(cur)
-            deltas = torch.tensor([(q - r) * stride for q in range(world)], dtype=torch.int64, device=a.device)
+            # made on the device: a host list's copy cannot be captured in a CUDA graph
+            deltas = (torch.arange(world, dtype=torch.int64, device=a.device) - r) * stride
             with torch.cuda.stream(s):
                 shard = out[r * M // world:(r + 1) * M // world]
                 gemm_then_reduce(a[r], w[r], views[r][0], views[r][1], deltas, shard, r, world, tile, steps=steps)

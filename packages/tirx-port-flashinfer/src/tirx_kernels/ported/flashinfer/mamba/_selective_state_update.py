@@ -298,6 +298,9 @@ def get_baselines(schedule: str, **cfg) -> dict:
 
         def fn(d):
             a = dict(zip(_OP_KEYS, op_args(d)))
+            if a["dt"].stride(-2) != 1:  # its kernels check dt's head stride (H200, 2026-12-07d)
+                raise ImportError("FlashInfer 0.7.4 takes dt tied over dim (head stride 1, dim stride 0); this "
+                                  f"config's dt has strides {tuple(a['dt'].stride())}")
             st = a["state"] = d["state"].clone()
             if a["intermediate_states_buffer"] is not None:
                 a["intermediate_states_buffer"] = a["intermediate_states_buffer"].clone()
