@@ -32,6 +32,9 @@ STP_KNOBS = [(64, 8, 4, False), (16, 8, 2, False), (32, 16, 1, False), (32, 8, 2
              (32, 4, 2, False)]
 # (label, registered module, config overrides): the H100 bench rows of issue 25 and a serving-size STP row.
 SHAPES = [
+    # b1: the op's row ran 108 us against FlashInfer's 12.7 after the token-major change (H200, 2026-12-07d) while
+    # b512's kernel time bounds a CTA at ~13 us: the kernel alone here, to split kernel from host time
+    ("mtp b1 h64 d64 s128 t6", "selective_state_update_mtp_simple", {"batch": 1, "T": 6}),
     ("mtp b64 h64 d64 s128 t6", "selective_state_update_mtp_simple", {"batch": 64, "T": 6}),
     ("mtp b512 h64 d64 s128 t6", "selective_state_update_mtp_simple", {"batch": 512, "T": 6}),
     ("mtp b2048 h64 d64 s128 t6", "selective_state_update_mtp_simple", {"batch": 2048, "T": 6}),
