@@ -23,8 +23,9 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-# (rows_per_cta, lanes_per_row, rows_per_thread, token_major); the first three of each token count are the
-# registered simple / vertical / horizontal schedules.
+# (rows_per_cta, lanes_per_row, rows_per_thread, token_major); the first three of each token count are the row-major
+# SCHEDULES (the registered single-token forms); the registered multi-token forms (MTP_SCHEDULES) are among the
+# token-major ones and are also timed as "registered".
 KNOBS = [(64, 8, 4, False), (16, 8, 2, False), (32, 16, 1, False),
          (64, 8, 4, True), (16, 8, 2, True), (32, 8, 2, True), (32, 8, 4, True), (64, 8, 2, True),
          (32, 4, 2, True), (64, 4, 4, True), (16, 4, 2, True)]

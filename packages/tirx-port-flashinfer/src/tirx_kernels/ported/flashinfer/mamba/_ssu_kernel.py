@@ -56,7 +56,8 @@ SOFTPLUS_THRESHOLD = 20.0  # upstream's thresholded_softplus: x above it is retu
 (HAS_INDEX, HAS_DST, HAS_BIAS, HAS_Z, SOFTPLUS, UPDATE, INTERMEDIATE, HAS_INTER_INDEX,
  INDEX64) = (1 << i for i in range(9))
 
-# The schedules the registered names pin: rows a CTA owns, lanes a row, rows a thread.
+# The schedules the registered names pin (single-token calls and int16 pools; the other multi-token calls take
+# MTP_SCHEDULES below): rows a CTA owns, lanes a row, rows a thread.
 #   simple:     64 rows a CTA, 8 lanes a row (bf16 dstate 128: 2 vectors a lane), 4 rows a thread: 128 threads
 #   vertical:   16 rows a CTA (4x the CTAs: small batches fill the SMs), 8 lanes, 2 rows a thread: 64 threads
 #   horizontal: 32 rows a CTA, a whole warp on a row's columns (32 lanes), 1 row a thread: 1024 threads max
@@ -298,6 +299,19 @@ def build_kernel(state_dtype: str, input_dtype: str, dstate: int, max_tokens: in
                     T.buffer_store(acc, acc[k] + sf[i] * T.cuda.uint_as_float(bc[8 + e]), [k])
 
     @T.macro
+    def pool_row_store(S, SC, SEED, sf, off, packed, qscale, ph, h, lr, row_base, m, to_slot, seed_slot, pred,  # noqa: N803
+                       dim, row0, state_stride, scale_sb, philox_rounds_arg):
+        """A row's state into pool slot ``to_slot`` where ``pred`` holds (int16: requantized, its decode scale
+        beside it), rounded stochastically with the Philox stream of ``seed_slot`` (the row's own slot)."""
+        if quant:
+            quantize_row(sf, m, qscale, off)
+        store_state(S, to_slot * i64(state_stride) + row_base, m, sf, packed, pred, qscale,
+                    rng_of(ph, SEED, seed_slot * i64(state_stride) + row_base, philox_rounds_arg), off)
+        if quant:
+            if T.And(m == 0, pred):
+                SC[to_slot * i64(scale_sb) + i64(h * dim + row0 + lr)] = qscale[1]
+
+    @T.macro
     def row_token_out(S, OUT, INTER, DST, SC, SEED, sf, off, packed, qscale, ph, total, b, t, h, lr, row_base, m,  # noqa: N803
                       slot, pad, icache, d_h, Xs, Zs, flags, o_sb, o_st, dim, row0, nheads, cache_steps, dst_sb,
                       dst_st, ntokens, pad_slot_id, state_stride, scale_sb, philox_rounds_arg, is64):
@@ -322,13 +336,8 @@ def build_kernel(state_dtype: str, input_dtype: str, dstate: int, max_tokens: in
             dslot = index_value(DST, b * dst_sb + t * dst_st, is64)
             dpred = T.And(T.And(T.Not(pad), dslot != i64(pad_slot_id)),
                           T.And((flags & UPDATE) != 0, T.Or(t == ntokens - 1, dst_st != 0)))
-            if quant:
-                quantize_row(sf, m, qscale, off)
-            store_state(S, dslot * i64(state_stride) + row_base, m, sf, packed, dpred, qscale,
-                        rng_of(ph, SEED, slot * i64(state_stride) + row_base, philox_rounds_arg), off)
-            if quant:
-                if T.And(m == 0, dpred):
-                    SC[dslot * i64(scale_sb) + i64(h * dim + row0 + lr)] = qscale[1]
+            pool_row_store(S, SC, SEED, sf, off, packed, qscale, ph, h, lr, row_base, m, dslot, slot, dpred, dim,
+                           row0, state_stride, scale_sb, philox_rounds_arg)
 
     @T.macro
     def row_final_store(S, SC, SEED, sf, off, packed, qscale, ph, h, lr, row_base, m, slot, pad, flags, dim, row0,  # noqa: N803
@@ -337,13 +346,8 @@ def build_kernel(state_dtype: str, input_dtype: str, dstate: int, max_tokens: in
         intermediate buffer, a destination slot)."""
         if (flags & (INTERMEDIATE | HAS_DST)) == 0:
             spred = T.And(T.Not(pad), (flags & UPDATE) != 0)
-            if quant:
-                quantize_row(sf, m, qscale, off)
-            store_state(S, slot * i64(state_stride) + row_base, m, sf, packed, spred, qscale,
-                        rng_of(ph, SEED, slot * i64(state_stride) + row_base, philox_rounds_arg), off)
-            if quant:
-                if T.And(m == 0, spred):
-                    SC[slot * i64(scale_sb) + i64(h * dim + row0 + lr)] = qscale[1]
+            pool_row_store(S, SC, SEED, sf, off, packed, qscale, ph, h, lr, row_base, m, slot, slot, spred, dim,
+                           row0, state_stride, scale_sb, philox_rounds_arg)
 
     def row_dequant(SC, pad, slot, scale_sb, h, dim, row0, lr):  # noqa: N803
         """int16: the row's decode scale (a pad slot's rows are zeros, its scale never read); else 1."""
