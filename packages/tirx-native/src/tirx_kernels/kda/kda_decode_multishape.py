@@ -319,7 +319,7 @@ def get_baselines(**cfg) -> dict:
             raise ImportError("flashinfer.kda_decode.recurrent_kda: its CuTe-DSL backend cannot target this device")
 
         def fn(d):
-            pool = d["state"].clone()
+            pool = d["state"]
             T = d["q"].shape[1]  # noqa: N806
             o, _ = recurrent_kda(d["q"], d["k"], d["v"], d["g"], d["beta"], A_log=d["A_log"], dt_bias=d["dt_bias"],
                                  initial_state=pool, use_qk_l2norm_in_kernel=True,
