@@ -7,7 +7,8 @@ copy: neither side near the memory roof) and the single-token ones:
     python tools/sweeps/ssu_mtp_schedules.py build --out build/sweep-ssu   # CPU machine: .so files + variants.json
     python tools/sweeps/ssu_mtp_schedules.py run --dir build/sweep-ssu     # GPU host: torch + apache-tvm-ffi
 
-A variant is (rows a CTA, lanes a row, rows a thread, token_major). ``run`` takes each shape's data from the
+A variant is (rows a CTA, lanes a row, rows a thread, token_major[, min CTAs an SM]: ``__launch_bounds__``' second
+argument, a register cap). ``run`` takes each shape's data from the
 registered module's ``prepare_data``, checks every variant's output and pool against the registered simple
 schedule's on the same inputs (bf16 tolerance), then times the variants, that schedule and FlashInfer together
 (``bench.time_calls``: cold L2, interleaved rounds). Exploration, not product: a winner goes into ``SCHEDULES``.
@@ -28,7 +29,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 # token-major ones and are also timed as "registered".
 KNOBS = [(64, 8, 4, False), (16, 8, 2, False), (32, 16, 1, False),
          (64, 8, 4, True), (16, 8, 2, True), (32, 8, 2, True), (32, 8, 4, True), (64, 8, 2, True),
-         (32, 4, 2, True), (64, 4, 4, True), (16, 4, 2, True)]
+         (32, 4, 2, True), (64, 4, 4, True), (16, 4, 2, True),
+         # occupancy (2026-12-07e, CPU analysis): the registered token-major simple form takes 128 registers at 64
+         # threads, so 8 CTAs (16 warps) an SM, loads and math of a CTA not overlapped; b2048 ran 29 % of the copy
+         # roof. Capped registers, and one row a thread (half the fp32 state in registers):
+         (32, 4, 2, True, 12), (32, 8, 2, True, 8), (64, 8, 2, True, 4), (32, 4, 1, True), (32, 4, 1, True, 8),
+         (16, 4, 1, True, 16)]
 STP_KNOBS = [(64, 8, 4, False), (16, 8, 2, False), (32, 16, 1, False), (32, 8, 2, False), (64, 4, 4, False),
              (32, 4, 2, False)]
 # (label, registered module, config overrides): the H100 bench rows of issue 25 and a serving-size STP row.
@@ -45,8 +51,8 @@ SHAPES = [
 
 
 def variant_name(knobs, max_tokens: int, dstate: int) -> str:
-    r, lanes, rt, tm = knobs
-    return f"t{max_tokens}_s{dstate}_r{r}_l{lanes}_rt{rt}" + ("_tm" if tm else "")
+    r, lanes, rt, tm, mb = (*knobs, 0)[:5]
+    return f"t{max_tokens}_s{dstate}_r{r}_l{lanes}_rt{rt}" + ("_tm" if tm else "") + (f"_mb{mb}" if mb else "")
 
 
 def _build_one(item):
@@ -54,12 +60,13 @@ def _build_one(item):
     from tirx_kernels.core import build
     from tirx_kernels.ported.flashinfer.mamba import _ssu_kernel as sk
 
-    r, lanes, rt, tm = knobs
+    r, lanes, rt, tm, mb = (*knobs, 0)[:5]
     name = variant_name(knobs, max_tokens, dstate)
     t0 = time.time()
     try:
         res = build.build_so(sk.build_kernel("bfloat16", "bfloat16", dstate, max_tokens, rows_per_cta=r,
-                                             lanes_per_row=lanes, rows_per_thread=rt, token_major=tm),
+                                             lanes_per_row=lanes, rows_per_thread=rt, token_major=tm,
+                                             min_blocks_per_sm=mb),
                              os.path.join(out, name + ".so"))
     except Exception as e:  # one bad variant does not cost the sweep
         return {"name": name, "error": f"{type(e).__name__}: {e}"[-1500:]}
@@ -85,7 +92,7 @@ def cmd_build(a) -> int:
 
 
 def _fits(v, n) -> bool:
-    r, lanes, rt, _ = v["knobs"]
+    r = v["knobs"][0]
     tokens = n["x"].shape[1]
     return (v["dstate"] == n["state"].shape[3] and (v["max_tokens"] == 1) == (tokens == 1)
             and n["x"].shape[3] % r == 0)

@@ -145,11 +145,14 @@ def get_kernel(state_dtype: str, input_dtype: str, dstate: int, max_tokens: int,
 
 
 def build_kernel(state_dtype: str, input_dtype: str, dstate: int, max_tokens: int, rows_per_cta: int,
-                 lanes_per_row: int, rows_per_thread: int, philox_rounds: int = 0, token_major: bool = False):
+                 lanes_per_row: int, rows_per_thread: int, philox_rounds: int = 0, token_major: bool = False,
+                 min_blocks_per_sm: int = 0):
     """``token_major`` (``MTP_SCHEDULES``; swept by ``tools/sweeps/ssu_mtp_schedules.py``): the
     token loop outside the thread's rows, all ``rows_per_thread`` rows' fp32 state in registers, so a token's B / C
     shared-memory loads serve every row and the rows' updates and shuffle sums are independent work; row-major (the
-    default) walks one row through every token before the next. Multi-token bf16 / fp16 / fp32 states only."""
+    default) walks one row through every token before the next. Multi-token bf16 / fp16 / fp32 states only.
+    ``min_blocks_per_sm`` (0: none, the registered forms): ``__launch_bounds__``' minimum CTAs an SM, which caps the
+    registers (the token-major simple form takes 128 registers at 64 threads: 8 CTAs, 16 warps an SM), a sweep knob."""
     if token_major and (state_dtype == "int16" or philox_rounds or max_tokens == 1):
         raise ValueError("selective_state_update: token_major is a multi-token schedule of a bf16 / fp16 / fp32 "
                          "state (no int16 pool, no stochastic rounding)")
@@ -400,6 +403,8 @@ def build_kernel(state_dtype: str, input_dtype: str, dstate: int, max_tokens: in
         SC = T.match_buffer(scale_ptr, (n_sc,), "float32", align=4)
         SEED = T.match_buffer(seed_ptr, (n_seed,), "int32", align=4)  # rand_seed (int64) as two words
         T.device_entry()
+        if min_blocks_per_sm > 0:
+            T.attr({"tirx.launch_bounds_min_blocks_per_sm": min_blocks_per_sm})
         b, hc = T.cta_id([batch, nheads * (dim // R)])
         tid = T.thread_id([threads])
         Bs = T.alloc_shared((bc_stage,), "float32", align=16)
