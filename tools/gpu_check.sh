@@ -113,6 +113,12 @@ if [ "$what" = suite ]; then
   # all kernels otherwise: a process per kernel cost ~7 s each on 2026-12-07). Needs the source stamp
   # (`python -m tirx_kernels.bench_suite stamp` after staging) since the host has no .git.
   end=$(( $(date +%s) + ${SUITE_LIMIT:-540} )); mkdir -p "$OUT/suite"
+  # `suite needed`: the kernels this card's pinned rows lack or hold stale, cheapest first (`status --names`)
+  if [ "${1:-}" = needed ]; then
+    card=$(python3 -c "import torch; from tirx_kernels.bench_suite.cards import card_key; print(card_key(torch.cuda.get_device_name()))")
+    set -- $(python3 -m tirx_kernels.bench_suite status --card "$card" --names)
+    echo "suite needed on $card: $*" | tee "$OUT/suite-needed.txt"
+  fi
   args=(); for k in "$@"; do args+=(--kernel "$k"); done
   while :; do
     left=$(( end - $(date +%s) )); [ "$left" -lt 30 ] && { echo "suite: out of time"; break; }

@@ -912,3 +912,23 @@ def test_cli_parts_refuses_a_role_or_out_selection(tmp_path, capsys):
     assert cli.main(["run", "--parts", str(tmp_path), "--role", "small", "--no-progress"]) == 2
     assert cli.main(["run", "--time-limit", "5", "--no-progress"]) == 2
     assert "--parts" in capsys.readouterr().err
+
+
+def test_status_names_cheapest_first(tmp_root, tmp_path, entries, capsys):
+    base = _two_card_baseline(tmp_root, entries)
+    rostered = sorted(set(roster.load_all(tmp_root)) & set(entries))
+    assert compare.needing_by_cost(compare.status(tmp_root, base, entries), base) == []
+    if len(rostered) < 2:
+        pytest.skip("needs two rostered kernels")
+    slow, cheap = rostered[0], rostered[1]
+    for run in base["cards"].values():
+        for r in run["rows"]:
+            r["elapsed_s"] = {slow: 90.0, cheap: 2.0}.get(r["kernel"], 5.0)
+            if r["kernel"] in (slow, cheap) and run is base["cards"]["H100"]:
+                r["fingerprint"] = "0" * 16  # stale on the H100 only
+    items = compare.status(tmp_root, base, entries, card="H100")
+    assert compare.needing_by_cost(items, base) == [cheap, slow]
+    assert compare.needing_by_cost(compare.status(tmp_root, base, entries, card="H200"), base) == []
+    path = write(tmp_path, "base.json", base)
+    assert cli.main(["status", "--root", tmp_root, "--baseline", path, "--card", "H100", "--names"]) == 0
+    assert capsys.readouterr().out.split() == [cheap, slow]

@@ -75,6 +75,9 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--card", help="only this card (e.g. H100, H200); default: every card the baseline holds")
     s.add_argument("--check", action="store_true", help="exit 1 if anything is missing or stale")
     s.add_argument("--json", action="store_true")
+    s.add_argument("--names", action="store_true",
+                   help="only the names of the kernels with work to do, one a line, cheapest first (by the longest "
+                        "row time any card recorded): a GPU run's `bench_suite run --kernel ...` list")
 
     t = add("stamp", "write a source stamp (commit, dirty flag, file hashes) for a GPU host without .git")
     t.add_argument("--out", help="default: .gpu/source-stamp.json (found there by the run)")
@@ -186,7 +189,12 @@ def cmd_status(a) -> int:
     path = a.baseline or os.path.join(root, "bench_suite", "baseline.json")
     base = load(path) if os.path.exists(path) else None
     items = status(root, base, card=a.card)
-    print(json.dumps(items, indent=1) if a.json else format_status(items, path, base))
+    if a.names:
+        from .compare import needing_by_cost
+
+        print("\n".join(needing_by_cost(items, base)))
+    else:
+        print(json.dumps(items, indent=1) if a.json else format_status(items, path, base))
     return 1 if a.check and not all(i["up_to_date"] for i in items) else 0
 
 

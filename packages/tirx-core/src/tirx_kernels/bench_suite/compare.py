@@ -166,6 +166,18 @@ def status(root: str, baseline: dict | None, entries=None, card: str | None = No
     return items
 
 
+def needing_by_cost(items: list[dict], baseline: dict | None) -> list[str]:
+    """The kernels of ``items`` with work to do (rows missing, stale or failed; no roster is not work a GPU run
+    does), cheapest first: by the longest ``elapsed_s`` any card recorded for the kernel's rows (a kernel never
+    measured anywhere goes last), so a device call cut at its time limit has pinned as many kernels as it could."""
+    cost: dict = {}
+    for run in cards.by_card(baseline).values():
+        for r in run.get("rows", []):
+            cost[r["kernel"]] = max(cost.get(r["kernel"], 0.0), float(r.get("elapsed_s") or 0.0))
+    names = dict.fromkeys(i["kernel"] for i in items if not i["up_to_date"] and not i["note"])
+    return sorted(names, key=lambda k: (k not in cost, cost.get(k, 0.0), k))
+
+
 def format_status(items: list[dict], baseline_path: str, baseline: dict | None) -> str:
     pinned = cards.by_card(baseline)
     out = [f"baseline: {baseline_path}" + (f" (cards: {cards.describe(pinned)})" if baseline else " (absent)")]
