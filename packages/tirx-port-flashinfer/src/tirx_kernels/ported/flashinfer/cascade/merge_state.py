@@ -592,7 +592,7 @@ def get_baselines(**cfg) -> dict:
             elif op == "merge_state":
                 v, s = fc.merge_state(*(data[k].contiguous() for k in ("v_a", "s_a", "v_b", "s_b")))
             else:
-                v, s = data["v"].contiguous().clone(), data["s"].contiguous().clone()
+                v, s = data["v"].contiguous(), data["s"].contiguous()  # in place, as ours (no per-call copy)
                 mask = {} if data["mask"] is None else {"mask": data["mask"].contiguous()}
                 fc.merge_state_in_place(v, s, data["v_other"].contiguous(), data["s_other"].contiguous(), **mask)
             return {"v": v, "s": s}
