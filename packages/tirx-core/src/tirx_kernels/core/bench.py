@@ -154,7 +154,11 @@ def roofline_stats(model: dict, us: float, ceil: dict) -> dict:
 
 
 def bench_config(mod, cfg: dict, with_references: bool = False) -> dict:
-    """One bench row: our µs, TFLOP/s or TB/s, % of the measured ceiling, each reference's µs and ref/ours."""
+    """One bench row: our µs, TFLOP/s or TB/s, % of the measured ceiling, each reference's µs and ref/ours.
+
+    Every implementation is timed on the same ``data``: an in-place op and its references update it in place, call
+    after call. A reference must not copy what it updates in place (a pool clone per call was ~1 ms of FlashInfer's
+    3.2 ms Mamba b2048 row, 2026-12-07e): the correctness check already hands each reference fresh copies."""
     import torch
 
     from .arch import check_arch
