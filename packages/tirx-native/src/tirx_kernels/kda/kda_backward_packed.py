@@ -106,7 +106,7 @@ def get_kernel(kernel: str = "walk"):
 
 
 def artifact_params() -> list[dict]:
-    return [{"kernel": "chunk"}, {"kernel": "scan"}, {"kernel": "walk"}]
+    return [{"kernel": "chunk"}, {"kernel": "scan"}, {"kernel": "table"}, {"kernel": "walk"}]
 
 
 def call_samples(rng) -> list[dict]:
@@ -252,7 +252,7 @@ def _run(q, k, v, g, beta, A_log, dt_bias, do, dht, scale, initial_state, cu_seq
         fwd.scan_pass(chunks, v, cu_seqlens, torch.empty_like(v), initial_state, None, checkpoints,
                       functions=_FUNCTIONS)
     dh_out, d0 = _walk(chunks, do, dht, cu_seqlens, h, n)
-    tok0, clen, _ = fwd.chunk_table(cu_seqlens, total)
+    tok0, clen, _ = fwd.chunk_table(cu_seqlens, total, _FUNCTIONS)
     q, k, v, g, beta, do = exact
     gr = _kda_bwd.chunk_grads(q, k, v, g, beta, A_log, dt_bias, scale, fwd.LOWER_BOUND, tok0, clen, checkpoints,
                               dh_out, do)

@@ -10,8 +10,10 @@ Per sequence and head, token by token (the oracle is :mod:`tirx_kernels.core.kda
     g   = lower_bound * sigmoid(exp(A_log[h]) * (g_raw + dt_bias[h]))      (per key channel, <= 0)
     S   = diag(exp(g)) S;   S += k' (sigmoid(beta) (v - S^T k'))^T;   o = scale S^T q'
 
-with q', k' the L2-normalised rows. Two kernels, 64-token chunks:
+with q', k' the L2-normalised rows. Three kernels, 64-token chunks:
 
+- ``table`` (``_chunk_table``): one CTA builds the chunk slots' ``(tok0, clen)`` and each sequence's first slot from
+  ``cu_seqlens`` on the device (no host sync; one launch where the torch ops took ~25).
 - ``chunk`` (``_kda_chunk``): every chunk of every sequence at once, one CTA per (chunk, head): gate and cumulative
   gate, norms, the per-channel-decayed K K^T and Q K^T on wgmma in 16-key strips, the UT transform (I + A)^-1 in
   fp32, and the gated operands Q_g, K_g, K_d, written to global (bf16).
@@ -91,22 +93,25 @@ def seq_lens(seqs: str) -> list[int]:
 # ---------------------------------------------------------------------------------------------------------
 
 def compile_params(**_) -> dict:
-    """Nothing of a call changes the code (lengths, heads and flags are run-time); ``chunk`` is the other artifact."""
+    """Nothing of a call changes the code (lengths, heads and flags are run-time); ``chunk`` and ``table`` are the
+    other artifacts."""
     return {"kernel": "scan"}
 
 
 def get_kernel(kernel: str = "scan"):
-    from tirx_kernels.kda import _kda_chunk, _kda_scan
+    from tirx_kernels.kda import _chunk_table, _kda_chunk, _kda_scan
 
     if kernel == "chunk":
         return _kda_chunk.build_chunk_kernel()
     if kernel == "scan":
         return _kda_scan.build_scan_kernel()
-    raise ValueError(f"{OP}: kernel {kernel!r} is 'chunk' or 'scan'")
+    if kernel == "table":
+        return _chunk_table.build_chunk_table_kernel()
+    raise ValueError(f"{OP}: kernel {kernel!r} is 'chunk', 'scan' or 'table'")
 
 
 def artifact_params() -> list[dict]:
-    return [{"kernel": "chunk"}, {"kernel": "scan"}]
+    return [{"kernel": "chunk"}, {"kernel": "scan"}, {"kernel": "table"}]
 
 
 def call_samples(rng) -> list[dict]:
@@ -114,9 +119,12 @@ def call_samples(rng) -> list[dict]:
 
 
 def sass_expect(kernel: str = "scan", **_) -> list[str]:
-    """The chunk pass's 16-key strips (m64n16) on the tensor cores; the scan's products and its 3-D TMA loads."""
+    """The chunk pass's 16-key strips (m64n16) on the tensor cores; the scan's products and its 3-D TMA loads; the
+    table's scans on shuffles."""
     if kernel == "chunk":
         return [r"HGMMA\.64x16x16\.F32\.BF16"]
+    if kernel == "table":
+        return [r"SHFL\.UP"]
     return [r"HGMMA\.64x64x16\.F32\.BF16", r"HGMMA\.64x128x16\.F32\.BF16", r"UTMALDG\.3D"]
 
 
@@ -250,10 +258,43 @@ def clamped_cu(cu_seqlens, total: int):
     return torch.cummax(cu_seqlens.to(torch.int64).clamp(0, total), 0).values
 
 
-def chunk_table(cu_seqlens, total: int):
-    """On the device, no host sync: ``(tok0, clen, chunk_base)`` of the chunk pass's ``total // 64 + N + 2`` slots
-    (slot order: every sequence's chunks, then the tokens after ``cu_seqlens[-1]`` with negative lengths, then
-    empty slots) and each sequence's first slot (the scan's index into the decays)."""
+# The table kernel keeps ccu[j] + 63 and the slot count in int32 (``_chunk_table``); no caller comes near (q's
+# T H 128 elements are < 2^31), a larger T takes the torch ops.
+_TABLE_MAX_TOKENS = 2**30
+
+
+def chunk_table(cu_seqlens, total: int, functions=None):
+    """On the device, no host sync: ``(tok0, clen, chunk_base)`` int32 of the chunk pass's ``total // 64 + N + 2``
+    slots (slot order: every sequence's chunks, then the tokens after ``cu_seqlens[-1]`` with negative lengths, then
+    empty slots) and each sequence's first slot (the scan's index into the decays). A CUDA ``cu_seqlens`` takes the
+    ``table`` kernel (one launch, ``functions``: the calling module's cache), bit-identical to
+    :func:`chunk_table_torch`, which serves the rest (CPU tensors: the emulated tests)."""
+    n = cu_seqlens.shape[0] - 1
+    if (not cu_seqlens.is_cuda or cu_seqlens.dtype not in (torch.int32, torch.int64) or cu_seqlens.dim() != 1
+            or n < 1 or total > _TABLE_MAX_TOKENS):
+        return chunk_table_torch(cu_seqlens, total)
+    tok0, clen, base, ccu = table_outputs(n, total // CHUNK + n + 2, cu_seqlens.device)
+    fn = (functions or _FUNCTIONS).get(("table", cu_seqlens.get_device()), lambda: {"kernel": "table"},
+                                       cu_seqlens.device)
+    fn(*table_args(cu_seqlens, total, tok0, clen, base, ccu))
+    return tok0, clen, base
+
+
+def table_outputs(n: int, slots: int, device) -> tuple:
+    """The table kernel's outputs: ``tok0, clen`` [slots], ``base`` [N] and its scratch ``ccu`` [N + 1] (the clamped
+    ``cu_seqlens``), int32."""
+    return tuple(torch.empty(m, dtype=torch.int32, device=device) for m in (slots, slots, n, n + 1))
+
+
+def table_args(cu_seqlens, total: int, tok0, clen, base, ccu) -> tuple:
+    """The table kernel's arguments: ``cu_seqlens`` as int32 words (an int64 one read whole: flag 1)."""
+    return (cu_seqlens.contiguous().view(torch.int32), tok0, clen, base, ccu, int(total),
+            int(cu_seqlens.dtype == torch.int64))
+
+
+def chunk_table_torch(cu_seqlens, total: int):
+    """:func:`chunk_table` in torch ops (on the tensor's device, no host sync): the table kernel's oracle and its
+    stand-in off the GPU."""
     cu = clamped_cu(cu_seqlens, total)
     n = cu.shape[0] - 1
     lens = (cu[1:] - cu[:-1]).clamp_min(0)
@@ -277,7 +318,7 @@ def chunk_table(cu_seqlens, total: int):
 def chunk_pass(q, k, g, beta, A_log, dt_bias, scale, cu_seqlens, functions=None):  # noqa: N803
     """The chunk kernel: ``(qg, kg, kd, pm, tb, gam, chunk_base)`` (``functions``: the calling module's cache)."""
     total, h = q.shape[1], q.shape[2]
-    tok0, clen, base = chunk_table(cu_seqlens, total)
+    tok0, clen, base = chunk_table(cu_seqlens, total, functions)
     qg, kg, kd, pm, tb, gam = chunk_outputs(total, h, tok0.shape[0], q.device)
     fn = (functions or _FUNCTIONS).get(("chunk", q.get_device()), lambda: {"kernel": "chunk"}, q.device)
     fn(*chunk_args(q, k, g, beta, A_log, dt_bias, tok0, clen, qg, kg, kd, pm, tb, gam, scale))

@@ -132,17 +132,20 @@ def check_inputs(op: str, q, k, v, gate, beta, w, cu_seqlens, initial_state, fin
 
 
 def get_kernel(kernel: str = "scan"):
-    """The two artifacts: ``_kda_chunk``'s GDN-2 variant (the chunk pass) and tirx-native's KDA scan kernel."""
-    from tirx_kernels.kda import _kda_chunk, _kda_scan
+    """The three artifacts: ``_kda_chunk``'s GDN-2 variant (the chunk pass), tirx-native's KDA scan kernel and its
+    chunk table (the slots from ``cu_seqlens``, on the device)."""
+    from tirx_kernels.kda import _chunk_table, _kda_chunk, _kda_scan
 
     if kernel == "chunk":
         return _kda_chunk.build_chunk_kernel("gdn2")
     if kernel == "scan":
         return _kda_scan.build_scan_kernel()
-    raise ValueError(f"cudnn gdn2: kernel {kernel!r} is 'chunk' or 'scan'")
+    if kernel == "table":
+        return _chunk_table.build_chunk_table_kernel()
+    raise ValueError(f"cudnn gdn2: kernel {kernel!r} is 'chunk', 'scan' or 'table'")
 
 
-ARTIFACTS = [{"kernel": "chunk"}, {"kernel": "scan"}]
+ARTIFACTS = [{"kernel": "chunk"}, {"kernel": "scan"}, {"kernel": "table"}]
 
 
 def run(functions, q, k, v, gate, beta, w, output, cu_seqlens, initial_state, final_state, checkpoints, cadence, scale,

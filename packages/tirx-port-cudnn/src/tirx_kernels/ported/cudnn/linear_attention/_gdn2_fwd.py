@@ -117,7 +117,7 @@ def kernel_pass(functions, q, k, g, b, scale, cu_seqlens):
     from tirx_kernels.kda import kda_forward_portfolio_multishape as kda_fwd
 
     total, hs = k.shape[0], k.shape[1]
-    tok0, clen, base = kda_fwd.chunk_table(cu_seqlens, total)
+    tok0, clen, base = kda_fwd.chunk_table(cu_seqlens, total, functions)
     out = kda_fwd.chunk_outputs(total, hs, tok0.shape[0], k.device)
     fn = functions.get(("chunk", k.get_device()), lambda: {"kernel": "chunk"}, k.device)
     fn(k if q is None else q, k, g.float().contiguous(), b, tok0, clen, *out, float(scale))

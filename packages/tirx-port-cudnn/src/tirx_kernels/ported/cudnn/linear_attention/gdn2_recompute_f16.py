@@ -74,9 +74,12 @@ def call_samples(rng) -> list[dict]:
 
 
 def sass_expect(kernel: str = "scan", **_) -> list[str]:
-    """The chunk pass's 16-key strips (m64n16) on the tensor cores; the scan's products and its 3-D TMA loads."""
+    """The chunk pass's 16-key strips (m64n16) on the tensor cores; the scan's products and its 3-D TMA loads; the
+    chunk table's scans on shuffles."""
     if kernel == "chunk":
         return [r"HGMMA\.64x16x16\.F32\.BF16"]
+    if kernel == "table":
+        return [r"SHFL\.UP"]
     return [r"HGMMA\.64x64x16\.F32\.BF16", r"HGMMA\.64x128x16\.F32\.BF16", r"UTMALDG\.3D"]
 
 

@@ -219,7 +219,7 @@ def _(*args) -> None:
 def _checkpoint_slots(state_checkpoints, cu_seqlens, total: int):
     """cuDNN's packed series (one [V, K] state per 64-token chunk of each sequence, in order) as the core's chunk
     slots ([slots, H, K, V] fp32): sequence n's chunks start at slot ``chunk_base[n]``, exactly the packed order."""
-    _, _, base = fwd.chunk_table(cu_seqlens, total)
+    _, _, base = fwd.chunk_table(cu_seqlens, total, core._FUNCTIONS)
     slots = total // fwd.CHUNK + (cu_seqlens.shape[0] - 1) + 2
     h = state_checkpoints.shape[1]
     if state_checkpoints.dim() != 4 or state_checkpoints.shape[2:] != (DIM, DIM) or \
