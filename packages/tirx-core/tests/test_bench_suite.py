@@ -229,6 +229,9 @@ def _mutated(run, how):
 
 @pytest.mark.parametrize("how, match", [
     (lambda r: r["provenance"]["git"].update(dirty=True, dirty_files=["x.py"]), "dirty tree \\(x.py"),
+    (lambda r: r["provenance"]["git"].update(dirty=True, dirty_files=["bench_suite/baseline.json", "x.py"]),
+     "dirty tree"),
+    (lambda r: r["provenance"]["git"].update(dirty=True, dirty_files=[]), "dirty tree \\(state unknown"),
     (lambda r: r["provenance"]["git"].update(commit=None, dirty=None, reason="no git"), "commit is unknown"),
     (lambda r: r["rows"][0].update(status="failed", errors=[{"where": "liger", "reason": "liger missing"}]),
      "status failed: liger missing"),
@@ -932,3 +935,15 @@ def test_status_names_cheapest_first(tmp_root, tmp_path, entries, capsys):
     path = write(tmp_path, "base.json", base)
     assert cli.main(["status", "--root", tmp_root, "--baseline", path, "--card", "H100", "--names"]) == 0
     assert capsys.readouterr().out.split() == [cheap, slow]
+
+
+def test_promote_takes_a_tree_dirty_only_in_measurement_records(tmp_root, tmp_path, entries):
+    """A run staged before the last promotion was committed: only bench_suite/baseline.*, docs/ and README.md
+    differ from the stamped commit, none of which a measurement reads."""
+    records = ["bench_suite/baseline.json", "bench_suite/baseline.md", "docs/measurements/x/README.md", "README.md"]
+    run = _mutated(synthetic_run(tmp_root, entries),
+                   lambda r: r["provenance"]["git"].update(dirty=True, dirty_files=records))
+    promote.promote(write(tmp_path, "run.json", run), tmp_root, entries)
+    assert os.path.exists(os.path.join(tmp_root, "bench_suite", "baseline.json"))
+    assert promote.source_dirty({"dirty": True, "dirty_files": records + ["packages/tirx-core/a.py"]})
+    assert promote.source_dirty({"dirty": None, "dirty_files": []})
