@@ -35,7 +35,7 @@ pack_caches() {  # at most 24 MiB packed, else not brought back
   tar -C /tmp/caches-out -chf - . | xz -T0 -6 > "$OUT/caches.tar.xz"
   [ "$(stat -c %s "$OUT/caches.tar.xz")" -le $((24 << 20)) ] || rm -f "$OUT/caches.tar.xz"
 }
-trap pack_caches EXIT
+trap 'pack_caches; bash tools/gpu_out_fit.sh "$OUT"' EXIT
 if [ -f .gpu/artifacts.tar.xz ]; then
   mkdir -p /tmp/tirx-bundle && xz -dc .gpu/artifacts.tar.xz | tar -x -C /tmp/tirx-bundle
   export TIRX_KERNELS_ARTIFACTS=/tmp/tirx-bundle/artifacts
