@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Host helpers of ``core.runtime``: ``autograd_inside_custom_op`` (a VJP inside a custom op's body works eagerly
-through the op and under torch.compile, and leaves the caller's dispatch state as it was) and ``flat_view``."""
+"""Host helpers of ``core.runtime``: ``LaunchPlans``, ``autograd_inside_custom_op`` (a VJP inside a custom op's body
+works eagerly through the op and under torch.compile, and leaves the caller's dispatch state as it was) and
+``flat_view``."""
 
 import pytest
 import torch
@@ -69,3 +70,48 @@ def test_flat_view_spans_what_a_strided_tensor_addresses():
         assert g[i * 20 + j * 5 + k] == s[i, j, k]
     assert runtime.flat_view(torch.empty(0, 4)[:, 1:]).shape == (0,)
     assert runtime.flat_view(torch.tensor(3.0)).shape == (1,)
+
+
+def test_launch_plans_replay_views_of_each_calls_own_tensors():
+    """runtime.LaunchPlans: a recorded launch replays with flat views (same start, length, dtype) of the new call's
+    tensors, constants as they were; a pointer that is no view of an argument's start is not recorded; the
+    signature separates aliasing, alignment and non-tensor arguments, and is None for empty tensors."""
+    plans = runtime.LaunchPlans(limit=2)
+    got = []
+
+    def fn(*a):
+        got.append(a)
+
+    const = torch.zeros(1, dtype=torch.int32)
+
+    def call(x, w, flag):
+        args = (x, w, flag)
+        key = plans.signature(args, "algo")
+        plan = plans.get(key)
+        if plan is None:
+            ptrs = [x.flatten(), w.as_strided((w.shape[0] * w.stride(0) - w.stride(0) + w.shape[1],), (1,)),
+                    x.flatten().view(torch.int16), const]
+            plan = plans.record(key, fn, ptrs, [flag, 7], args, constants=(const,))
+        plans.replay(plan, args)
+        return got[-1]
+
+    x = torch.randn(4, 8)
+    w = torch.randn(3, 16)[:, :5]  # strided rows
+    first = call(x, w, 1)
+    x2, w2 = torch.randn(4, 8), torch.randn(3, 16)[:, :5]
+    second = call(x2, w2, 1)
+    assert len(plans) == 1
+    for a, b in zip(first[:3], second[:3]):
+        assert a.shape == b.shape and a.dtype == b.dtype
+    assert second[0].data_ptr() == x2.data_ptr() and second[1].data_ptr() == w2.data_ptr()
+    assert torch.equal(second[1], w2.as_strided((37,), (1,))) and second[2].dtype == torch.int16
+    assert second[3] is const and second[4:] == (1, 7)
+    assert plans.signature((x, x, 1)) != plans.signature((x, x2, 1))  # aliasing
+    assert plans.signature((x, w, 1)) != plans.signature((x, w, 2))  # scalars
+    assert plans.signature((x[:, 1:], w, 1)) != plans.signature((x[:, :7], w, 1))  # alignment (and strides)
+    assert plans.signature((torch.empty(0), w, 1)) is None
+    key = plans.signature((x, w, 3), "algo")
+    assert plans.record(key, fn, [torch.randn(3)], [], (x, w, 3)) is None  # not a view of an argument
+    for flag in (4, 5):  # the limit: the table is cleared, never unbounded
+        plans.record(plans.signature((x, w, flag)), fn, [x.flatten()], [], (x, w, flag))
+    assert len(plans) <= 2

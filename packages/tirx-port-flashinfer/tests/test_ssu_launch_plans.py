@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""selective_state_update's launch plans (the host path memoized per call signature, ``_ssu_op._PLANS``): on the
+"""selective_state_update's launch plans (the host path memoized per call signature, ``runtime.LaunchPlans``): on the
 CPU, with the kernel function replaced by a recorder, every config row of the six registered modules is called
 three times (the plan made, replayed on the same tensors, replayed on fresh tensors of the same signature) and each
 launch's arguments must be exactly those the uncached path builds for that call: the same kernel params, scalars,
@@ -31,7 +31,7 @@ def recorder(monkeypatch):
 
     monkeypatch.setattr(op.runtime, "get_function", get_function)
     monkeypatch.setattr(op, "_FUNCTIONS", {})
-    monkeypatch.setattr(op, "_PLANS", {})
+    monkeypatch.setattr(op, "_PLANS", op.runtime.LaunchPlans())
     monkeypatch.setattr(op.checks, "tensor", on_cpu)
     return calls
 

@@ -464,75 +464,21 @@ def run(schedule: str, n: dict) -> None:
     _function(schedule, params, n["x"].device)(*(ptrs[k] for k in ARG_ORDER), *(scalars[k] for k in SCALAR_ORDER))
 
 
-# ---------------------------------------------------------------------------------------------------------
-# Launch plans: the host path memoized per call signature
-# ---------------------------------------------------------------------------------------------------------
-# Validation, normalization and argument building are ~280 Python calls: 156 us of host time a call on the H100 host
-# against an 8.6 us kernel at batch 1 (2026-12-07e, op_breakdown --host), so an eager decode step was host-bound.
-# Everything they decide depends only on the arguments' metadata (shapes, strides, dtypes, devices, 16-byte
-# alignment, which tensors share a start address) and the scalar arguments: a call with the signature of an earlier
-# valid one replays that call's plan, i.e. the same kernel and scalars, and each pointer argument the same flat view
-# of the same argument (a stand-in where the argument is absent).
-_PLANS: dict = {}
-_PLAN_LIMIT = 512  # signatures kept (a serving process sees a handful: one per batch size and mode)
+# The host path memoized per call signature (``runtime.LaunchPlans``): 156 us of host work a call on the H100 host
+# against an 8.6 us kernel at batch 1 (2026-12-07e, op_breakdown --host); 33 against 67-72 us a call replayed on the
+# CPU machine with the launch stubbed.
+_PLANS = runtime.LaunchPlans()
 
 
-def _signature(args: tuple, algorithm: str):
-    """The call's signature, or None where it has an empty tensor (they share start addresses) or a subclass."""
-    sig, starts = [algorithm], {}
-    for i, a in enumerate(args):
-        if type(a) is torch.Tensor:
-            if a.numel() == 0:
-                return None
-            p = a.data_ptr()
-            sig.append((a.shape, a.stride(), a.dtype, a.get_device(), p % 16, starts.setdefault(p, i)))
-        elif isinstance(a, torch.Tensor):
-            return None
-        else:
-            sig.append(a)
-    return tuple(sig)
-
-
-def _plan(schedule: str, n: dict, args: tuple):
-    """``(fn, recipe, scalars)`` of a validated call: per pointer argument ``(index of the argument it views or
-    None, elements, dtype, flat, stand-in)``; None where a pointer is no view of an argument's start (never cached)."""
-    if n["x"].shape[0] == 0:
+def _record(key, schedule: str, n: dict, args: tuple):
+    """The call's launch recorded under ``key`` (None: an empty batch, or not recordable)."""
+    if key is None or n["x"].shape[0] == 0:
         return None
     kw = {k: v for k, v in n.items() if k != "mtp"}
     ptrs, scalars, params, _, _ = kernel_args(**kw, schedule=schedule)
-    by_start = {}
-    for i, a in enumerate(args):
-        if isinstance(a, torch.Tensor):
-            by_start.setdefault(a.data_ptr(), i)
-    recipe = []
-    for name in ARG_ORDER:
-        p = ptrs[name]
-        i = by_start.get(p.data_ptr())
-        if i is None:
-            if p is not _stand_in_index(p.device):
-                return None
-            recipe.append((None, 0, None, False, p))
-            continue
-        a = args[i]
-        nbytes = p.numel() * p.element_size()
-        if p.dim() != 1 or nbytes % a.element_size():
-            return None
-        elems = nbytes // a.element_size()
-        recipe.append((i, elems, p.dtype, a.is_contiguous() and a.numel() == elems, None))
-    return _function(schedule, params, n["x"].device), tuple(recipe), tuple(scalars[k] for k in SCALAR_ORDER)
-
-
-def _replay(plan, args: tuple) -> None:
-    fn, recipe, scalars = plan
-    ptrs = []
-    for i, elems, dtype, flat, stand_in in recipe:
-        if stand_in is not None:
-            ptrs.append(stand_in)
-            continue
-        a = args[i]
-        v = a.view(-1) if flat else a.as_strided((elems,), (1,))
-        ptrs.append(v if v.dtype == dtype else v.view(dtype))
-    fn(*ptrs, *scalars)
+    fn = _function(schedule, params, n["x"].device)
+    return _PLANS.record(key, fn, [ptrs[k] for k in ARG_ORDER], [scalars[k] for k in SCALAR_ORDER], args,
+                         constants=(_stand_in_index(n["x"].device),))
 
 
 def artifacts_key(params: dict) -> tuple:
@@ -579,10 +525,10 @@ def selective_state_update(state: torch.Tensor, x: torch.Tensor, dt: torch.Tenso
             bool(disable_state_update), intermediate_states_buffer, intermediate_state_indices, int(cache_steps),
             dst_state_batch_indices, state_scale, rand_seed, int(philox_rounds))
     direct = runtime.direct_call(*[t for t in args if isinstance(t, torch.Tensor)])
-    key = _signature(args, algorithm) if direct else None
-    plan = _PLANS.get(key) if key is not None else None
+    key = _PLANS.signature(args, algorithm) if direct else None
+    plan = _PLANS.get(key)
     if plan is not None:
-        _replay(plan, args)
+        _PLANS.replay(plan, args)
         runtime.mark_written(state)
         runtime.mark_written(out)
         if state_scale is not None:
@@ -594,12 +540,9 @@ def selective_state_update(state: torch.Tensor, x: torch.Tensor, dt: torch.Tenso
     checks.same_device(OP, "state", n["state"], x=n["x"], B=n["B"], C=n["C"], out=n["out"])
     schedule = pick_schedule(algorithm, n)
     if direct:
-        plan = _plan(schedule, n, args) if key is not None else None
+        plan = _record(key, schedule, n, args)
         if plan is not None:
-            if len(_PLANS) >= _PLAN_LIMIT:
-                _PLANS.clear()
-            _PLANS[key] = plan
-            _replay(plan, args)
+            _PLANS.replay(plan, args)
         else:
             run(schedule, n)
         runtime.mark_written(state)
