@@ -455,30 +455,29 @@ def _function(schedule: str, params: dict, device):
     return fn
 
 
-def run(schedule: str, n: dict) -> None:
-    """Launch the schedule's kernel on normalized arguments (``normalize``)."""
-    if n["x"].shape[0] == 0:
-        return
+def _launch(schedule: str, n: dict) -> tuple:
+    """``(fn, pointers, scalars)`` of the launch on normalized arguments (``normalize``), in the kernel's order."""
     kw = {k: v for k, v in n.items() if k != "mtp"}
     ptrs, scalars, params, _, _ = kernel_args(**kw, schedule=schedule)
-    _function(schedule, params, n["x"].device)(*(ptrs[k] for k in ARG_ORDER), *(scalars[k] for k in SCALAR_ORDER))
+    return (_function(schedule, params, n["x"].device), [ptrs[k] for k in ARG_ORDER],
+            [scalars[k] for k in SCALAR_ORDER])
+
+
+def run(schedule: str, n: dict, plans_key=None, args: tuple = ()) -> None:
+    """Launch the schedule's kernel on normalized arguments (``normalize``); with ``plans_key`` (a signature of
+    ``_PLANS``) the launch is also recorded for later calls on ``args`` of that signature."""
+    if n["x"].shape[0] == 0:
+        return
+    fn, pointers, scalars = _launch(schedule, n)
+    if plans_key is not None:
+        _PLANS.record(plans_key, fn, pointers, scalars, args, constants=(_stand_in_index(n["x"].device),))
+    fn(*pointers, *scalars)
 
 
 # The host path memoized per call signature (``runtime.LaunchPlans``): 156 us of host work a call on the H100 host
 # against an 8.6 us kernel at batch 1 (2026-12-07e, op_breakdown --host); 33 against 67-72 us a call replayed on the
 # CPU machine with the launch stubbed.
 _PLANS = runtime.LaunchPlans()
-
-
-def _record(key, schedule: str, n: dict, args: tuple):
-    """The call's launch recorded under ``key`` (None: an empty batch, or not recordable)."""
-    if key is None or n["x"].shape[0] == 0:
-        return None
-    kw = {k: v for k, v in n.items() if k != "mtp"}
-    ptrs, scalars, params, _, _ = kernel_args(**kw, schedule=schedule)
-    fn = _function(schedule, params, n["x"].device)
-    return _PLANS.record(key, fn, [ptrs[k] for k in ARG_ORDER], [scalars[k] for k in SCALAR_ORDER], args,
-                         constants=(_stand_in_index(n["x"].device),))
 
 
 def artifacts_key(params: dict) -> tuple:
@@ -529,29 +528,21 @@ def selective_state_update(state: torch.Tensor, x: torch.Tensor, dt: torch.Tenso
     plan = _PLANS.get(key)
     if plan is not None:
         _PLANS.replay(plan, args)
-        runtime.mark_written(state)
-        runtime.mark_written(out)
-        if state_scale is not None:
-            runtime.mark_written(state_scale)
-        return out
-    n = normalize(*args)
-    for name, t in (("state", n["state"]), ("x", n["x"])):
-        checks.tensor(OP, name, t, cuda=True)
-    checks.same_device(OP, "state", n["state"], x=n["x"], B=n["B"], C=n["C"], out=n["out"])
-    schedule = pick_schedule(algorithm, n)
-    if direct:
-        plan = _record(key, schedule, n, args)
-        if plan is not None:
-            _PLANS.replay(plan, args)
-        else:
-            run(schedule, n)
-        runtime.mark_written(state)
-        runtime.mark_written(out)
-        if state_scale is not None:
-            runtime.mark_written(state_scale)
     else:
-        _registered(schedule)
-        getattr(torch.ops.tirx, f"selective_state_update_{schedule}")(*args)
+        n = normalize(*args)
+        for name, t in (("state", n["state"]), ("x", n["x"])):
+            checks.tensor(OP, name, t, cuda=True)
+        checks.same_device(OP, "state", n["state"], x=n["x"], B=n["B"], C=n["C"], out=n["out"])
+        schedule = pick_schedule(algorithm, n)
+        if not direct:
+            _registered(schedule)
+            getattr(torch.ops.tirx, f"selective_state_update_{schedule}")(*args)
+            return out
+        run(schedule, n, key, args)
+    runtime.mark_written(state)
+    runtime.mark_written(out)
+    if state_scale is not None:
+        runtime.mark_written(state_scale)
     return out
 
 
