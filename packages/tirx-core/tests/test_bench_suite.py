@@ -456,6 +456,13 @@ def test_card_key(name, key):
     assert cards.card_key(name) == key
 
 
+def test_named_card_ignores_case():
+    """``--card h100`` once read "no h100 rows pinned" beside a baseline holding H100 (2026-12-07)."""
+    assert cards.named_card("h100", ["H200"]) == "H100" and cards.named_card(" h200 ", []) == "H200"
+    assert cards.named_card("nvidia h100 pcie", ["NVIDIA H100 PCIe"]) == "NVIDIA H100 PCIe"
+    assert cards.named_card("NVIDIA H100 80GB HBM3") == "H100" and cards.named_card(None) is None
+
+
 def test_promote_keeps_the_other_cards_rows(tmp_root, tmp_path, entries):
     h200, h100 = synthetic_run(tmp_root, entries), synthetic_run(tmp_root, entries, H100, slower=1.4)
     promote.promote(write(tmp_path, "h200.json", h200), tmp_root, entries)
@@ -537,6 +544,7 @@ def test_status_per_card(tmp_root, tmp_path, entries, capsys):
     assert "card H100: no H100 rows pinned (the baseline holds H200)" in capsys.readouterr().out
     if set(entries) <= set(roster.load_all(tmp_root)):
         assert cli.main(["status", "--root", tmp_root, "--baseline", path, "--card", "H200", "--check"]) == 0
+        assert cli.main(["status", "--root", tmp_root, "--baseline", path, "--card", "h200", "--check"]) == 0
 
 
 def test_baseline_md_has_one_section_per_card(tmp_root, entries):

@@ -28,6 +28,18 @@ def card_key(gpu_name: str | None) -> str:
     return CARD_KEYS.get(gpu_name.strip(), gpu_name.strip())
 
 
+def named_card(text: str | None, known=()) -> str | None:
+    """A card a user named on the command line (``--card h100``): the known key it matches ignoring case
+    (``known``: the cards a baseline or run holds, then ``CARD_KEYS``' values), else ``card_key`` of the text
+    (a full device name). ``None`` stays ``None`` (every card)."""
+    if text is None:
+        return None
+    for key in [*known, *CARD_KEYS.values()]:
+        if key.lower() == text.strip().lower():
+            return key
+    return card_key(text)
+
+
 def run_card(run: dict) -> str:
     """The card a run was measured on, from its provenance."""
     return card_key(((run.get("provenance") or {}).get("gpu") or {}).get("name"))

@@ -59,6 +59,7 @@ def ratio_diff(before: dict, after: dict, threshold: float = THRESHOLD, allow_so
     is then the point); a differing environment fails every row of that card.
     """
     b_cards, a_cards = cards.by_card(before), cards.by_card(after)
+    card = cards.named_card(card, [*b_cards, *a_cards])
     if card:
         compared = [card] if card in b_cards and card in a_cards else []
         missing = (_missing_cards([card], b_cards, "before", cards.is_baseline(before))
@@ -142,6 +143,7 @@ def status(root: str, baseline: dict | None, entries=None, card: str | None = No
     entries = registry.scan() if entries is None else entries
     rosters = load_all(root)
     pinned = cards.by_card(baseline)
+    card = cards.named_card(card, pinned)
     fps = {name: artifacts.fingerprint(e.path) for name, e in entries.items()}
     items = []
     for c in [card] if card else (sorted(pinned) or [None]):
