@@ -88,6 +88,58 @@ def test_emulated(emulated, kind, M, N, k, cluster, dtype, row_pad):
     _check(vals, idx, x, k)
 
 
+@pytest.fixture(scope="module")
+def emulated_knobs():
+    """Emulated modules of ``_cluster_radix.build_kernel``'s first-histogram knobs (spread bins, sub-histograms)."""
+    pytest.importorskip("tvm", reason="apache-tvm is needed to generate the kernels")
+    import shutil
+
+    from tirx_kernels.core import emulate
+
+    if shutil.which("g++") is None:
+        pytest.skip("no g++ to compile the emulation")
+    from tirx_kernels.core.build import codegen
+    from tirx_kernels.ported.flashinfer.topk import _cluster_radix as cr
+
+    cache = {}
+
+    def get(dtype, cluster, spread, copies, threads=mod.THREADS, cap=None):
+        key = (dtype, cluster, spread, copies, threads, cap)
+        if key not in cache:
+            fn = cr.build_kernel(dtype, cluster, cap or mod.slice_capacity(dtype), threads, mod.LOAD_UNROLL,
+                                 mod.GATHER_ELEMS, spread=spread, copies=copies)
+            cache[key] = emulate.compile_module(_cpu_builtins(codegen(fn)))
+        return cache[key]
+    return get
+
+
+def test_emulated_spread_bins_and_copies(emulated_knobs):
+    """The spread first digit (a bin of sign, exponent and 2 mantissa bits; one digit pass more) with 4 sub-
+    histograms: ties over the cluster, +-inf / NaN / -0.0 on the scalar path, and scores past the bins' exponent
+    range (2^-15 .. 2^17: the end bins) of both signs, the oracle bit for bit."""
+    module = emulated_knobs("float32", 2, True, 4)
+    x = make_rows("ties", 1, 6000, torch.float32, seed=3)
+    _check(*run_clusters(module, x, 1000), x, 1000)
+    x = make_rows("special", 1, 5001, torch.float32, seed=4)
+    _check(*run_clusters(module, x, 257, row_pad=1), x, 257)
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(1, 7000, generator=g) * torch.pow(10.0, torch.empty(1, 7000).uniform_(-12, 12, generator=g))
+    _check(*run_clusters(module, x, 2500), x, 2500)
+
+
+@pytest.mark.parametrize("kind, M, N, k, cluster, dtype, spread, copies, threads", [
+    pytest.param("ties", 2, 12000, 500, 4, torch.bfloat16, True, 8, 512, marks=full_only),
+    pytest.param("special", 1, 9001, 700, 2, torch.bfloat16, True, 1, 512, marks=full_only),
+    pytest.param("random", 1, 20000, 2048, 8, torch.float32, True, 8, 1024, marks=full_only),
+    pytest.param("constant", 1, 9000, 4000, 4, torch.float32, True, 8, 512, marks=full_only),
+    pytest.param("special", 1, 5001, 257, 2, torch.float16, True, 8, 512, marks=full_only),  # fp16: prefix passes
+])
+def test_emulated_knobs(emulated_knobs, kind, M, N, k, cluster, dtype, spread, copies, threads):
+    x = make_rows(kind, M, N, dtype, seed=N + k)
+    vals, idx = run_clusters(emulated_knobs(str(dtype)[6:], cluster, spread, copies, threads), x, k)
+    _check(vals, idx, x, k)
+
+
 def test_plan():
     assert mod.plan_cluster(1, 131072, "float32", 132) == 8
     assert mod.plan_cluster(64, 131072, "float32", 132) == 8

@@ -1,16 +1,37 @@
 # SPDX-License-Identifier: Apache-2.0
 # The TIRx function of fast_topk_clusters (FlashInfer's fast_topk_clusters_exact.cuh, release v0.7.4, commit
 # 77039051b0be921788dc2784ec41423b558878ec), written anew: see fast_topk_clusters.py for the algorithm.
-"""``build_kernel(dtype, cluster, slice_elems, threads, load_unroll, gather_elems)``: one cluster a row, grid
-``rows * cluster`` CTAs; arguments ``(x (M, N) strided, values (M, K), indices (M, K) int64, vec_ok)``."""
+"""``build_kernel(dtype, cluster, slice_elems, threads, load_unroll, gather_elems, spread, copies)``: one cluster a
+row, grid ``rows * cluster`` CTAs; arguments ``(x (M, N) strided, values (M, K), indices (M, K) int64, vec_ok)``.
+
+Two knobs of the first (whole-slice) histogram, both off in the product schedule until measured:
+
+- ``spread``: the first digit is not the key's top byte but a monotone 8-bit bin of its top 11 bits (sign, the 8
+  exponent bits, 2 mantissa bits; exponents 2^-15 .. 2^17 get 4 bins each, those below / above share the end bins),
+  as FlashInfer's filtered top-k bins an fp16 copy of the score. The top byte of an fp32 / bf16 key is the sign and 7
+  exponent bits: on N(0, 1) rows ~68 % of the scores fall in two bins ([0.5, 2) and (-2, -0.5]), so every warp's
+  shared atomics hit the same two words; the spread bins hold at most ~7 % each. The bin is not a prefix of the key,
+  so the exact select then runs all key_bits / 8 digit passes over the candidates in the chosen bin (one cluster
+  round more); fp16 keys (top byte: sign, 5 exponent and 2 mantissa bits: already spread) keep the prefix passes.
+- ``copies``: the first histogram in that many sub-histograms (warp w counts into copy w % copies, copies padded
+  by one word so a bin's copies sit in different banks), summed before the first cluster round: the warps of a CTA
+  then contend for a hot bin ``copies`` times less.
+
+On paper (H100, 64 x 131072 fp32, C = 8, two 512-thread CTAs an SM): 1x131072 ran 22.3 us and 64 rows (two waves)
+70.6 us, so a CTA's 16384 scores take ~12-14 us that a second CTA on the SM does not hide: ~1.3 SM cycles a score,
+where its loads (bulk copies) and ALU work are a few hundred ns; the hot-bin shared atomics are the suspect the two
+knobs remove (tools/sweeps/topk_cluster_variants.py measures them).
+"""
 
 from __future__ import annotations
 
 R = 256  # bins of an 8-bit digit
 PIECES = 4  # bulk copies a slice loads in
+SPREAD_LO = 112 * 4  # spread bins: (exponent, 2 mantissa bits) from exponent 112 (2^-15) get bins of their own
 
 
-def build_kernel(dtype: str, C: int, cap: int, threads: int, U: int, E: int):  # noqa: N803
+def build_kernel(dtype: str, C: int, cap: int, threads: int, U: int, E: int,  # noqa: N803
+                 spread: bool = False, copies: int = 1):
     from tvm.script import tirx as T
 
     from tirx_kernels.core.lang import bulk, mbarrier
@@ -22,11 +43,40 @@ def build_kernel(dtype: str, C: int, cap: int, threads: int, U: int, E: int):  #
     key_bits = rx.KEY_BITS[dtype]
     P = key_bits // 8  # noqa: N806
     vec = 4 if key_bits == 32 else 8  # scores a 16-byte vector holds
+    shift0 = key_bits - 8
     elem = key_bits // 8
     warps = threads // 32
     tile = threads * E
     piece = cap // PIECES  # scores a bulk copy (and its mbarrier) brings
     assert threads >= R and piece % vec == 0 and cap <= 1 << 16  # candidate positions are uint16
+    spread = spread and dtype != "float16"
+    NP = P + 1 if spread else P  # noqa: N806  (digit passes: the spread bin, then every key byte)
+    H = copies  # noqa: N806
+    assert 1 <= H <= warps
+
+    def first_digit(key):
+        """The first pass's digit of a key, ascending with the key (the top byte, or the spread bin)."""
+        if not spread:
+            return key >> shift0
+        v = T.Cast("int32", (key >> T.uint32(key_bits - 11)) & T.uint32(0x3FF))
+        pos = T.uint32(128) + T.Cast("uint32", T.min(T.max(v - SPREAD_LO, 0), 127))
+        neg = T.Cast("uint32", T.min(T.max(v - (1023 - SPREAD_LO - 127), 0), 127))
+        return T.Select((key >> T.uint32(key_bits - 1)) != T.uint32(0), pos, neg)
+
+    def pass_match(key, shift, prefix, cth):
+        """Whether pass p >= 1 (``shift`` a run-time value) counts ``key``: its bits above ``shift + 8`` are the
+        threshold's found so far (spread: and its bin is the threshold's). Spread pass 1 compares no key bits
+        (shift + 8 = key_bits): shifted in two steps, never by the key width."""
+        if not spread:
+            return (key >> (shift + 8)) == (prefix >> (shift + 8))
+        return T.And(first_digit(key) == cth,
+                     ((key >> (shift + 7)) >> T.uint32(1)) == ((prefix >> (shift + 7)) >> T.uint32(1)))
+
+    def count_first(hist, sub, warp, key):
+        if H == 1:
+            rx.count(hist, T.uint32(255) - first_digit(key))
+        else:
+            rx.count(sub, T.Cast("uint32", (warp % H) * (R + 1)) + T.uint32(255) - first_digit(key))
 
     def i64(v):
         return T.Cast("int64", v)
@@ -63,6 +113,7 @@ def build_kernel(dtype: str, C: int, cap: int, threads: int, U: int, E: int):  #
         warp_a = pool.alloc((2 * warps,), "uint32", align=16)
         warp_b = pool.alloc((warps,), "uint32", align=16)
         bars = pool.alloc((PIECES,), "uint64", align=8)
+        sub = pool.alloc((H * (R + 1) if H > 1 else 4,), "uint32", align=16)  # unused with one copy
         pool.commit()
 
         words = T.alloc_local((U,), "uint32")
@@ -73,6 +124,7 @@ def build_kernel(dtype: str, C: int, cap: int, threads: int, U: int, E: int):  #
         rem = T.alloc_local((1,), "uint32")
         run = T.alloc_local((2,), "uint32")
         ncand = T.alloc_local((1,), "int32")
+        cth = T.alloc_local((1,), "uint32")  # the first digit of the threshold key
         tie = T.alloc_local((E,), "uint32")
         sel = T.alloc_local((E,), "uint32")
         ball = T.alloc_local((E,), "uint32")
@@ -85,11 +137,13 @@ def build_kernel(dtype: str, C: int, cap: int, threads: int, U: int, E: int):  #
         chunk = ((N + C - 1) // C + (vec - 1)) // vec * vec
         lo = rank * chunk
         ln = T.max(T.min(T.min(chunk, cap), N - lo), 0)  # scores of this slice (the op keeps chunk <= cap)
-        shift0 = key_bits - 8
-
         if tid < R:
             hist[tid] = T.uint32(0)
             hist[R + tid] = T.uint32(0)
+        if H > 1:
+            for it in T.serial((H * (R + 1) + threads - 1) // threads):
+                if it * threads + tid < H * (R + 1):
+                    sub[it * threads + tid] = T.uint32(0)
         if tid == 0:
             for q in range(PIECES):
                 mbarrier.init(bars.ptr_to([q]), 1)
@@ -115,7 +169,7 @@ def build_kernel(dtype: str, C: int, cap: int, threads: int, U: int, E: int):  #
                     for it in T.serial((T.min(piece, ln - a) + (threads - 1)) // threads):
                         j = a + it * threads + tid
                         if j < T.min(a + piece, ln):
-                            rx.count(hist, T.uint32(255) - (rx.key_of(S[j], dtype) >> shift0))
+                            count_first(hist, sub, warp, rx.key_of(S[j], dtype))
         else:
             for it in T.serial((ln + (threads * U - 1)) // (threads * U)):
                 for u in T.unroll(U):
@@ -126,20 +180,30 @@ def build_kernel(dtype: str, C: int, cap: int, threads: int, U: int, E: int):  #
                     j = it * (threads * U) + u * threads + tid
                     if j < ln:
                         S[j] = T.Cast(raw_t, words[u])
-                        rx.count(hist, T.uint32(255) - (rx.key_of(words[u], dtype) >> shift0))
+                        count_first(hist, sub, warp, rx.key_of(words[u], dtype))
+
+        if H > 1:
+            # the copies into buffer 0 (the first cluster barrier below publishes it)
+            T.evaluate(T.cuda.cta_sync())
+            if tid < R:
+                acc[0] = sub[tid]
+                for h in range(1, H):
+                    acc[0] = acc[0] + sub[h * (R + 1) + tid]
+                hist[tid] = acc[0]
 
         # -- 2. Digit passes: cluster-summed histograms, the same scan in every CTA.
         prefix[0] = T.uint32(0)
         rem[0] = T.Cast("uint32", K)
-        for p in range(P):
-            shift = key_bits - 8 * (p + 1)
+        for p in range(NP):
+            # the key byte pass p finds (spread: pass 0 finds the bin, pass p >= 1 the key's byte p - 1)
+            shift = key_bits - 8 * (p if spread else p + 1)
             hb = (p % 2) * R
             if p > 0:
                 for it in T.serial((ncand[0] + (threads - 1)) // threads):
                     c = it * threads + tid
                     if c < ncand[0]:
                         key = rx.key_of(S[T.Cast("int32", cand[c])], dtype)
-                        if (key >> (shift + 8)) == (prefix[0] >> (shift + 8)):
+                        if pass_match(key, shift, prefix[0], cth[0]):
                             rx.count(hist, T.uint32(hb + 255) - ((key >> shift) & T.uint32(255)))
             # Every CTA's histogram of this pass complete and visible cluster-wide (release / acquire).
             cl.sync()
@@ -152,12 +216,15 @@ def build_kernel(dtype: str, C: int, cap: int, threads: int, U: int, E: int):  #
                     for r in range(1, C):
                         acc[q] = acc[q] + T.reinterpret("uint32", part[4 * r + q])
                     tot[4 * tid + q] = acc[q]
-            if p + 1 < P and tid < R:
+            if p + 1 < NP and tid < R:
                 # the other buffer: its last readers (pass p - 1) arrived at the barrier above after reading
                 hist[(1 - p % 2) * R + tid] = T.uint32(0)
             T.evaluate(T.cuda.cta_sync())
             rx.select_bin(tot, rem[0], tid, scan_tot, state)
-            prefix[0] = prefix[0] | ((T.uint32(255) - state[0]) << shift)
+            if p == 0:
+                cth[0] = T.uint32(255) - state[0]
+            if p > 0 or not spread:
+                prefix[0] = prefix[0] | ((T.uint32(255) - state[0]) << shift)
             rem[0] = state[1]
             if p == 0:
                 # Candidates: the slice positions whose first key digit is the chosen one or above (the scores
@@ -174,7 +241,7 @@ def build_kernel(dtype: str, C: int, cap: int, threads: int, U: int, E: int):  #
                         i = t * tile + warp * (32 * E) + j * 32 + lane
                         sel[j] = T.uint32(0)
                         if i < ln:
-                            if (rx.key_of(S[i], dtype) >> shift0) >= (prefix[0] >> shift0):
+                            if first_digit(rx.key_of(S[i], dtype)) >= cth[0]:
                                 sel[j] = T.uint32(1)
                         ball[j] = T.cuda.ballot_sync(T.uint32(0xFFFFFFFF), sel[j] != T.uint32(0))
                         cw[0] = cw[0] + T.Cast("uint32", T.popcount(ball[j]))

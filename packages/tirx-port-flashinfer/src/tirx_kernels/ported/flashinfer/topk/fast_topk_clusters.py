@@ -32,7 +32,11 @@ CUDA-graph safe. k >= the row's width is the single-CTA kernel's copy path; rows
 
 Cost model (H100, 64 x 131072 fp32, k 2048): C = 8, 512 CTAs of 512 threads and 96 KB of shared memory (two an SM):
 33.5 MB read once from HBM (~11 us at 3 TB/s); per CTA two sweeps of its 16384 scores in shared memory (the first
-digit's histogram, the candidate list), the rest over its candidates; five cluster barriers. Not yet measured.
+digit's histogram, the candidate list), the rest over its candidates; five cluster barriers. Measured (H100,
+2026-12-07): 70.6 us, and 22.3 us for one row (8 CTAs): a CTA's slice costs ~12-14 us that a second CTA on the SM
+does not hide, ~1.3 SM cycles a score. Suspect: the first histogram's shared atomics, ~68 % of an N(0, 1) row in
+two bins of the key's top byte; ``SPREAD`` / ``COPIES`` remove that (tools/sweeps/topk_cluster_variants.py times
+them, with 192 KB slices that would hold 262144-score rows in a cluster of 8).
 """
 
 from __future__ import annotations
@@ -83,6 +87,10 @@ CLUSTER_SIZES = (2, 4, 8)  # portable sizes (16 needs the non-portable opt-in)
 LOAD_UNROLL = 8  # scalar loads a thread has in flight on the unaligned-row path
 GATHER_ELEMS = 4  # scores a lane tests per gather tile
 MIN_SLICE = 2048  # fewer scores a CTA than this: a smaller cluster (barriers cost more than they split)
+# The first histogram's knobs (_cluster_radix's docstring): off until tools/gpu_calls/topk.sh has timed them on the
+# H100 (the top byte of an N(0, 1) fp32 key puts ~68 % of a row in two bins: the suspected cost of this kernel).
+SPREAD = False
+COPIES = 1
 _ELEM = {"float32": 4, "float16": 2, "bfloat16": 2}
 _RADIX = 256
 
@@ -154,7 +162,8 @@ def get_kernel(dtype: str, cluster: int):
         raise ValueError(f"fast_topk_clusters: cluster {cluster!r} is not one of {CLUSTER_SIZES}")
     from ._cluster_radix import build_kernel
 
-    return build_kernel(dtype, cluster, slice_capacity(dtype), THREADS, LOAD_UNROLL, GATHER_ELEMS)
+    return build_kernel(dtype, cluster, slice_capacity(dtype), THREADS, LOAD_UNROLL, GATHER_ELEMS,
+                        spread=SPREAD, copies=COPIES)
 
 
 # ---------------------------------------------------------------------------------------------------------
