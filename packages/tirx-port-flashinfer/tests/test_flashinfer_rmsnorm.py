@@ -7,13 +7,15 @@ on a GPU, the harness's checks of every config, views at every alignment, FlashI
 The emulation helpers here also serve test_rmsnorm_quant.py and test_fused_add_rmsnorm_quant.py (same kernel)."""
 
 import random
+import re
 import shutil
 
 import pytest
 import torch
 
-from tirx_kernels.core import artifacts, runtime
+from tirx_kernels.core import artifacts, model_dims, runtime
 from tirx_kernels.core.checks import TirxInputError
+from tirx_kernels.ported.flashinfer.norm import _row_plan as plan
 from tirx_kernels.ported.flashinfer.norm import rmsnorm as mod
 
 bf16 = torch.bfloat16
@@ -50,8 +52,17 @@ static inline void tvm_builtin_ptx_cvt_f8x2_f32_rn_satfinite_e5m2x2_f32(uint16_t
 """
 
 
+def _narrow_warp_sums(src: str) -> str:
+    """cuda_cpu.h has a stand-in for the full-warp sum only: a group of < 32 lanes (rows packed in a warp, the
+    specialized kernel at small H) gets the same butterfly inline, over its own width."""
+    return re.sub(r"tvm_builtin_cuda_warp_reduce_sum_(2|4|8|16)\(",
+                  lambda m: f"([](float v) {{ for (int m = {int(m.group(1)) // 2}; m > 0; m >>= 1) "
+                            "v += __shfl_xor_sync(0xffffffffu, v, m); return v; })(", src)
+
+
 def emulated_rows():
-    """``get(dtype, gemma, residual, out_dtype)`` -> the row kernel compiled for the CPU (cached)."""
+    """``get(dtype, gemma, residual, out_dtype, H=None)`` -> the row kernel compiled for the CPU (cached): the
+    general one, or the specialized one at H."""
     pytest.importorskip("tvm", reason="apache-tvm is needed to generate the kernels")
     if shutil.which("g++") is None:
         pytest.skip("no g++ to compile the emulation")
@@ -65,10 +76,11 @@ def emulated_rows():
     header.write_text(f'#include "{emulate.HEADER}"\n{EXTRA_HEADER}')
     cache = {}
 
-    def get(dtype, gemma, residual=False, out_dtype=None):
-        key = (dtype, gemma, residual, out_dtype)
+    def get(dtype, gemma, residual=False, out_dtype=None, H=None):
+        key = (dtype, gemma, residual, out_dtype, H)
         if key not in cache:
-            src = codegen(mod.build_rows(dtype, gemma, residual=residual, out_dtype=out_dtype))
+            src = _narrow_warp_sums(codegen(mod.rows_kernel(dtype, gemma, residual=residual, out_dtype=out_dtype, H=H,
+                                                            schedule=None if H else "general")))
             saved, emulate.HEADER = emulate.HEADER, header
             try:
                 cache[key] = emulate.compile(src)
@@ -85,9 +97,10 @@ def _view(M, H, off, stride, dtype, g, fill=None):
 
 
 def run_rows_emulated(kern, M, H, *, dtype=bf16, gemma=False, residual=False, out_dtype=None, scale=1.0,
-                      x=(0, None), r=(0, None), y=(0, None), w_off=0, sm_count=132):
-    """The op's launches (``run_rows``' split plan for ``sm_count`` SMs; scalars by name) on buffers that end with
-    their last element; returns (out view, out buffer, want dict, the buffers for the untouched checks)."""
+                      x=(0, None), r=(0, None), y=(0, None), w_off=0, sm_count=132, specialized=False):
+    """The op's launches (``run_rows``' split plan for ``sm_count`` SMs, or with ``specialized`` the specialized
+    kernel's one launch over its row plan's grid; scalars by name) on buffers that end with their last element;
+    returns (out view, out buffer, want dict, the buffers for the untouched checks)."""
     g = torch.Generator().manual_seed(H * 7 + M)
     x_off, x_stride = x[0], x[1] or H
     r_off, r_stride = r[0], r[1] or H
@@ -104,7 +117,12 @@ def run_rows_emulated(kern, M, H, *, dtype=bf16, gemma=False, residual=False, ou
     x_in = (xv.float() + rv.float()) if residual else xv.float()
     want = {"out": mod.normalized(x_in, w, 1e-6, gemma), "residual": x_in.to(dtype).float() if residual else None}
     before = {"x": xb.clone(), "r": rb.clone(), "w": wb.clone()}
-    span, S = mod.split_plan(M, H, sm_count)
+    span, S = (-(-H // 8), 1) if specialized else mod.split_plan(M, H, sm_count)
+    if specialized:
+        p = plan.row_plan(H)
+        grid, block = (-(-M // p["rows_per_cta"]),), (p["threads_per_row"] * p["rows_per_cta"],)
+    else:
+        grid, block = (M, S), (mod.THREADS,)
     ws = torch.full((M * S + 1,), float("nan"))
     phases = [0] if S == 1 else [1, 2]
     for phase in phases:
@@ -113,7 +131,7 @@ def run_rows_emulated(kern, M, H, *, dtype=bf16, gemma=False, residual=False, ou
                    "span": span, "x_stride": x_stride, "r_stride": r_stride, "y_stride": y_stride, "zero": 0}
         ptrs = {"X_ptr": xv, "R_ptr": rv, "Wt_ptr": w, "Y_ptr": yv, "Sc_ptr": sc, "WS_ptr": wsv}
         args = {p.name: ptrs[p.name] if p.pointer else scalars[p.name] for p in kern.params}
-        kern(grid=(M, wsv.shape[1]), block=(mod.THREADS,), **args).check()
+        kern(grid=grid, block=block, **args).check()
     return {"y": yv, "yb": yb, "y_view": (y_off, y_stride), "x": xv, "xb": xb, "x_view": (x_off, x_stride),
             "r": rv, "rb": rb, "r_view": (r_off, r_stride), "wb": wb, "want": want, "before": before, "S": S}
 
@@ -147,8 +165,44 @@ def test_every_call_resolves_to_a_bundled_artifact():
     for call in mod.call_samples(rng):
         cands = [artifacts.canonical_params(p) for p in runtime.candidate_params(mod, mod.compile_params(**call))]
         assert bundled & set(cands), call
-    for cfg in mod.CONFIGS + mod.BENCH_CONFIGS:
-        assert artifacts.canonical_params(mod.compile_params(**cfg)) in bundled
+    for cfg in mod.CONFIGS + mod.BENCH_CONFIGS:  # build --all adds the configs' own params (H 1024, 3072 here)
+        cands = [artifacts.canonical_params(p) for p in runtime.candidate_params(mod, mod.compile_params(**cfg))]
+        assert bundled & set(cands), cfg
+    # both kernels of every catalog size: the specialized one, and the general one it falls back to
+    assert {"schedule": "general", "dtype": "bfloat16", "gemma": True} in mod.artifact_params()
+    assert {mod.compile_params(dtype="float16", gemma=g, H=H)["H"] for g in (False, True)
+            for H in model_dims.hidden_sizes()} <= {p.get("H") for p in mod.artifact_params()}
+
+
+def test_compile_params():
+    assert mod.compile_params(dtype="bfloat16", H=4096, M=3) == {"dtype": "bfloat16", "gemma": False, "H": 4096}
+    general = {"dtype": "float16", "gemma": True, "schedule": "general"}
+    for H in (4095, 8, 16392, 65536):
+        assert mod.compile_params(dtype="float16", gemma=True, H=H) == general
+    assert mod.compile_params(dtype="float16", gemma=True, H=4096, schedule="general") == general
+    assert mod.general_params({"dtype": "float16", "gemma": True, "H": 4096}) == general
+    with pytest.raises(ValueError, match="takes H at run time"):
+        mod.get_kernel("bfloat16", False, 4096, schedule="general")
+    with pytest.raises(ValueError, match="multiple of 8"):
+        mod.get_kernel("bfloat16", False, 4095)
+
+
+def test_uses_general():
+    """The specialized kernel takes a call only where H has one and every row and the weight are on its vectors."""
+    x = torch.zeros(4, 4096 + 8, dtype=bf16)
+    w = torch.zeros(4096 + 8, dtype=bf16)
+    y = torch.zeros(4, 4096, dtype=bf16)
+    y8 = torch.zeros(4, 4096 + 8, dtype=torch.uint8)
+    assert not mod.uses_general(x[:, :4096], x[:, :4096], w[:4096], y)
+    assert not mod.uses_general(x[:, 8:], x[:, 8:], w[8:], y8[:, 8:])  # FP8 out rows: 8 bytes suffice
+    assert mod.uses_general(x[:, 1:4097], x[:, 1:4097], w[:4096], y)  # x off 16 bytes
+    assert mod.uses_general(x[:, :4096], x[:, :4096], w[1:4097], y)  # the weight
+    assert mod.uses_general(x[:, :4096], x[:, 1:4097], w[:4096], y)  # the residual
+    assert mod.uses_general(x[:, :4096], x[:, :4096], w[:4096], y8[:, 4:4100])  # FP8 out off 8 bytes
+    z = torch.zeros(4, 4100, dtype=bf16)
+    assert mod.uses_general(z[:, :4096], z[:, :4096], w[:4096], y)  # row stride 4100: rows 2.. off 16 bytes
+    assert mod.uses_general(z[:, :4095], z[:, :4095], w[:4095], y[:, :4095])  # odd H
+    assert not mod.uses_general(z[:1, :4096], z[:1, :4096], w[:4096], y[:1])  # one row: its stride is never used
 
 
 @pytest.mark.parametrize("M, H, sms", [(1, 1, 132), (3, 65536, 132), (3, 1048576, 132), (989, 16384, 132),
@@ -212,6 +266,26 @@ def test_rows_emulated(emulated, gemma, M, H, x, y, w_off, sms):
     check_untouched(res, M, H, False)
 
 
+@pytest.mark.parametrize("gemma", [False, True])
+@pytest.mark.parametrize("M, H, x, y", [
+    (5, 128, (0, None), (0, None)), (37, 128, (8, 136), (0, 144)),  # rows packed in a CTA: its tail rows masked
+    (3, 4096, (0, 4608), (0, 4160)), (2, 2880, (0, None), (0, None)),  # a lane's last vector past H
+    (3, 24, (0, 32), (0, 24)), (1, 16384, (0, None), (0, None)), (2, 5120, (0, None), (8, 5128)),
+])
+def test_specialized_rows_emulated(emulated, gemma, M, H, x, y):
+    res = run_rows_emulated(emulated("bfloat16", gemma, H=H), M, H, gemma=gemma, x=x, y=y, specialized=True)
+    torch.testing.assert_close(res["y"].float(), res["want"]["out"], atol=2e-2, rtol=1.6e-2)
+    check_untouched(res, M, H, False)
+
+
+def test_specialized_matches_the_general_bits(emulated):
+    """Same arithmetic, expression for expression: the specialized kernel's output equals the general one's."""
+    got = run_rows_emulated(emulated("float16", True, H=3584), 9, 3584, dtype=torch.float16, gemma=True,
+                            specialized=True)["y"]
+    want = run_rows_emulated(emulated("float16", True), 9, 3584, dtype=torch.float16, gemma=True)["y"]
+    assert torch.equal(got, want)
+
+
 def test_rows_emulated_fp16_in_place(emulated):
     kern = emulated("float16", False)
     res = run_rows_emulated(kern, 3, 77, dtype=torch.float16, x=(1, 80), y=(2, 81))
@@ -226,7 +300,10 @@ def test_split_rows_take_two_phases():
 
 # ------------------------------------------------------------------------------------------------ SASS
 
-@pytest.mark.parametrize("params", [{"dtype": "bfloat16", "gemma": False}, {"dtype": "float16", "gemma": True}])
+@pytest.mark.parametrize("params", [{"dtype": "bfloat16", "gemma": False, "schedule": "general"},
+                                    {"dtype": "float16", "gemma": True, "schedule": "general"},
+                                    {"dtype": "bfloat16", "gemma": False, "H": 4096},
+                                    {"dtype": "float16", "gemma": True, "H": 128}])
 def test_sass(params):
     pytest.importorskip("tvm", reason="apache-tvm is needed to build")
     from tirx_kernels.core import testing

@@ -34,8 +34,24 @@ def test_every_call_resolves_to_a_bundled_artifact():
     for call in mod.call_samples(random.Random(0)):
         cands = [artifacts.canonical_params(p) for p in runtime.candidate_params(mod, mod.compile_params(**call))]
         assert bundled & set(cands), call
-    for cfg in mod.CONFIGS + mod.BENCH_CONFIGS:
-        assert artifacts.canonical_params(mod.compile_params(**cfg)) in bundled
+    for cfg in mod.CONFIGS + mod.BENCH_CONFIGS:  # build --all adds the configs' own params (e5m2 at 1024 here)
+        cands = [artifacts.canonical_params(p) for p in runtime.candidate_params(mod, mod.compile_params(**cfg))]
+        assert bundled & set(cands), cfg
+
+
+def test_compile_params():
+    e4 = "float8_e4m3fn"
+    assert mod.compile_params(dtype="bfloat16", H=4096) == {"dtype": "bfloat16", "out_dtype": e4, "H": 4096}
+    general = {"dtype": "float16", "out_dtype": "float8_e5m2", "schedule": "general"}
+    for H in (4095, 8, 16392, 1048576):
+        assert mod.compile_params(dtype="float16", out_dtype="float8_e5m2", H=H) == general
+    assert mod.compile_params(dtype="float16", out_dtype="float8_e5m2", H=4096, schedule="general") == general
+    assert mod.general_params({"dtype": "float16", "out_dtype": "float8_e5m2", "H": 4096}) == general
+    # the bundle: e4m3 out specialized at every catalog size, e5m2 through the general kernel
+    assert {"dtype": "bfloat16", "out_dtype": e4, "H": 4096} in mod.artifact_params()
+    assert {"dtype": "bfloat16", "out_dtype": "float8_e5m2", "H": 4096} not in mod.artifact_params()
+    with pytest.raises(ValueError, match="multiple of 8"):
+        mod.get_kernel("bfloat16", e4, H=4095)
 
 
 def test_protocol_literals():
@@ -90,6 +106,21 @@ def test_rows_emulated(emulated, out_dtype, M, H, x, r, y, w_off, scale):
     emu.check_untouched(res, M, H, True)
 
 
+@pytest.mark.parametrize("out_dtype", ["float8_e4m3fn", "float8_e5m2"])
+@pytest.mark.parametrize("M, H, x, r, y", [
+    (5, 128, (0, None), (0, None), (0, None)), (37, 128, (8, 136), (0, 144), (8, 136)),
+    (3, 4096, (0, 4608), (0, 4160), (0, 4104)), (2, 2880, (0, None), (0, None), (0, None)),
+    (1, 16384, (0, None), (0, None), (0, None)),
+])
+def test_specialized_rows_emulated(emulated, out_dtype, M, H, x, r, y):
+    kern = emulated("bfloat16", False, residual=True, out_dtype=out_dtype, H=H)
+    res = emu.run_rows_emulated(kern, M, H, residual=True, out_dtype=out_dtype, scale=10.0, x=x, r=r, y=y,
+                                specialized=True)
+    qt.check_codes(res, out_dtype, 10.0)
+    torch.testing.assert_close(res["r"].float(), res["want"]["residual"], atol=0, rtol=0)
+    emu.check_untouched(res, M, H, True)
+
+
 def test_rows_emulated_fp16(emulated):
     kern = emulated("float16", False, residual=True, out_dtype="float8_e4m3fn")
     res = emu.run_rows_emulated(kern, 3, 77, dtype=torch.float16, residual=True, out_dtype="float8_e4m3fn",
@@ -99,7 +130,8 @@ def test_rows_emulated_fp16(emulated):
     emu.check_untouched(res, 3, 77, True)
 
 
-@pytest.mark.parametrize("params", [{"dtype": "bfloat16", "out_dtype": "float8_e4m3fn"}])
+@pytest.mark.parametrize("params", [{"dtype": "bfloat16", "out_dtype": "float8_e4m3fn", "schedule": "general"},
+                                    {"dtype": "bfloat16", "out_dtype": "float8_e4m3fn", "H": 4096}])
 def test_sass(params):
     pytest.importorskip("tvm", reason="apache-tvm is needed to build")
     from tirx_kernels.core import testing

@@ -27,8 +27,24 @@ def test_every_call_resolves_to_a_bundled_artifact():
     for call in mod.call_samples(random.Random(0)):
         cands = [artifacts.canonical_params(p) for p in runtime.candidate_params(mod, mod.compile_params(**call))]
         assert bundled & set(cands), call
-    for cfg in mod.CONFIGS + mod.BENCH_CONFIGS:
-        assert artifacts.canonical_params(mod.compile_params(**cfg)) in bundled
+    for cfg in mod.CONFIGS + mod.BENCH_CONFIGS:  # build --all adds the configs' own params (e5m2 at 1024 here)
+        cands = [artifacts.canonical_params(p) for p in runtime.candidate_params(mod, mod.compile_params(**cfg))]
+        assert bundled & set(cands), cfg
+
+
+def test_compile_params():
+    e4 = "float8_e4m3fn"
+    assert mod.compile_params(dtype="bfloat16", H=4096) == {"dtype": "bfloat16", "out_dtype": e4, "H": 4096}
+    general = {"dtype": "float16", "out_dtype": "float8_e5m2", "schedule": "general"}
+    for H in (4095, 8, 16392, 1048576):
+        assert mod.compile_params(dtype="float16", out_dtype="float8_e5m2", H=H) == general
+    assert mod.compile_params(dtype="float16", out_dtype="float8_e5m2", H=4096, schedule="general") == general
+    assert mod.general_params({"dtype": "float16", "out_dtype": "float8_e5m2", "H": 4096}) == general
+    # the bundle: e4m3 out specialized at every catalog size, e5m2 through the general kernel
+    assert {"dtype": "bfloat16", "out_dtype": e4, "H": 4096} in mod.artifact_params()
+    assert {"dtype": "bfloat16", "out_dtype": "float8_e5m2", "H": 4096} not in mod.artifact_params()
+    with pytest.raises(ValueError, match="multiple of 8"):
+        mod.get_kernel("bfloat16", e4, H=4095)
 
 
 def test_protocol_literals():
@@ -102,6 +118,28 @@ def test_rows_emulated(emulated, out_dtype, M, H, x, y, w_off, scale, sms):
     emu.check_untouched(res, M, H, False)
 
 
+@pytest.mark.parametrize("out_dtype", list(FP8))
+@pytest.mark.parametrize("M, H, x, y, scale", [
+    (5, 128, (0, None), (0, None), 1.0), (37, 128, (8, 136), (8, 136), 10.0),
+    (3, 4096, (0, 4608), (0, 4104), 0.01), (2, 2880, (0, None), (0, None), 1.0),
+    (1, 16384, (0, None), (0, None), 1.0),
+])
+def test_specialized_rows_emulated(emulated, out_dtype, M, H, x, y, scale):
+    kern = emulated("bfloat16", False, out_dtype=out_dtype, H=H)
+    res = emu.run_rows_emulated(kern, M, H, out_dtype=out_dtype, scale=scale, x=x, y=y, specialized=True)
+    check_codes(res, out_dtype, scale)
+    emu.check_untouched(res, M, H, False)
+
+
+def test_specialized_matches_the_general_bytes(emulated):
+    """Same arithmetic, expression for expression: the specialized kernel's codes equal the general one's."""
+    args = dict(dtype=torch.float16, out_dtype="float8_e4m3fn", scale=0.5)
+    got = emu.run_rows_emulated(emulated("float16", False, out_dtype="float8_e4m3fn", H=3584), 9, 3584,
+                                specialized=True, **args)["y"]
+    want = emu.run_rows_emulated(emulated("float16", False, out_dtype="float8_e4m3fn"), 9, 3584, **args)["y"]
+    assert torch.equal(got, want)
+
+
 def test_rows_emulated_fp16_saturates(emulated):
     """scale 0.001 pushes most values past e4m3's 448: saturated to +-448, never NaN."""
     kern = emulated("float16", False, out_dtype="float8_e4m3fn")
@@ -111,8 +149,10 @@ def test_rows_emulated_fp16_saturates(emulated):
     assert not got.isnan().any() and (got.abs() == 448).float().mean() > 0.3
 
 
-@pytest.mark.parametrize("params", [{"dtype": "bfloat16", "out_dtype": "float8_e4m3fn"},
-                                    {"dtype": "float16", "out_dtype": "float8_e5m2"}])
+@pytest.mark.parametrize("params", [{"dtype": "bfloat16", "out_dtype": "float8_e4m3fn", "schedule": "general"},
+                                    {"dtype": "float16", "out_dtype": "float8_e5m2", "schedule": "general"},
+                                    {"dtype": "bfloat16", "out_dtype": "float8_e4m3fn", "H": 4096},
+                                    {"dtype": "float16", "out_dtype": "float8_e5m2", "H": 2880}])
 def test_sass(params):
     pytest.importorskip("tvm", reason="apache-tvm is needed to build")
     from tirx_kernels.core import testing

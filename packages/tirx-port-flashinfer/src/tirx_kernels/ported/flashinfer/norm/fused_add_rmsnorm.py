@@ -34,6 +34,7 @@ import os
 import torch
 
 from tirx_kernels.core import checks, runtime
+from tirx_kernels.ported.flashinfer.norm import _row_plan as plan
 
 KERNEL_META = {
     "name": "flashinfer_fused_add_rmsnorm",
@@ -89,36 +90,19 @@ DEFAULTS = {"dtype": "bfloat16", "eps": 1e-6, "gemma": False}
 INPLACE = {"input": "input", "residual": "residual"}
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
-_VEC = 8  # 16-bit elements per 16-byte vector
-_WORDS = 4  # 32-bit words per 16-byte vector
-MIN_H, MAX_H = 16, 16384  # the specialized kernels (H % 8 == 0 too)
+_VEC, _WORDS = plan.VEC, plan.WORDS  # 16-bit elements / 32-bit words per 16-byte vector
+MIN_H, MAX_H = plan.MIN_H, plan.MAX_H  # the specialized kernels (H % 8 == 0 too)
 MAX_GENERAL_H = 2**30  # int32 column indices in the general kernel
 MAX_ROWS = MAX_STRIDE = 2**31 - 1  # int32 row count and strides; row offsets are 64-bit
-MIN_CTA_THREADS = 128  # rows of <= 32 threads are packed into CTAs of at least this many threads
 GENERAL_THREADS = 256
 # No launch-bounds cap on the general kernel: ptxas takes 91-100 registers (2 rows in flight an SM, 16 KB of
 # 16-byte loads each); capped at 3 CTAs an SM (80 registers) it spilled 24-48 bytes.
 GENERAL_VECTORS = 4  # 16-byte vectors of input and of residual a thread holds: 256 x 4 x 8 = 8192 columns a pass
-# (max H, 16-byte vectors a thread holds of each of input, residual and weight): 12 words a vector, so 4 vectors
-# (48 words) is the most that keeps a full SM's 2048 threads resident at <= 64 registers... of which ptxas needs
-# some for addresses: 4 only above 4096, where a row of 2 vectors would need > 256 threads.
-VECTORS_PER_THREAD = [(256, 1), (4096, 2), (MAX_H, 4)]
 PDL = "end"
 
 
-def specialized(H: int) -> bool:
-    """Whether H has specialized kernels (calls whose rows and weight start on 16 bytes use them)."""
-    return H % _VEC == 0 and MIN_H <= H <= MAX_H
-
-
-def row_plan(H: int) -> dict:
-    """``threads_per_row`` (a power of two up to 32, else whole warps), ``vectors_per_thread``, ``rows_per_cta``."""
-    nvec = H // _VEC
-    target = next(v for max_h, v in VECTORS_PER_THREAD if H <= max_h)
-    want = -(-nvec // target)
-    tpr = max(2, 1 << (want - 1).bit_length()) if want <= 32 else 32 * -(-want // 32)
-    return {"threads_per_row": tpr, "vectors_per_thread": -(-nvec // tpr),
-            "rows_per_cta": max(1, MIN_CTA_THREADS // tpr)}
+specialized = plan.specialized  # the row plan is shared with rmsnorm's build_rows family (_row_plan.py)
+row_plan = plan.row_plan
 
 
 def compile_params(**cfg) -> dict:
@@ -136,12 +120,9 @@ def general_params(params: dict) -> dict:
 
 def artifact_params() -> list[dict]:
     """The general kernel of each (dtype, gemma) and the specialized one of every catalog hidden size."""
-    from tirx_kernels.core import model_dims
-
-    sizes = sorted({H for H in model_dims.hidden_sizes() if specialized(H)})
     return [p for dtype in _DTYPES for gemma in (False, True) for p in
             [general_params({"dtype": dtype, "gemma": gemma})]
-            + [compile_params(dtype=dtype, gemma=gemma, H=H) for H in sizes]]
+            + [compile_params(dtype=dtype, gemma=gemma, H=H) for H in plan.catalog_sizes()]]
 
 
 def call_samples(rng) -> list[dict]:
@@ -198,28 +179,10 @@ def build_kernel(dtype: str, gemma: bool, H: int, threads_per_row: int, vectors_
     from tirx_kernels.core.lang import reduce, vector
 
     pdl_launch.check_trigger("fused_add_rmsnorm", pdl)
-    tpr, vpt = threads_per_row, vectors_per_thread
-    threads = tpr * rows_per_cta
+    lanes = plan.Lanes(H, threads_per_row, vectors_per_thread, rows_per_cta)
+    tpr, vpt, threads = threads_per_row, vectors_per_thread, lanes.threads
     scratch_len = max(1, reduce.scratch_words(tpr, rows_per_cta))
     inv_h = 1.0 / H
-
-    def vector_pred(v, lane, row_ok):
-        """None where vector ``v`` of every lane is inside the row (and the row exists), else the test."""
-        col_ok = (v * tpr + lane) * _VEC < H if (v + 1) * tpr * _VEC > H else None
-        if row_ok is None or col_ok is None:
-            return col_ok if row_ok is None else row_ok
-        return T.And(row_ok, col_ok)
-
-    def row_pred(row, M):  # noqa: N803
-        """None when every CTA row exists (one row per CTA), else ``row < M`` for the tail CTA."""
-        return None if rows_per_cta == 1 else row < M
-
-    def load_row(regs, buf, base, lane, row_ok):
-        for v in range(vpt):
-            pred = vector_pred(v, lane, row_ok)
-            if pred is not None:
-                vector.fill(regs, v * _WORDS, _WORDS)  # masked vectors add 0 to the sum of squares
-            vector.load_v4(regs, v * _WORDS, buf.ptr_to([base + (v * tpr + lane) * _VEC]), pred)
 
     def sums(xr, rr, i):
         """The fp32 sums ``input + residual`` of packed word ``i`` (low, high)."""
@@ -234,7 +197,7 @@ def build_kernel(dtype: str, gemma: bool, H: int, threads_per_row: int, vectors_
                 lo, hi = sums(xr, rr, v * _WORDS + j)
                 T.buffer_store(acc, acc[0] + lo * lo + hi * hi, [0])
                 vector.pack2(orr, j, lo, hi, dtype)
-            vector.store_v4(Rf.ptr_to([r_base + (v * tpr + lane) * _VEC]), orr, 0, vector_pred(v, lane, row_ok))
+            vector.store_v4(Rf.ptr_to([r_base + lanes.col(v, lane)]), orr, 0, lanes.pred(v, lane, row_ok))
 
     def scale_store(Xf, x_base, lane, row_ok, xr, rr, wr, orr, rs):  # noqa: N803
         """input <- x * rs * w (the unrounded x, recomputed from the held words), rounded once."""
@@ -244,7 +207,7 @@ def build_kernel(dtype: str, gemma: bool, H: int, threads_per_row: int, vectors_
                 w_lo, w_hi = vector.unpack2(wr[v * _WORDS + j], dtype)
                 vector.pack2(orr, j, lo * rs * _weight_factor(T, w_lo, gemma),
                              hi * rs * _weight_factor(T, w_hi, gemma), dtype)
-            vector.store_v4(Xf.ptr_to([x_base + (v * tpr + lane) * _VEC]), orr, 0, vector_pred(v, lane, row_ok))
+            vector.store_v4(Xf.ptr_to([x_base + lanes.col(v, lane)]), orr, 0, lanes.pred(v, lane, row_ok))
 
     @T.prim_func
     def fused_add_rmsnorm(x_ptr: T.handle, r_ptr: T.handle, w_ptr: T.handle, eps: T.float32, zero: T.int32):
@@ -272,16 +235,16 @@ def build_kernel(dtype: str, gemma: bool, H: int, threads_per_row: int, vectors_
         lane = tid % tpr
         x_base = T.Cast("int64", row) * T.Cast("int64", x_stride)
         r_base = T.Cast("int64", row) * T.Cast("int64", r_stride)
-        load_row(wr, Wt, 0, lane, None)
-        load_row(xr, Xf, x_base, lane, row_pred(row, M))
-        load_row(rr, Rf, r_base, lane, row_pred(row, M))
+        lanes.load(wr, Wt, 0, lane, None)
+        lanes.load(xr, Xf, x_base, lane, lanes.row_ok(row, M))
+        lanes.load(rr, Rf, r_base, lane, lanes.row_ok(row, M))
         acc[0] = T.cuda.uint_as_float(vector.after_all(wr, vpt * _WORDS, zero))  # 0.0, after the weight
 
-        add_store_residual(Rf, r_base, lane, row_pred(row, M), xr, rr, orr, acc)  # the sum of squares in acc
+        add_store_residual(Rf, r_base, lane, lanes.row_ok(row, M), xr, rr, orr, acc)  # the sum of squares in acc
         total = reduce.group_sum(acc[0], tid, tpr, scratch)
         rs = T.rsqrt(total * T.float32(inv_h) + eps)
 
-        scale_store(Xf, x_base, lane, row_pred(row, M), xr, rr, wr, orr, rs)
+        scale_store(Xf, x_base, lane, lanes.row_ok(row, M), xr, rr, wr, orr, rs)
         pdl_launch.end(pdl)
 
     return pdl_launch.launch(fused_add_rmsnorm, pdl)
@@ -610,14 +573,9 @@ def gemma_fused_add_rmsnorm(input: torch.Tensor, residual: torch.Tensor, weight:
     _fused_add("gemma_fused_add_rmsnorm", True, input, residual, weight, eps)
 
 
-def _aligned_rows(t: torch.Tensor) -> bool:
-    """Rows (2-D) start on 16 bytes: what the specialized kernels read and write with 16-byte vectors."""
-    return t.data_ptr() % 16 == 0 and (t.shape[0] <= 1 or t.stride(0) % _VEC == 0)
-
-
 def uses_general(x2d: torch.Tensor, r2d: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether a call runs the general kernel: H has no specialized kernel, or a row or the weight is off 16 B."""
-    return not (specialized(x2d.shape[1]) and _aligned_rows(x2d) and _aligned_rows(r2d)
+    return not (specialized(x2d.shape[1]) and plan.aligned_rows(x2d) and plan.aligned_rows(r2d)
                 and weight.data_ptr() % 16 == 0)
 
 

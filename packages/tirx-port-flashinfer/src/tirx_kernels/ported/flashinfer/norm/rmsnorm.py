@@ -9,14 +9,25 @@
 This module also holds the row kernel the FP8 ports of this folder share (``build_rows``, ``run_rows``):
 ``rmsnorm_quant`` (FP8 out) and ``fused_add_rmsnorm_quant`` (residual added in place, FP8 out).
 
-The kernel (one per (dtype, gemma, residual, out dtype)): H, row strides and alignment are run-time arguments.
-A CTA of ``THREADS`` threads normalizes one row (or a *span* of it, below). The row is cut into 8-element
-chunks (one 16-byte vector of bf16/fp16); a thread loads ``VECTORS`` chunks of a slab before any math. Where every
-row (x, residual, out) and the weight start on a vector boundary (the usual contiguous call with H % 8 == 0) a
-chunk inside the row is one 16-byte access (8 bytes for FP8 out), the row's last partial chunk goes element by
-element; other layouts go element by element throughout (a CTA-uniform branch). Rows of up to one slab
-(``THREADS * VECTORS * 8`` = 8192 elements) stay in registers between the sum of squares and the stores; longer
-rows are read again (from L2).
+Two kinds of artifact with the same arguments (the two-level plan of ``_row_plan``, shared with
+``fused_add_rmsnorm``):
+- specialized (``build_rows_specialized``), per (dtype, variant, H) for H % 8 == 0 in [16, 16384] with every row
+  and the weight on 16 bytes (FP8 out rows on 8): H a compile-time constant, a row spread over the lanes of
+  ``_row_plan.row_plan`` with weight, x (and the residual) in registers, all loads issued before any math, rows of
+  <= 32 lanes packed several to a CTA. A bundle holds them for the catalog hidden sizes (``artifact_params``).
+  The general kernel at these sizes ran 0.71-0.92x FlashInfer on the H100 (2026-12-07e: bf16 32x4096 2.0 us vs
+  1.7, gemma 64x8192 2.9 vs 2.2, 8192x4096 54.1 vs 50.0); ``fused_add_rmsnorm``'s specialized kernels, the same
+  plan, ran 1.0-1.44x.
+- general (``build_rows``), per variant: everything below. Serves odd H, H > 16384, unaligned rows or weight, any
+  H a bundle lacks, and the long-row split; ``schedule="general"`` configs time it at the specialized sizes.
+
+The general kernel: H, row strides and alignment are run-time arguments. A CTA of ``THREADS`` threads normalizes
+one row (or a *span* of it, below). The row is cut into 8-element chunks (one 16-byte vector of bf16/fp16); a
+thread loads ``VECTORS`` chunks of a slab before any math. Where every row (x, residual, out) and the weight start
+on a vector boundary (the usual contiguous call with H % 8 == 0) a chunk inside the row is one 16-byte access (8
+bytes for FP8 out), the row's last partial chunk goes element by element; other layouts go element by element
+throughout (a CTA-uniform branch). Rows of up to one slab (``THREADS * VECTORS * 8`` = 8192 elements) stay in
+registers between the sum of squares and the stores; longer rows are read again (from L2).
 
 Very long rows with few of them (rmsnorm_quant is tested to H = 1,048,576 with M = 3) would leave most SMs idle:
 there the row is split into S spans over a (M, S) grid and the op launches the kernel twice: phase 1 writes each
@@ -33,6 +44,7 @@ import torch
 
 from tirx_kernels.core import checks, runtime
 from tirx_kernels.core.op import OutOp
+from tirx_kernels.ported.flashinfer.norm import _row_plan as plan
 
 KERNEL_META = {
     "name": "flashinfer_rmsnorm",
@@ -65,12 +77,20 @@ CONFIGS = [
     {"label": "fp16_19x500_strided_odd", "dtype": "float16", "M": 19, "H": 500, "input_row_stride": 503},
     {"label": "bf16_3x65536_split", "dtype": "bfloat16", "M": 3, "H": 65536},
     {"label": "bf16_19x1", "dtype": "bfloat16", "M": 19, "H": 1},
+    {"label": "fp16_37x2880", "dtype": "float16", "M": 37, "H": 2880},
+    {"label": "gemma_bf16_99x4096_general", "dtype": "bfloat16", "M": 99, "H": 4096, "gemma": True,
+     "schedule": "general"},
 ]
 
 BENCH_CONFIGS = [
     {"label": "bf16_32x4096", "dtype": "bfloat16", "M": 32, "H": 4096},
     {"label": "gemma_bf16_64x8192", "dtype": "bfloat16", "M": 64, "H": 8192, "gemma": True},
     {"label": "bf16_8192x4096", "dtype": "bfloat16", "M": 8192, "H": 4096},
+    # The general kernel at the same rows (what an H missing from a bundle, or an unaligned row, costs).
+    {"label": "bf16_32x4096_general", "dtype": "bfloat16", "M": 32, "H": 4096, "schedule": "general"},
+    {"label": "gemma_bf16_64x8192_general", "dtype": "bfloat16", "M": 64, "H": 8192, "gemma": True,
+     "schedule": "general"},
+    {"label": "bf16_8192x4096_general", "dtype": "bfloat16", "M": 8192, "H": 4096, "schedule": "general"},
 ]
 
 DEFAULTS = {"dtype": "bfloat16", "eps": 1e-6, "gemma": False}
@@ -88,12 +108,24 @@ PDL = "end"
 
 
 def compile_params(**cfg) -> dict:
-    """One kernel per (dtype, gemma): H, strides and alignment are run-time arguments."""
-    return {"dtype": cfg["dtype"], "gemma": bool(cfg.get("gemma", False))}
+    """The specialized params where H has them (unless ``schedule="general"``), else the general ones."""
+    gemma = bool(cfg.get("gemma", False))
+    if cfg.get("schedule") == "general" or not plan.specialized(int(cfg["H"])):
+        return {"dtype": cfg["dtype"], "gemma": gemma, "schedule": "general"}
+    return {"dtype": cfg["dtype"], "gemma": gemma, "H": int(cfg["H"])}
+
+
+def general_params(params: dict) -> dict:
+    """The general artifact: it serves every call any params of the same (dtype, gemma) serve."""
+    return {"dtype": params["dtype"], "gemma": bool(params.get("gemma", False)), "schedule": "general"}
 
 
 def artifact_params() -> list[dict]:
-    return [compile_params(dtype=d, gemma=g) for d in _DTYPES for g in (False, True)]
+    """The general kernel of each (dtype, gemma) and the specialized one of every catalog hidden size (12 sizes:
+    48 specialized artifacts, ~20 KB each in a batched .so)."""
+    return [p for d in _DTYPES for g in (False, True) for p in
+            [general_params({"dtype": d, "gemma": g})]
+            + [compile_params(dtype=d, gemma=g, H=H) for H in plan.catalog_sizes()]]
 
 
 def call_samples(rng) -> list[dict]:
@@ -106,14 +138,33 @@ def call_samples(rng) -> list[dict]:
             for d in _DTYPES for g in (False, True) for H in sizes]
 
 
-def sass_expect(**_) -> list[str]:
-    return [r"LDG\.E(\.[A-Z]+)*\.128", r"STG\.E\.128", r"LDG\.E\.U16", r"STG\.E\.U16"]
+def sass_expect(H: int | None = None, schedule: str | None = None, **_) -> list[str]:
+    """16-byte loads and stores; the general kernel also the 2-byte ones of a row's unaligned ends."""
+    if schedule == "general":
+        return [r"LDG\.E(\.[A-Z]+)*\.128", r"STG\.E\.128", r"LDG\.E\.U16", r"STG\.E\.U16"]
+    return [r"LDG\.E(\.[A-Z]+)*\.128", r"STG\.E\.128"]
 
 
-def get_kernel(dtype: str, gemma: bool = False, pdl: str | None = PDL):
+def get_kernel(dtype: str, gemma: bool = False, H: int | None = None, schedule: str | None = None,
+               pdl: str | None = PDL):
     if dtype not in _DTYPES:
         raise ValueError(f"rmsnorm: dtype {dtype!r} is not one of {sorted(_DTYPES)}")
-    return build_rows(dtype, gemma, pdl=pdl)
+    return rows_kernel(dtype, gemma, H=H, schedule=schedule, pdl=pdl)
+
+
+def rows_kernel(dtype: str, gemma: bool, residual: bool = False, out_dtype: str | None = None, H: int | None = None,
+                schedule: str | None = None, pdl: str | None = PDL):
+    """The row kernel of a module's params: general (``schedule="general"``) or specialized at H."""
+    if schedule == "general":
+        if H is not None:
+            raise ValueError(f"rmsnorm rows: the general kernel takes H at run time, got H={H}")
+        return build_rows(dtype, gemma, residual=residual, out_dtype=out_dtype, pdl=pdl)
+    if schedule is not None:
+        raise ValueError(f"rmsnorm rows: schedule {schedule!r} is not None or 'general'")
+    if H is None or not plan.specialized(H):
+        raise ValueError(f"rmsnorm rows: H={H} must be a multiple of {_VEC} in [{plan.MIN_H}, {plan.MAX_H}]")
+    return build_rows_specialized(dtype, gemma, H, residual=residual, out_dtype=out_dtype, pdl=pdl,
+                                  **plan.row_plan(H))
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -328,6 +379,138 @@ def build_rows(dtype: str, gemma: bool, residual: bool = False, out_dtype: str |
     return pdl_launch.launch(rows, pdl)
 
 
+def build_rows_specialized(dtype: str, gemma: bool, H: int, residual: bool = False, out_dtype: str | None = None,  # noqa: N803
+                           pdl: str | None = PDL, *, threads_per_row: int, vectors_per_thread: int,
+                           rows_per_cta: int):
+    """The row kernel at a compile-time H (``_row_plan.specialized``; every row and the weight on 16 bytes, FP8
+    out rows on 8): ``build_rows``' arguments and results, for phase 0 only (``run_rows`` passes ``span`` = the
+    row's chunks, ``phase`` 0 and a (1, 1) workspace to whichever artifact serves the call, so a bundle falling back
+    to the general one still computes the same). A row is spread over ``threads_per_row`` lanes (``_row_plan``):
+    weight, x and the residual all loaded into registers before any math, read once, the output (and the residual)
+    written once; x + residual recomputed from the held words after the reduction rather than kept in fp32. The
+    arithmetic is ``build_rows``' expression for expression (the same bits out)."""
+    from tvm.script import tirx as T
+
+    from tirx_kernels.core.lang import pdl as pdl_launch
+    from tirx_kernels.core.lang import reduce, vector
+
+    pdl_launch.check_trigger("rmsnorm rows", pdl)
+    if not plan.specialized(H):
+        raise ValueError(f"rmsnorm rows: H={H} must be a multiple of {_VEC} in [{plan.MIN_H}, {plan.MAX_H}]")
+    fp8 = out_dtype is not None
+    if fp8 and out_dtype not in FP8:
+        raise ValueError(f"rmsnorm rows: out_dtype {out_dtype!r} is not None or one of {sorted(FP8)}")
+    y_dtype = "uint8" if fp8 else dtype
+    fp8_max = FP8[out_dtype][1] if fp8 else 0.0
+    cvt = f"cvt.rn.satfinite.{FP8[out_dtype][2]}.f32" if fp8 else None
+    lanes = plan.Lanes(H, threads_per_row, vectors_per_thread, rows_per_cta)
+    tpr, vpt, threads = threads_per_row, vectors_per_thread, lanes.threads
+    scratch_len = max(1, reduce.scratch_words(tpr, rows_per_cta))
+
+    def values(xr, rr, i):
+        """The fp32 values (low, high) of packed word ``i``: x, or ``x + residual`` (unrounded)."""
+        a_lo, a_hi = vector.unpack2(xr[i], dtype)
+        if not residual:
+            return a_lo, a_hi
+        b_lo, b_hi = vector.unpack2(rr[i], dtype)
+        return a_lo + b_lo, a_hi + b_hi
+
+    def factor(w):
+        return T.float32(1) + w if gemma else w
+
+    def sum_squares(acc, xr, rr, Rf, r_base, lane, row_ok, orr):  # noqa: N803
+        """``acc[0] +=`` the squares; with a residual, the residual <- x + residual, rounded once, stored."""
+        for v in range(vpt):
+            for j in range(_WORDS):
+                lo, hi = values(xr, rr, v * _WORDS + j)
+                T.buffer_store(acc, acc[0] + lo * lo + hi * hi, [0])
+                if residual:
+                    vector.pack2(orr, j, lo, hi, dtype)
+            if residual:
+                vector.store_v4(Rf.ptr_to([r_base + lanes.col(v, lane)]), orr, 0, lanes.pred(v, lane, row_ok))
+
+    def scale_store(Yf, y_base, lane, row_ok, xr, rr, wr, orr, pair, rs, inv_scale):  # noqa: N803
+        for v in range(vpt):
+            for j in range(_WORDS):
+                lo, hi = values(xr, rr, v * _WORDS + j)
+                w_lo, w_hi = vector.unpack2(wr[v * _WORDS + j], dtype)
+                y_lo = lo * rs * factor(w_lo)
+                y_hi = hi * rs * factor(w_hi)
+                if not fp8:
+                    vector.pack2(orr, j, y_lo, y_hi, dtype)
+                else:  # FlashInfer's order: ((x * rstd) * w) * (1 / scale), clamped, then RNE to FP8
+                    lim = T.float32(fp8_max)
+                    y_lo = T.min(T.max(y_lo * inv_scale, -lim), lim)
+                    y_hi = T.min(T.max(y_hi * inv_scale, -lim), lim)
+                    T.evaluate(T.ptx[cvt](pair[j % 2], y_hi, y_lo))  # first operand: the upper byte
+                    if j % 2 == 1:
+                        T.buffer_store(orr, T.Cast("uint32", pair[0]) | (T.Cast("uint32", pair[1])
+                                                                         << T.uint32(16)), [j // 2])
+            pred = lanes.pred(v, lane, row_ok)
+            if not fp8:
+                vector.store_v4(Yf.ptr_to([y_base + lanes.col(v, lane)]), orr, 0, pred)
+            elif pred is None:  # 8 FP8 codes: one 8-byte store
+                T.evaluate(T.ptx["st.global.v2.b32"](Yf.ptr_to([y_base + lanes.col(v, lane)]), orr[0], orr[1]))
+            else:
+                with T.If(pred):
+                    with T.Then():
+                        T.evaluate(T.ptx["st.global.v2.b32"](Yf.ptr_to([y_base + lanes.col(v, lane)]), orr[0],
+                                                             orr[1]))
+
+    @T.prim_func
+    def rows(x_ptr: T.handle, r_ptr: T.handle, w_ptr: T.handle, y_ptr: T.handle, s_ptr: T.handle, ws_ptr: T.handle,
+             eps: T.float32, span: T.int32, phase: T.int32, zero: T.int32):
+        M = T.int32()
+        Mw = T.int32()
+        S = T.int32()
+        x_stride = T.int32()
+        r_stride = T.int32()
+        y_stride = T.int32()
+        X = T.match_buffer(x_ptr, (M, H), dtype, strides=(x_stride, 1), align=16)
+        R = T.match_buffer(r_ptr, (M, H), dtype, strides=(r_stride, 1), align=16)
+        Wt = T.match_buffer(w_ptr, (H,), dtype, align=16)
+        Y = T.match_buffer(y_ptr, (M, H), y_dtype, strides=(y_stride, 1), align=8 if fp8 else 16)
+        Sc = T.match_buffer(s_ptr, (1,), "float32", align=4)
+        WS = T.match_buffer(ws_ptr, (Mw, S), "float32", align=4)  # noqa: F841 (build_rows' argument; unused)
+        T.device_entry()
+        # Flat views indexed row * stride + col (TIRx drops match_buffer strides from device indexing).
+        Xf = T.decl_buffer((M * x_stride,), dtype, data=X.data)
+        Rf = T.decl_buffer((M * r_stride,), dtype, data=R.data)
+        Yf = T.decl_buffer((M * y_stride,), y_dtype, data=Y.data)
+        cta = T.cta_id([(M + rows_per_cta - 1) // rows_per_cta])
+        tid = T.thread_id([threads])
+        xr = T.alloc_local((vpt * _WORDS,), "uint32")
+        rr = T.alloc_local((vpt * _WORDS if residual else 1,), "uint32")
+        wr = T.alloc_local((vpt * _WORDS,), "uint32")
+        orr = T.alloc_local((_WORDS,), "uint32")
+        pair = T.alloc_local((2,), "uint16")
+        acc = T.alloc_local((1,), "float32")
+        inv = T.alloc_local((1,), "float32")
+        scratch = T.alloc_shared((scratch_len,), "float32")
+        pdl_launch.begin(pdl)  # nothing global before this: the previous kernel may still write the rows
+
+        row = cta * rows_per_cta + tid // tpr
+        lane = tid % tpr
+        x_base = T.Cast("int64", row) * T.Cast("int64", x_stride)
+        r_base = T.Cast("int64", row) * T.Cast("int64", r_stride)
+        y_base = T.Cast("int64", row) * T.Cast("int64", y_stride)
+        lanes.load(wr, Wt, 0, lane, None)
+        lanes.load(xr, Xf, x_base, lane, lanes.row_ok(row, M))
+        if residual:
+            lanes.load(rr, Rf, r_base, lane, lanes.row_ok(row, M))
+        inv[0] = T.float32(0)
+        if fp8:
+            T.evaluate(T.ptx["rcp.approx.ftz.f32"](inv[0], Sc[0]))
+        acc[0] = T.cuda.uint_as_float(vector.after_all(wr, vpt * _WORDS, zero))  # 0.0, after the weight
+        sum_squares(acc, xr, rr, Rf, r_base, lane, lanes.row_ok(row, M), orr)
+        total = reduce.group_sum(acc[0], tid, tpr, scratch)
+        rs = T.rsqrt(total * T.float32(1.0 / H) + eps)
+        scale_store(Yf, y_base, lane, lanes.row_ok(row, M), xr, rr, wr, orr, pair, rs, inv[0])
+        pdl_launch.end(pdl)
+
+    return pdl_launch.launch(rows, pdl)
+
+
 _WORKSPACE = runtime.StreamWorkspace(n_flags=1)
 _SM_COUNT: dict = {}
 
@@ -343,14 +526,26 @@ def split_plan(M: int, H: int, sm_count: int) -> tuple[int, int]:
     return span, -(-chunks // span)
 
 
-def run_rows(fn, x2d, r2d, weight, y2d, scale, eps: float) -> None:
-    """Launch ``build_rows``' kernel ``fn`` on 2-D views (one launch, or the two phases of a split row)."""
+def uses_general(x2d: torch.Tensor, r2d: torch.Tensor, weight: torch.Tensor, y2d: torch.Tensor) -> bool:
+    """Whether a call runs the general kernel: H has no specialized kernel, or a row (x, residual, out: 16 bytes; an
+    FP8 out, viewed as uint8: 8 bytes) or the weight does not start on its vector boundary."""
+    return not (plan.specialized(x2d.shape[1]) and plan.aligned_rows(x2d) and plan.aligned_rows(r2d)
+                and weight.data_ptr() % 16 == 0 and plan.aligned_rows(y2d, 8 if y2d.element_size() == 1 else 16))
+
+
+def run_rows(fn, x2d, r2d, weight, y2d, scale, eps: float, general: bool = True) -> None:
+    """Launch the row kernel ``fn`` on 2-D views: for a call the specialized kernel serves (``general`` False)
+    one phase-0 launch, which the general kernel computes the same where a bundle served the call with it;
+    otherwise one launch, or the two phases of a split row (``split_plan``)."""
     M, H = x2d.shape
     dev = x2d.device
-    sms = _SM_COUNT.get(dev.index)
-    if sms is None:
-        sms = _SM_COUNT[dev.index] = torch.cuda.get_device_properties(dev).multi_processor_count
-    span, S = split_plan(M, H, sms)
+    if general:
+        sms = _SM_COUNT.get(dev.index)
+        if sms is None:
+            sms = _SM_COUNT[dev.index] = torch.cuda.get_device_properties(dev).multi_processor_count
+        span, S = split_plan(M, H, sms)
+    else:
+        span, S = -(-H // _VEC), 1
     ws, _ = _WORKSPACE.get(dev, M * S if S > 1 else 1)
     sc = ws[:1] if scale is None else scale
     if S == 1:
@@ -430,6 +625,9 @@ def reference(input, weight, eps, gemma=False, **_) -> dict:  # noqa: A002
 
 
 def launch(cfg: dict, data: dict) -> None:
+    if cfg.get("schedule") == "general":  # the general kernel where the public op would pick the specialized one
+        _run(data["input"], data["weight"], float(data["eps"]), data["gemma"], data["out"], general=True)
+        return
     op = gemma_rmsnorm if data["gemma"] else rmsnorm
     op(data["input"], data["weight"], data["eps"], out=data["out"])
 
@@ -483,7 +681,7 @@ def _check_inputs(op: str, input, weight, eps, out) -> None:  # noqa: A002
 _FUNCTIONS = runtime.FunctionCache(__name__)
 
 
-def _run(input, weight, eps: float, gemma: bool, out) -> None:  # noqa: A002
+def _run(input, weight, eps: float, gemma: bool, out, general: bool = False) -> None:  # noqa: A002
     H = input.shape[-1]
     x2d = unit_columns(input.reshape(-1, H))  # a view for every row layout the checks accept
     y2d = unit_columns(out.view(-1, H))
@@ -491,9 +689,11 @@ def _run(input, weight, eps: float, gemma: bool, out) -> None:  # noqa: A002
     if x2d.shape[0] == 0:
         return
     dtype = str(input.dtype)[6:]
-    fn = _FUNCTIONS.get((input.dtype, gemma, input.get_device()), lambda: compile_params(dtype=dtype, gemma=gemma),
-                        input.device)
-    run_rows(fn, x2d, x2d, weight, y2d, None, eps)
+    general = general or uses_general(x2d, x2d, weight, y2d)
+    fn = _FUNCTIONS.get((input.dtype, gemma, H if not general else None, input.get_device()),
+                        lambda: general_params({"dtype": dtype, "gemma": gemma}) if general
+                        else compile_params(dtype=dtype, gemma=gemma, H=H), input.device)
+    run_rows(fn, x2d, x2d, weight, y2d, None, eps, general)
 
 
 def _new_out(input, weight, eps, gemma):  # noqa: A002

@@ -9,8 +9,10 @@ e5m2, the dtype of ``out``), in place into ``out``.
 
 As upstream: fp32 statistics; ``1 / scale`` is ``rcp.approx.ftz`` of the fp32 scale read on the device (a (1,)
 tensor, so a CUDA graph replays with the current scale); products in FlashInfer's order, clamped to the FP8 type's
-finite range, rounded to nearest even (``cvt.rn.satfinite``). The kernel is ``rmsnorm.build_rows`` with FP8 out:
-any H (to 2**30; upstream tests 1,048,576, which takes the split two-phase path at small M), any row strides.
+finite range, rounded to nearest even (``cvt.rn.satfinite``). The kernels are ``rmsnorm``'s row kernels with FP8
+out: the specialized one per (dtype, H) at the catalog sizes for e4m3 out (rows and weight on 16 bytes, out rows on
+8), the general one for every other call: any H (to 2**30; upstream tests 1,048,576, which takes the split
+two-phase path at small M), any row strides, e5m2 out.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from tirx_kernels.core import checks, runtime
+from tirx_kernels.ported.flashinfer.norm import _row_plan as plan
 from tirx_kernels.ported.flashinfer.norm import rmsnorm as rows
 
 KERNEL_META = {
@@ -55,6 +58,10 @@ CONFIGS = [
      "M": 3, "H": 1048576, "scale": 1.0},
     {"label": "bf16_e5m2_3x1048576", "dtype": "bfloat16", "out_dtype": "float8_e5m2",
      "M": 3, "H": 1048576, "scale": 1.0},
+    {"label": "fp16_e4m3_37x2880", "dtype": "float16", "out_dtype": "float8_e4m3fn", "M": 37, "H": 2880,
+     "scale": 10.0},
+    {"label": "bf16_e4m3_99x4096_general", "dtype": "bfloat16", "out_dtype": "float8_e4m3fn", "M": 99, "H": 4096,
+     "scale": 1.0, "schedule": "general"},
 ]
 
 BENCH_CONFIGS = [
@@ -64,6 +71,13 @@ BENCH_CONFIGS = [
      "M": 8192, "H": 4096, "scale": 1.0},
     {"label": "bf16_e5m2_3x1048576", "dtype": "bfloat16", "out_dtype": "float8_e5m2",
      "M": 3, "H": 1048576, "scale": 1.0},
+    # The general kernel at the same rows (what an H missing from a bundle, or an unaligned row, costs).
+    {"label": "bf16_e4m3_32x4096_general", "dtype": "bfloat16", "out_dtype": "float8_e4m3fn", "M": 32, "H": 4096,
+     "scale": 1.0, "schedule": "general"},
+    {"label": "bf16_e4m3_64x8192_general", "dtype": "bfloat16", "out_dtype": "float8_e4m3fn", "M": 64, "H": 8192,
+     "scale": 1.0, "schedule": "general"},
+    {"label": "bf16_e4m3_8192x4096_general", "dtype": "bfloat16", "out_dtype": "float8_e4m3fn",
+     "M": 8192, "H": 4096, "scale": 1.0, "schedule": "general"},
 ]
 
 DEFAULTS = {"dtype": "bfloat16", "out_dtype": "float8_e4m3fn", "eps": 1e-6, "scale": 1.0}
@@ -72,12 +86,25 @@ _FP8_NAMES = {v[0]: k for k, v in rows.FP8.items()}
 
 
 def compile_params(**cfg) -> dict:
-    """One kernel per (dtype, out_dtype): H, strides and alignment are run-time arguments."""
-    return {"dtype": cfg["dtype"], "out_dtype": cfg.get("out_dtype", _E4M3)}
+    """The specialized params where H has them (unless ``schedule="general"``), else the general ones: one
+    kernel per (dtype, out_dtype) with H, strides and alignment as run-time arguments."""
+    out_dtype = cfg.get("out_dtype", "float8_e4m3fn")
+    if cfg.get("schedule") == "general" or not plan.specialized(int(cfg["H"])):
+        return {"dtype": cfg["dtype"], "out_dtype": out_dtype, "schedule": "general"}
+    return {"dtype": cfg["dtype"], "out_dtype": out_dtype, "H": int(cfg["H"])}
+
+
+def general_params(params: dict) -> dict:
+    """The general artifact: it serves every call any params of the same (dtype, out_dtype) serve."""
+    return {"dtype": params["dtype"], "out_dtype": params.get("out_dtype", "float8_e4m3fn"), "schedule": "general"}
 
 
 def artifact_params() -> list[dict]:
-    return [compile_params(dtype=d, out_dtype=o) for d in _DTYPES for o in rows.FP8]
+    """The general kernel of each (dtype, out_dtype); the specialized one of every catalog hidden size for e4m3
+    out only (24 artifacts: e4m3 is the activation format FlashInfer's callers quantize to; e5m2 calls, and any
+    H a bundle lacks, run the general kernel)."""
+    return ([general_params({"dtype": d, "out_dtype": o}) for d in _DTYPES for o in rows.FP8]
+            + [compile_params(dtype=d, out_dtype="float8_e4m3fn", H=H) for d in _DTYPES for H in plan.catalog_sizes()])
 
 
 def call_samples(rng) -> list[dict]:
@@ -88,14 +115,18 @@ def call_samples(rng) -> list[dict]:
             for d in _DTYPES for o in rows.FP8 for H in sizes]
 
 
-def sass_expect(**_) -> list[str]:
-    return [r"LDG\.E(\.[A-Z]+)*\.128", r"STG\.E\.64", r"STG\.E\.U8", r"F2FP"]
+def sass_expect(schedule: str | None = None, **_) -> list[str]:
+    """16-byte loads, 8-byte FP8 stores, the FP8 conversion; the general kernel also a row's byte-wise ends."""
+    if schedule == "general":
+        return [r"LDG\.E(\.[A-Z]+)*\.128", r"STG\.E\.64", r"STG\.E\.U8", r"F2FP"]
+    return [r"LDG\.E(\.[A-Z]+)*\.128", r"STG\.E\.64", r"F2FP"]
 
 
-def get_kernel(dtype: str, out_dtype: str = _E4M3, pdl: str | None = rows.PDL):
+def get_kernel(dtype: str, out_dtype: str = "float8_e4m3fn", H: int | None = None, schedule: str | None = None,
+               pdl: str | None = rows.PDL):
     if dtype not in _DTYPES:
         raise ValueError(f"rmsnorm_quant: dtype {dtype!r} is not one of {sorted(_DTYPES)}")
-    return rows.build_rows(dtype, False, out_dtype=out_dtype, pdl=pdl)
+    return rows.rows_kernel(dtype, False, residual=False, out_dtype=out_dtype, H=H, schedule=schedule, pdl=pdl)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -123,6 +154,9 @@ def reference(out, input, weight, scale, eps, **_) -> dict:  # noqa: A002
 
 
 def launch(cfg: dict, data: dict) -> None:
+    if cfg.get("schedule") == "general":  # the general kernel where the public op would pick the specialized one
+        _run(data["out"], data["input"], data["weight"], data["scale"], float(data["eps"]), general=True)
+        return
     rmsnorm_quant(data["out"], data["input"], data["weight"], data["scale"], data["eps"])
 
 
@@ -196,7 +230,7 @@ def _check_inputs(op: str, out, input, weight, scale, eps) -> None:  # noqa: A00
 _FUNCTIONS = runtime.FunctionCache(__name__)
 
 
-def _run(out, input, weight, scale, eps: float) -> None:  # noqa: A002
+def _run(out, input, weight, scale, eps: float, general: bool = False) -> None:  # noqa: A002
     H = input.shape[-1]
     x2d = rows.unit_columns(input.reshape(-1, H))
     y2d = rows.unit_columns(out.view(-1, H).view(torch.uint8))
@@ -204,9 +238,11 @@ def _run(out, input, weight, scale, eps: float) -> None:  # noqa: A002
     if x2d.shape[0] == 0:
         return
     dtype, out_dtype = str(input.dtype)[6:], _FP8_NAMES[out.dtype]
-    fn = _FUNCTIONS.get((input.dtype, out.dtype, input.get_device()),
-                        lambda: compile_params(dtype=dtype, out_dtype=out_dtype), input.device)
-    rows.run_rows(fn, x2d, x2d, weight, y2d, scale, eps)
+    general = general or rows.uses_general(x2d, x2d, weight, y2d)
+    fn = _FUNCTIONS.get((input.dtype, out.dtype, None if general else H, input.get_device()),
+                        lambda: general_params({"dtype": dtype, "out_dtype": out_dtype}) if general
+                        else compile_params(dtype=dtype, out_dtype=out_dtype, H=H), input.device)
+    rows.run_rows(fn, x2d, x2d, weight, y2d, scale, eps, general)
 
 
 @torch.library.custom_op("tirx::flashinfer_rmsnorm_quant", mutates_args=("out",))
