@@ -101,3 +101,38 @@ def test_p_offset_scales_the_weights_and_comes_off_the_lse():
     plain, shifted = probe(0), probe(8)
     assert "log2f(red_ptr[0]) - 0x1p+3f" in shifted and "0x1p+3f" not in plain  # - 8 on the LSE
     assert shifted.count("0x1p+3f") >= 4  # and on the exponent base of both row halves
+
+
+def test_fast_exp2_takes_each_weight_in_one_ex2_approx_ftz():
+    """``fast_exp2`` replaces ``exp2f`` (which ptxas expands to a range check, two predicated FMULs and the MUFU) on
+    every weight by one ``ex2.approx.ftz.f32``; the O rescale factor keeps ``exp2f``. Its values run against an fp32
+    oracle in flash_attention4's emulated tests."""
+    from tvm.script import tirx as T
+
+    from tirx_kernels.core import build
+    from tirx_kernels.core.lang import softmax
+
+    def probe(fast):
+        @T.prim_func
+        def f(x_ptr: T.handle, y_ptr: T.handle):
+            X = T.match_buffer(x_ptr, (128, 16), "float32")
+            Y = T.match_buffer(y_ptr, (128, 8), "float32")
+            T.device_entry()
+            tid = T.thread_id([128])
+            s_acc = T.alloc_local((8,), "float32")
+            row_max = T.alloc_local((2,), "float32")
+            row_sum = T.alloc_local((2,), "float32")
+            red = T.alloc_local((2,), "float32")
+            for i in T.unroll(8):
+                s_acc[i] = X[tid, i]
+            softmax.init(row_max, row_sum)
+            for r in T.unroll(2):
+                softmax.update(s_acc, 16, r, row_max, row_sum, red, T.float32(0.5), fast_exp2=fast)
+            for i in T.unroll(8):
+                Y[tid, i] = s_acc[i] + row_sum[i % 2]
+        return build.codegen(f)
+
+    plain, fast = probe(False), probe(True)
+    assert "ex2.approx.ftz.f32" not in plain and plain.count("exp2f(") == 2 + 8
+    assert "ex2.approx.ftz.f32" in fast and fast.count("exp2f(") == 2  # the two rescale factors
+    assert fast.count("tvm_builtin_ptx_ex2_approx_ftz_f32(") == 1 + 8  # the helper and one call a weight

@@ -26,10 +26,10 @@ full_only = pytest.mark.skipif(not _FULL, reason="set TIRX_EMULATE_FULL=1 (minut
 _modules = {}
 
 
-def _kernel(dtype: str, d: int, dv: int, causal: bool, schedule: str = mod.SCHEDULE):
-    key = (dtype, d, dv, causal, schedule)
+def _kernel(dtype: str, d: int, dv: int, causal: bool, schedule: str = mod.SCHEDULE, variant: str | None = None):
+    key = (dtype, d, dv, causal, schedule, variant)
     if key not in _modules:
-        _modules[key] = emulate.compile_module(mod.get_kernel(dtype, d, dv, causal, schedule))
+        _modules[key] = emulate.compile_module(mod.get_kernel(dtype, d, dv, causal, schedule, variant))
     return _modules[key]
 
 
@@ -39,7 +39,8 @@ def _guarded(shape, dtype):
     return buf, buf[1]
 
 
-def _run(dtype, d, dv, causal, B, Sq, Sk, Hq, Hkv, packed=False, seed=0, schedule=mod.SCHEDULE):  # noqa: N803
+def _run(dtype, d, dv, causal, B, Sq, Sk, Hq, Hkv, packed=False, seed=0, schedule=mod.SCHEDULE,  # noqa: N803
+         variant=None):
     torch.manual_seed(seed)
     t = getattr(torch, dtype)
     if packed:  # q, k, v as views of one [B, S, 3, H, D] tensor: batch / sequence strides of the packed layout
@@ -52,7 +53,7 @@ def _run(dtype, d, dv, causal, B, Sq, Sk, Hq, Hkv, packed=False, seed=0, schedul
     out_buf, out = _guarded((B, Sq, Hq, dv), t)
     lse_buf, lse = _guarded((B, Hq, Sq), torch.float32)
     scale = 1 / math.sqrt(d)
-    _kernel(dtype, d, dv, causal, schedule)(q, k, v, out, lse, scale, hang_timeout=60.0).check()
+    _kernel(dtype, d, dv, causal, schedule, variant)(q, k, v, out, lse, scale, hang_timeout=60.0).check()
     for x, x0 in zip((q, k, v), before):
         assert torch.equal(x, x0), "an input was modified"
     for buf in (out_buf, lse_buf):
@@ -73,6 +74,21 @@ def test_more_queries_than_keys_leaves_rows_empty():
 
 def test_packed_qkv_views():
     _run("bfloat16", 64, 64, True, B=2, Sq=150, Sk=150, Hq=2, Hkv=2, packed=True, seed=2)
+
+
+def test_three_consumer_variant_with_split_mask_loop():
+    """``ovl2_c3``: three consumer warpgroups taking turns (barriers 4-6), 192-row query tiles, the unmasked tiles in
+    their own loop and V released late; causal with ragged tiles (700 = 3 x 192 + 124 queries, 6 key tiles)."""
+    _run("bfloat16", 64, 64, True, B=1, Sq=700, Sk=700, Hq=2, Hkv=1, seed=3, variant="ovl2_c3")
+
+
+@full_only
+@pytest.mark.parametrize("variant, d, causal, Sq, Sk", [
+    ("ovl2", 128, True, 300, 430), ("ovl2_n176", 128, False, 200, 400), ("ovl2_n192", 64, False, 130, 500),
+    ("base", 128, True, 300, 300), ("pp_exp2", 128, False, 150, 260)])
+def test_schedule_variants(variant, d, causal, Sq, Sk):  # noqa: N803
+    """The variants tools/sweeps/attn_schedules.py times against the default (flash_attention4.VARIANTS)."""
+    _run("bfloat16", d, d, causal, B=1, Sq=Sq, Sk=Sk, Hq=2, Hkv=1, seed=4, variant=variant)
 
 
 @full_only

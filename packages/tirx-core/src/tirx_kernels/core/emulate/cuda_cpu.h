@@ -109,6 +109,7 @@ static inline unsigned __float_as_uint(float f) { unsigned u; memcpy(&u, &f, 4);
 static inline float __uint_as_float(unsigned u) { float f; memcpy(&f, &u, 4); return f; }
 static inline unsigned tvm_builtin_float_as_uint(float f) { return __float_as_uint(f); }
 static inline void tvm_builtin_ptx_tanh_approx_f32(float& d, float a) { d = tanhf(a); }
+static inline void tvm_builtin_ptx_ex2_approx_ftz_f32(float& d, float a) { d = exp2f(a); }
 
 // --- conversions (cvt.rn: round to nearest even; the first operand goes to the upper half)
 static inline uint32_t emu_bf16_rn(float f) {

@@ -57,7 +57,7 @@ def mask(s_acc, n: int, hidden):
                 T.buffer_store(s_acc, T.Select(hidden(r, j, e), T.float32(-math.inf), s_acc[idx]), [idx])
 
 
-def update(s_acc, n: int, r, row_max, row_sum, red, scale_log2, p_offset: int = 0):
+def update(s_acc, n: int, r, row_max, row_sum, red, scale_log2, p_offset: int = 0, fast_exp2: bool = False):
     """One key tile for row half ``r``: the new row max (quad-reduced), scores replaced in place by their exp2
     weights, the running sum rescaled and increased. Leaves the rescale factor for the output accumulator in
     ``red[1]`` (``exp2((old max - new max) * scale_log2)``, 0 for a row that had seen nothing) and the exponent base
@@ -65,7 +65,12 @@ def update(s_acc, n: int, r, row_max, row_sum, red, scale_log2, p_offset: int = 
 
     ``p_offset``: weights scaled by ``2**p_offset`` (in [0, 2**p_offset] instead of [0, 1]; the sum too, so out is
     unchanged and :func:`finalize` takes the same offset off the LSE). FA3's FP8 path uses 8: P rounded to e4m3
-    keeps normal precision down to 2^-14 of the row max instead of 2^-6."""
+    keeps normal precision down to 2^-14 of the row max instead of 2^-6.
+
+    ``fast_exp2``: the weights by ``ex2.approx.ftz.f32`` (one MUFU.EX2) instead of ``exp2f``, which nvcc lowers to
+    the non-ftz ``ex2.approx.f32``: ptxas wraps each in a range check and two predicated FMULs for denormal
+    results (4 instructions a weight; seen in the SASS of flash_attention4's hd128 kernel, 2026-12-07). Weights
+    below 2^-126 of the row max become 0 instead of a denormal: nothing a 16-bit P or the fp32 sum can hold."""
     T.buffer_store(red, row_max[r], [0])
     for j in range(n // 8):
         for e in range(2):
@@ -80,7 +85,10 @@ def update(s_acc, n: int, r, row_max, row_sum, red, scale_log2, p_offset: int = 
     for j in range(n // 8):
         for e in range(2):
             idx = wgmma.acc_index(j, r, e)
-            T.buffer_store(s_acc, T.exp2(s_acc[idx] * scale_log2 - red[0]), [idx])
+            if fast_exp2:
+                T.evaluate(T.ptx.ex2.approx.ftz.f32(s_acc[idx], s_acc[idx] * scale_log2 - red[0]))
+            else:
+                T.buffer_store(s_acc, T.exp2(s_acc[idx] * scale_log2 - red[0]), [idx])
             T.buffer_store(row_sum, row_sum[r] + s_acc[idx], [r])
 
 

@@ -42,6 +42,9 @@ CHUNK = 64  # 16-bit elements of one 128-byte SW128 row: the TMA box's inner ext
 NUM_STAGES = 2  # Q / dO ring depth; dS is double-buffered too
 SMEM_LIMIT = 232448  # 227 KB
 PRODUCER_REGS, CONSUMER_REGS = 40, 232  # 40 + 2 x 232 = 3 x 168 (roles.register_split_fits)
+# P^T by ex2.approx.ftz (one MUFU.EX2 a weight; exp2f cost 4 instructions each in the SASS): fewer instructions, the
+# same values but for weights below 2^-126.
+FAST_EXP2 = True
 PDS_BAR = 3  # named barrier over both consumers: their dS^T tiles are in shared memory
 DQ_FULL_BAR = 4  # 4 + w: consumer w's dQ tile is in shared memory (its 128 threads arrive, warp 1 syncs)
 DQ_EMPTY_BAR = 6  # 6 + w: warp 1 has read consumer w's dQ tile (warp 1 arrives, the consumer syncs)
@@ -94,7 +97,15 @@ def check_shape(head_dim: int, head_dim_v: int, block_m: int) -> None:
         raise ValueError(f"flash_attention_backward: {nbytes} B of smem (limit {SMEM_LIMIT})")
 
 
-def build_bwd_kernel(dtype: str, head_dim: int, head_dim_v: int, causal: bool, block_m: int):
+def build_bwd_kernel(dtype: str, head_dim: int, head_dim_v: int, causal: bool, block_m: int,
+                     fast_exp2: bool = FAST_EXP2):
+    """``fast_exp2``: P^T by ``ex2.approx.ftz.f32`` (one MUFU.EX2 a weight) instead of ``exp2f`` (ptxas adds a range
+    check and two predicated FMULs to each: ``core.lang.softmax.update``'s note).
+
+    NOTES: in the SASS of the hd128 kernel (2026-12-07) the wait for dP^T (WARPGROUP.DEPBAR.LE gsb0, 0x0) sits after
+    the first few MUFU.EX2 of P^T, so P^T hardly runs under the dP^T GEMM as the schedule means. Reading delta into
+    registers before the wait did not move it (tried, same SASS shape): ptxas's scheduler lifts the wait, with the
+    long dS^T / stmatrix / GEMM chain behind it, above the short independent exp2 chains. Open."""
     from tvm.script import tirx as T
 
     from tirx_kernels.core.lang import bulk, cluster, grid_flags, mbarrier, roles, softmax, tma, wgmma
@@ -200,11 +211,16 @@ def build_bwd_kernel(dtype: str, head_dim: int, head_dim_v: int, causal: bool, b
                 T.buffer_store(cur, stat(stats, lse_s, dlt_s, stat_off, 0, j, e, lane), [0])
                 for r in range(2):
                     idx = wgmma.acc_index(j, r, e)
-                    p = T.exp2(s_acc[idx] * scale_log2 - cur[0])
+                    if fast_exp2:
+                        T.evaluate(T.ptx.ex2.approx.ftz.f32(s_acc[idx], s_acc[idx] * scale_log2 - cur[0]))
+                        p = s_acc[idx]
+                    else:
+                        p = T.exp2(s_acc[idx] * scale_log2 - cur[0])
                     if masked:
                         key = key0 + wgmma.acc_row(warp, lane, r)
                         p = T.Select(key > q0 + col + (Sk - Sq), T.float32(0), p)
-                    T.buffer_store(s_acc, p, [idx])
+                    if masked or not fast_exp2:
+                        T.buffer_store(s_acc, p, [idx])
 
     def p_tile_masked_where_needed(s_acc, stats, cur, lse_s, dlt_s, stat_off, scale_log2, key0, q0, Sk, Sq,  # noqa: N803
                                    warp, lane):

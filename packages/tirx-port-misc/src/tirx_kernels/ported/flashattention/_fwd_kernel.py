@@ -38,6 +38,10 @@ counts match because consumer 0 skips its first wait and consumer 1 its last pas
 turn per tile), the softmax of tile n runs while PV n - 1 is on the tensor cores, and O is rescaled once it landed
 (same registers as ``plain``: P of tile n - 1, S of tile n and O are live together in both).
 
+Knobs beside the schedule (``Mainloop``'s, picked per op by ``flash_attention4.kernel_knobs``; variants timed by
+tools/sweeps/attn_schedules.py): ``fast_exp2``, ``split_mask``, ``late_release``, and ``num_consumers`` 3 (FA3's hd64
+tile: 192 query rows, 512 threads, setmaxnreg 32 / 160, turn barriers 4-6).
+
 Varlen (flash-attn's packed THD convention): q [total_q, Hq, D], k [total_k, Hkv, D], v [total_k, Hkv, Dv], out
 [total_q, Hq, Dv], lse [Hq, total_q]; sequence b holds query rows cu_seqlens_q[b] .. cu_seqlens_q[b + 1] - 1 and keys
 cu_seqlens_k[b] .. + (seqused_k[b] if given, else cu_seqlens_k[b + 1] - cu_seqlens_k[b]). The grid is (query tiles of
@@ -64,6 +68,9 @@ from tirx_kernels.ported.flashattention._fwd_mainloop import (  # noqa: F401 -- 
 
 NUM_CONSUMERS = 2
 BLOCK_M = NUM_CONSUMERS * 64  # one m64 wgmma row block per consumer
+# setmaxnreg split (producer, consumer) by consumer warpgroups: 384 threads launch with 168 registers (40 + 2 x 232 =
+# 3 x 168); 512 threads with 128 (FA3's split for its three-consumer hd64 tile: 32 + 3 x 160 = 4 x 128).
+REGISTER_SPLIT = {2: (40, 232), 3: (32, 160)}
 
 
 def _consumer(ml, sm, rg, wg, tid, softmax_scale, m0, num_q, num_k, n_blocks, causal, clear_v: bool = False,
@@ -83,12 +90,12 @@ def _consumer(ml, sm, rg, wg, tid, softmax_scale, m0, num_q, num_k, n_blocks, ca
     return first_row, warp, lane, scale_log2
 
 
-def _key_tiles(m0, num_q, num_k, block_n: int, causal: bool):
+def _key_tiles(m0, num_q, num_k, block_n: int, causal: bool, block_m: int = BLOCK_M):
     """Key tiles the query tile at ``m0`` sees: all of them, or (causal, bottom-right) up to its last row's
     diagonal."""
     from tvm.script import tirx as T
 
-    key_end = T.min(num_k, m0 + BLOCK_M + (num_k - num_q)) if causal else num_k
+    key_end = T.min(num_k, m0 + block_m + (num_k - num_q)) if causal else num_k
     return T.max(key_end + block_n - 1, 0) // block_n
 
 
@@ -131,13 +138,21 @@ def _packed_rows(k_off, block_n: int):
 
 
 def build_fwd_kernel(dtype: str, head_dim: int, head_dim_v: int, causal: bool, block_n: int, num_stages: int,
-                     schedule: str = "overlap"):
-    """The batch-padded kernel: one CTA per (query tile, query head, batch entry)."""
+                     schedule: str = "overlap", fast_exp2: bool = False, split_mask: bool = False,
+                     late_release: bool = False, num_consumers: int = NUM_CONSUMERS):
+    """The batch-padded kernel: one CTA per (query tile, query head, batch entry). The knobs after ``schedule`` are
+    ``Mainloop``'s; ``num_consumers`` 3 is FA3's hd64 tile (192 query rows, 512 threads)."""
     from tvm.script import tirx as T
 
     from tirx_kernels.core.lang import roles, tma, wgmma
 
-    ml = Mainloop(dtype, head_dim, head_dim_v, block_n, num_stages, schedule, NUM_CONSUMERS)
+    ml = Mainloop(dtype, head_dim, head_dim_v, block_n, num_stages, schedule, num_consumers, fast_exp2=fast_exp2,
+                  split_mask=split_mask, late_release=late_release)
+    block_m = ml.block_m
+    producer_regs, consumer_regs = REGISTER_SPLIT[num_consumers]
+    if not roles.register_split_fits(num_consumers, producer_regs, consumer_regs):
+        raise ValueError(f"flash_attention4: register split {producer_regs}/{consumer_regs} does not fit")
+    threads = 128 * (1 + num_consumers)
 
     @T.prim_func
     def flash_attention4_fwd(q_ptr: T.handle, k_ptr: T.handle, v_ptr: T.handle, o_ptr: T.handle,
@@ -165,17 +180,17 @@ def build_fwd_kernel(dtype: str, head_dim: int, head_dim_v: int, causal: bool, b
         q_map = T.Bind(T.tvm_stack_alloca("tensormap", 1))
         k_map = T.Bind(T.tvm_stack_alloca("tensormap", 1))
         v_map = T.Bind(T.tvm_stack_alloca("tensormap", 1))
-        tma.encode(q_map, Q.data, [head_dim, Hq, Sq, B], [q_sh, q_ss, q_sb], [CHUNK, 1, BLOCK_M, 1], dtype)
+        tma.encode(q_map, Q.data, [head_dim, Hq, Sq, B], [q_sh, q_ss, q_sb], [CHUNK, 1, block_m, 1], dtype)
         tma.encode(k_map, K.data, [head_dim, Hkv, Sk, B], [k_sh, k_ss, k_sb], [CHUNK, 1, block_n, 1], dtype)
         tma.encode(v_map, V.data, [head_dim_v, Hkv, Sk, B], [v_sh, v_ss, v_sb], [CHUNK, 1, block_n, 1], dtype)
         T.device_entry()
         T.attr({"tirx.launch_bounds_min_blocks_per_sm": 1})
-        bx, h, b = T.cta_id([(Sq + BLOCK_M - 1) // BLOCK_M, Hq, B])
-        wg = T.warpgroup_id([3])
-        tid = T.thread_id([384])
-        m0 = ((Sq + BLOCK_M - 1) // BLOCK_M - 1 - bx) * BLOCK_M  # longest (causal) tiles first
+        bx, h, b = T.cta_id([(Sq + block_m - 1) // block_m, Hq, B])
+        wg = T.warpgroup_id([1 + num_consumers])
+        tid = T.thread_id([threads])
+        m0 = ((Sq + block_m - 1) // block_m - 1 - bx) * block_m  # longest (causal) tiles first
         hk = h // (Hq // Hkv)
-        n_blocks = _key_tiles(m0, Sq, Sk, block_n, causal)
+        n_blocks = _key_tiles(m0, Sq, Sk, block_n, causal, block_m)
 
         # Shared memory: one pool, 1024-aligned tiles first, barriers last.
         pool = T.SMEMPool()
@@ -189,12 +204,12 @@ def build_fwd_kernel(dtype: str, head_dim: int, head_dim_v: int, causal: bool, b
 
         if wg == 0:
             # TMA warpgroup: decrease registers for the consumers.
-            roles.producer_role()
+            roles.producer_role(producer_regs)
             if tid == 0:
                 _produce(ml, sm, q_map, k_map, v_map, [m0, b], _batch_rows(b, block_n), h, hk, n_blocks)
         else:
             first_row, warp, lane, scale_log2 = _consumer(ml, sm, rg, wg, tid, softmax_scale, m0, Sq, Sk, n_blocks,
-                                                          causal)
+                                                          causal, consumer_regs=consumer_regs)
             # Epilogue: O / rowsum from the registers (16-bit pairs), LSE from lane 0 of each quad.
             Ow = T.decl_buffer((B * Sq * Hq * head_dim_v // 2,), "uint32", data=Out.data)
             for r in T.unroll(2):

@@ -29,7 +29,7 @@ import types
 CHUNK = 64  # 16-bit elements of one 128-byte SW128 row: the TMA box's inner extent
 SMEM_LIMIT = 232448  # 227 KB, what ran on the H200 (HOPPER_TIRX.md)
 WG_BAR = 1  # named barriers 1, 2: consumer w's 128 threads
-TURN_BAR = 3  # named barriers 3, 4: consumer w's turn to issue a GEMM (ping-pong)
+TURN_BAR = 3  # named barriers 3, 4: consumer w's turn to issue a GEMM (ping-pong; 3 consumers: 4, 5, 6)
 SCHEDULES = ("plain", "pingpong", "overlap")
 FRAGMENT_REGS = 200  # S, O and P fragment registers a consumer may hold (of 216 / 232, the rest for addresses)
 
@@ -67,23 +67,36 @@ def check_shape(head_dim: int, head_dim_v: int, block_n: int, num_stages: int, b
 
 
 class Mainloop:
-    """One kernel's tile geometry and the TIR it emits (see the module docstring)."""
+    """One kernel's tile geometry and the TIR it emits (see the module docstring).
+
+    Schedule knobs (class defaults: what a subclass that sets its own geometry, ``_fwd_fp8.FP8Mainloop``, gets):
+    ``fast_exp2`` (``core.lang.softmax.update``: one MUFU.EX2 a weight), ``split_mask`` (the overlap loop's tiles
+    that need no mask in a branch-free loop of their own) and ``late_release`` (V's slot given back after P is
+    packed, not right after the PV wait): see the NOTES in :meth:`consume` for what each changes in the SASS."""
+
+    fast_exp2 = False
+    split_mask = False
+    late_release = False
+    turn_bar = TURN_BAR
 
     def __init__(self, dtype: str, head_dim: int, head_dim_v: int, block_n: int, num_stages: int,
-                 schedule: str = "overlap", num_consumers: int = 2, smem_limit: int = SMEM_LIMIT):
+                 schedule: str = "overlap", num_consumers: int = 2, smem_limit: int = SMEM_LIMIT,
+                 fast_exp2: bool = False, split_mask: bool = False, late_release: bool = False):
         from tvm.script import tirx as T
 
         from tirx_kernels.core.lang import mbarrier, tma, wgmma
 
         if schedule not in SCHEDULES:
             raise ValueError(f"flash_attention4: schedule {schedule!r} is not one of {SCHEDULES}")
-        if num_consumers not in (1, 2):
-            raise ValueError(f"flash_attention4: {num_consumers} consumer warpgroups (1 or 2)")
+        if num_consumers not in (1, 2, 3):
+            raise ValueError(f"flash_attention4: {num_consumers} consumer warpgroups (1, 2 or 3)")
         self.block_m = 64 * num_consumers
         check_shape(head_dim, head_dim_v, block_n, num_stages, self.block_m, smem_limit)
         self.dtype, self.head_dim, self.head_dim_v = dtype, head_dim, head_dim_v
         self.block_n, self.num_stages, self.num_consumers = block_n, num_stages, num_consumers
-        self.pingpong = num_consumers == 2 and schedule in ("pingpong", "overlap")
+        self.pingpong = num_consumers >= 2 and schedule in ("pingpong", "overlap")
+        # The turn barriers follow the warpgroup barriers WG_BAR .. WG_BAR + num_consumers - 1.
+        self.turn_bar = max(TURN_BAR, WG_BAR + num_consumers)
         self.overlap = schedule == "overlap"
         self.dp, self.dvp = padded(head_dim), padded(head_dim_v)
         self.q_chunks, self.v_chunks = self.dp // CHUNK, self.dvp // CHUNK
@@ -111,6 +124,9 @@ class Mainloop:
         self.chunk = CHUNK
         self.qk_swizzle = wgmma.SWIZZLE_128B
         self.p_offset = 0  # P in [0, 2^p_offset] (core.lang.softmax.update)
+        self.fast_exp2 = fast_exp2
+        self.split_mask = split_mask
+        self.late_release = late_release
         self.k_stage_bytes = self.q_chunks * self.kv_tile_bytes
         self.v_stage_bytes = self.v_chunks * self.kv_tile_bytes
         self.v_swizzle = wgmma.SWIZZLE_128B
@@ -212,18 +228,18 @@ class Mainloop:
         if self.pingpong:
             with T.If(T.Or(cw > 0, T.Not(first))):
                 with T.Then():
-                    roles.wait_turn(TURN_BAR, cw)
+                    roles.wait_turn(self.turn_bar, cw, self.num_consumers)
 
     def _turn_pass(self, cw, last):
-        """Ping-pong: hand the tensor cores to the other consumer (consumer 1's last PV has nobody after it)."""
+        """Ping-pong: hand the tensor cores to the next consumer (the last consumer's last PV has nobody after it)."""
         from tvm.script import tirx as T
 
         from tirx_kernels.core.lang import roles
 
         if self.pingpong:
-            with T.If(T.Or(cw == 0, T.Not(last))):
+            with T.If(T.Or(cw != self.num_consumers - 1, T.Not(last))):
                 with T.Then():
-                    roles.pass_turn(TURN_BAR, cw)
+                    roles.pass_turn(self.turn_bar, cw, self.num_consumers)
 
     def _issue_qk(self, rg, s, cw):
         """S = Q K^T of the tile in stage ``s`` (SS; the first k16 step overwrites the accumulator), uncommitted."""
@@ -260,17 +276,20 @@ class Mainloop:
 
         softmax.pack_p(rg.p_frag, rg.s_acc, self.block_n, self.cvt_pack)
 
-    def _softmax_tile(self, rg, n0, mask_from, lane, scale_log2):
-        """Mask (edge tiles only) and online softmax of one S tile; each row half's O rescale left in ``corr``."""
+    def _softmax_tile(self, rg, n0, mask_from, lane, scale_log2, masked=None):
+        """Mask (edge tiles only) and online softmax of one S tile; each row half's O rescale left in ``corr``.
+        ``masked``: None tests whether the tile needs the mask (a branch), False leaves it out (the caller knows)."""
         from tvm.script import tirx as T
 
         from tirx_kernels.core.lang import softmax, wgmma
 
-        with T.If(n0 + self.block_n - 1 > mask_from):
-            with T.Then():
-                softmax.mask(rg.s_acc, self.block_n, lambda r, j, e: n0 + wgmma.acc_col(lane, j, e) > rg.klim[r])
+        if masked is None:
+            with T.If(n0 + self.block_n - 1 > mask_from):
+                with T.Then():
+                    softmax.mask(rg.s_acc, self.block_n, lambda r, j, e: n0 + wgmma.acc_col(lane, j, e) > rg.klim[r])
         for r in range(2):
-            softmax.update(rg.s_acc, self.block_n, r, rg.row_max, rg.row_sum, rg.red, scale_log2, self.p_offset)
+            softmax.update(rg.s_acc, self.block_n, r, rg.row_max, rg.row_sum, rg.red, scale_log2, self.p_offset,
+                           self.fast_exp2)
             T.buffer_store(rg.corr, rg.red[1], [r])
 
     def causal_limits(self, rg, first_row, num_q, num_k, causal: bool, warp, lane):
@@ -358,7 +377,7 @@ class Mainloop:
                     self._release(k_ring, sm.k_empty, 0, cw, warp, lane)
                     self._softmax_tile(rg, n_begin * block_n, mask_from, lane, scale_log2)
                     self._pack_p(rg)
-                    with T.serial(1, n_tiles) as it:
+                    def step(it, masked):
                         s = k_ring.stage(it)
                         sp = v_ring.stage(it - 1)
                         k_ring.consumer_wait(sm.k_full, it)
@@ -372,12 +391,34 @@ class Mainloop:
                         self._turn_pass(cw, T.bool(False))
                         wgmma.wait(1)  # S of tile n (the older group) has landed; PV n - 1 may still run
                         self._release(k_ring, sm.k_empty, s, cw, warp, lane)
-                        self._softmax_tile(rg, (n_begin + it) * block_n, mask_from, lane, scale_log2)
+                        self._softmax_tile(rg, (n_begin + it) * block_n, mask_from, lane, scale_log2, masked)
                         wgmma.wait(0)
-                        self._release(v_ring, sm.v_empty, sp, cw, warp, lane)
+                        # NOTES: the V release is an mbarrier arrive with no data dependence on the softmax, and
+                        # ptxas scheduled it (and so the wait(0) it must follow) ahead of the softmax's exp2 even
+                        # in a branch-free body (SASS, 2026-12-07). Released after P is packed, the wait stays below
+                        # most of the exp2 (the O rescale, which needs it, is interleaved with the last ones).
+                        if not self.late_release:
+                            self._release(v_ring, sm.v_empty, sp, cw, warp, lane)
                         for r in range(2):
                             softmax.rescale(rg.o_acc, self.dvp, r, rg.corr[r])
                         self._pack_p(rg)
+                        if self.late_release:
+                            self._release(v_ring, sm.v_empty, sp, cw, warp, lane)
+
+                    if self.split_mask:
+                        # NOTES: with the mask's branch in the loop body, ptxas put the wait(0) for PV n - 1 at the
+                        # branch's merge point, *before* the softmax of tile n (SASS of the hd128 kernel, 2026-12-07:
+                        # WARPGROUP.DEPBAR.LE gsb0, 0x0 right after the mask block, ahead of every FMNMX / MUFU.EX2),
+                        # so the softmax never ran under PV. FA3 runs the tiles that need no mask in a loop of their
+                        # own; so do we: a branch-free body for tiles 1 .. first_masked - 1, then the masked ones.
+                        first_masked = T.min(T.max(T.max(mask_from + 1, 0) // block_n - n_begin, 1), n_tiles)
+                        with T.serial(1, first_masked) as it:
+                            step(it, False)
+                        with T.serial(first_masked, n_tiles) as it:
+                            step(it, None)
+                    else:
+                        with T.serial(1, n_tiles) as it:
+                            step(it, None)
                     # The last tile's PV.
                     sl = v_ring.stage(n_tiles - 1)
                     v_ring.consumer_wait(sm.v_full, n_tiles - 1)

@@ -84,7 +84,7 @@ BENCH_CONFIGS = [
      "D": 256, "causal": True},
 ]
 
-DEFAULTS = {"dtype": "bfloat16", "Dv": None, "causal": False, "schedule": None}
+DEFAULTS = {"dtype": "bfloat16", "Dv": None, "causal": False, "schedule": None, "variant": None}
 
 # lse is fp32 but inherits the 16-bit inputs' S (identical in the oracle): the error is fp32 summation order and
 # exp2/log2, ~1e-6 relative on values of a few units.
@@ -108,22 +108,53 @@ NUM_STAGES = 2
 # _fwd_kernel.SCHEDULES: "overlap" (ping-pong + the softmax of tile n under PV of tile n - 1, FA3's design) by default;
 # "pingpong" and "plain" stay as CONFIGS / BENCH_CONFIGS rows to measure each step against on the GPU.
 SCHEDULE = "overlap"
+# The default kernel's softmax weights by ex2.approx.ftz (one MUFU.EX2 a weight; exp2f cost 4 instructions each in the
+# SASS, core.lang.softmax.update's note): fewer instructions, the same values but for weights below 2^-126.
+FAST_EXP2 = True
+# Schedule variants (a config's "variant"; build_fwd_kernel's knobs, over the default's), each timed against the
+# product's kernel by tools/sweeps/attn_schedules.py (gpu_calls/attn.sh). None is the product default yet: see there
+# for what each changes in the SASS.
+_OVL2 = {"fast_exp2": True, "split_mask": True, "late_release": True}
+VARIANTS = {
+    "base": {"fast_exp2": False},  # the kernel before FAST_EXP2 (2026-12-07's pinned rows)
+    "exp2": {"fast_exp2": True},
+    "ovl2": _OVL2,
+    "ovl2_n176": {**_OVL2, "block_n": 176},  # FA3's 128 x 176 tile for hd128 non-causal
+    "ovl2_n192": {**_OVL2, "block_n": 192},  # 192 keys at hd64
+    "ovl2_c3": {**_OVL2, "num_consumers": 3},  # FA3's hd64 tile: 3 consumer warpgroups, 192 query rows
+    "exp2_c3": {"fast_exp2": True, "num_consumers": 3},
+    "pp_exp2": {"schedule": "pingpong", "fast_exp2": True},
+}
 _INT32_MAX = 2**31 - 1
 
 
 def compile_params(**cfg) -> dict:
-    """What changes the code: dtype, head dims, causal. B, S, H and the strides are run-time arguments."""
+    """What changes the code: dtype, head dims, causal, the schedule (and a variant's name, when a config names
+    one). B, S, H and the strides are run-time arguments."""
     d = int(cfg["D"])
     dv = d if cfg.get("Dv") is None else int(cfg["Dv"])
-    return {"dtype": cfg.get("dtype", "bfloat16"), "head_dim": d, "head_dim_v": dv, "causal": bool(cfg.get("causal")),
-            "schedule": cfg.get("schedule") or SCHEDULE}
+    params = {"dtype": cfg.get("dtype", "bfloat16"), "head_dim": d, "head_dim_v": dv,
+              "causal": bool(cfg.get("causal")), "schedule": cfg.get("schedule") or SCHEDULE}
+    if cfg.get("variant"):
+        params["variant"] = cfg["variant"]
+    return params
 
 
-def get_kernel(dtype: str, head_dim: int, head_dim_v: int, causal: bool, schedule: str = SCHEDULE):
+def kernel_knobs(head_dim: int, head_dim_v: int, schedule: str = SCHEDULE, variant: str | None = None) -> dict:
+    """``build_fwd_kernel``'s arguments after (dtype, head dims, causal): the default's, with ``variant``'s knobs."""
     if (head_dim, head_dim_v) not in BLOCK_N:
         raise ValueError(f"flash_attention4: head dims ({head_dim}, {head_dim_v}) not one of {sorted(BLOCK_N)}")
-    return _fwd_kernel.build_fwd_kernel(dtype, head_dim, head_dim_v, causal, BLOCK_N[(head_dim, head_dim_v)],
-                                        NUM_STAGES, schedule)
+    if variant is not None and variant not in VARIANTS:
+        raise ValueError(f"flash_attention4: variant {variant!r} is not one of {sorted(VARIANTS)}")
+    knobs = {"block_n": BLOCK_N[(head_dim, head_dim_v)], "num_stages": NUM_STAGES, "schedule": schedule,
+             "fast_exp2": FAST_EXP2}
+    return {**knobs, **VARIANTS.get(variant, {})}
+
+
+def get_kernel(dtype: str, head_dim: int, head_dim_v: int, causal: bool, schedule: str = SCHEDULE,
+               variant: str | None = None):
+    return _fwd_kernel.build_fwd_kernel(dtype, head_dim, head_dim_v, causal,
+                                        **kernel_knobs(head_dim, head_dim_v, schedule, variant))
 
 
 def artifact_params() -> list[dict]:
@@ -158,9 +189,10 @@ def sass_expect(head_dim: int, head_dim_v: int, **_) -> list[str]:
 # ---------------------------------------------------------------------------------------------------------
 
 def prepare_data(dtype: str, B: int, Sq: int, Sk: int, Hq: int, Hkv: int, D: int, Dv: int | None = None,  # noqa: N803
-                 causal: bool = False, schedule: str | None = None, device: str = "cuda") -> dict:
-    """Fresh random q, k, v and poisoned out / lse; ``schedule`` (the kernel variant) is read by ``launch`` from the
-    config."""
+                 causal: bool = False, schedule: str | None = None, variant: str | None = None,
+                 device: str = "cuda") -> dict:
+    """Fresh random q, k, v and poisoned out / lse; ``schedule`` and ``variant`` (the kernel) are read by ``launch``
+    from the config."""
     dv = D if Dv is None else Dv
     t = _DTYPES[dtype]
     q = torch.randn(B, Sq, Hq, D, dtype=t, device=device)
@@ -228,16 +260,18 @@ def check_outputs_against_oracle(out, lse, want, want_lse) -> dict:
 
 
 def launch(cfg: dict, data: dict) -> None:
-    """The public op; a row naming another schedule than the default runs that kernel variant behind the same
+    """The public op; a row naming another schedule than the default, or a variant, runs that kernel behind the same
     checks."""
     schedule = cfg.get("schedule") or SCHEDULE
-    if schedule == SCHEDULE:
+    variant = cfg.get("variant")
+    if schedule == SCHEDULE and not variant:
         flash_attn_func(data["q"], data["k"], data["v"], softmax_scale=data["softmax_scale"], causal=data["causal"],
                         out=(data["out"], data["lse"]))
         return
     _check_inputs(data["q"], data["k"], data["v"], data["softmax_scale"], (None, None), None, 0.0, 1,
                   (data["out"], data["lse"]))
-    _run(data["q"], data["k"], data["v"], data["softmax_scale"], data["causal"], data["out"], data["lse"], schedule)
+    _run(data["q"], data["k"], data["v"], data["softmax_scale"], data["causal"], data["out"], data["lse"], schedule,
+         variant)
 
 
 def roofline(B: int, Sq: int, Sk: int, Hq: int, Hkv: int, D: int, Dv: int | None = None, causal: bool = False,
@@ -396,7 +430,8 @@ def _tma_ready(t: torch.Tensor) -> torch.Tensor:
 _FUNCTIONS = runtime.FunctionCache(__name__)
 
 
-def _run(q, k, v, softmax_scale: float, causal: bool, out, lse, schedule: str = SCHEDULE) -> None:
+def _run(q, k, v, softmax_scale: float, causal: bool, out, lse, schedule: str = SCHEDULE,
+         variant: str | None = None) -> None:
     B, Sq, Hq, D = q.shape
     Sk, Dv = k.shape[1], v.shape[3]
     if B == 0 or Sq == 0 or Hq == 0:
@@ -407,8 +442,9 @@ def _run(q, k, v, softmax_scale: float, causal: bool, out, lse, schedule: str = 
         return
     checks.aligned(_OP, "out[0]", out, 16)
     check_lse_base(_OP, lse)
-    fn = _FUNCTIONS.get((q.dtype, D, Dv, causal, schedule, q.get_device()),
-                        lambda: compile_params(dtype=str(q.dtype)[6:], D=D, Dv=Dv, causal=causal, schedule=schedule),
+    fn = _FUNCTIONS.get((q.dtype, D, Dv, causal, schedule, variant, q.get_device()),
+                        lambda: compile_params(dtype=str(q.dtype)[6:], D=D, Dv=Dv, causal=causal, schedule=schedule,
+                                               variant=variant),
                         q.device)
     fn(_tma_ready(q), _tma_ready(k), _tma_ready(v), out, lse, float(softmax_scale))
 
