@@ -44,6 +44,9 @@ VARIANTS = [
 # (label, dtype, rows, row length, k)
 SHAPES = [
     ("f32 1x131072 k2048", "float32", 1, 131072, 2048),
+    # one wave of 8-CTA clusters at two 512-thread CTAs an SM (33 rows): with 1 and 64 rows it splits a CTA's
+    # latency chain (1 row) from the SM's throughput (32 rows: two CTAs an SM) and the second wave (64 rows)
+    ("f32 32x131072 k2048", "float32", 32, 131072, 2048),
     ("f32 64x131072 k2048", "float32", 64, 131072, 2048),
     ("f32 256x262144 k2048", "float32", 256, 262144, 2048),
     ("bf16 64x131072 k2048", "bfloat16", 64, 131072, 2048),
