@@ -105,7 +105,9 @@ def build_bwd_kernel(dtype: str, head_dim: int, head_dim_v: int, causal: bool, b
     NOTES: in the SASS of the hd128 kernel (2026-12-07) the wait for dP^T (WARPGROUP.DEPBAR.LE gsb0, 0x0) sits after
     the first few MUFU.EX2 of P^T, so P^T hardly runs under the dP^T GEMM as the schedule means. Reading delta into
     registers before the wait did not move it (tried, same SASS shape): ptxas's scheduler lifts the wait, with the
-    long dS^T / stmatrix / GEMM chain behind it, above the short independent exp2 chains. Open."""
+    long dS^T / stmatrix / GEMM chain behind it, above the short independent exp2 chains. Issuing dV += P^T dO
+    before that wait (it needs P^T and dO only; the wait would then follow a wgmma reading every P^T register) was
+    worse on paper: 16 B of spills and ptxas serialized every wgmma of the kernel (a DEPBAR after each HGMMA). Open."""
     from tvm.script import tirx as T
 
     from tirx_kernels.core.lang import bulk, cluster, grid_flags, mbarrier, roles, softmax, tma, wgmma
