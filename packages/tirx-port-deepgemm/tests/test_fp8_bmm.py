@@ -127,13 +127,20 @@ def emulation():
         pytest.skip("no g++ to compile the emulation")
 
 
-def test_emulated_against_the_oracle(emulation):
+@pytest.mark.parametrize("block_n, num_sms, d, knobs", [
+    (64, 3, 72, {}),
+    # issue 24's candidates: 256-row tiles (b = 129: one ragged tile a head) in 1 x 2 clusters multicasting x's rows
+    # through the rank-3 map (d = 200: 2 N-tiles of 128, one cluster a head); 128 x 256 halves (d = 392)
+    (128, 4, 200, {"block_m": 256, "cluster_n": 2, "prefetch_scales": True}),
+    (256, 2, 392, {"cluster_n": 2, "prefetch_scales": True}),
+], ids=["128x64", "256x128_cluster", "128x256_cluster"])
+def test_emulated_against_the_oracle(emulation, block_n, num_sms, d, knobs):
     """b = 129 (a tile whose second slab holds one real row), 2 heads, r = 272 (a K tail), d = 72 (an N tail), 3
     CTAs for 8 tiles of 128 x 64 (the ring wraps across tiles and heads); x strided inside a wider [b, h, r + 16]
     buffer (the TMA map reads its strides), z inside a NaN band (the [b, h, d] strides, guard columns and rows)."""
     from tirx_kernels.core import emulate
 
-    b, h, r, d = 129, 2, 272, 72
+    b, h, r = 129, 2, 272
     x, sfx, y, sfy = _operands(b, h, r, d, seed=7)
     xw = torch.zeros(b, h, r + 16, dtype=torch.uint8).view(E4M3)
     xw[:, :, :r] = x
@@ -141,7 +148,7 @@ def test_emulated_against_the_oracle(emulation):
     before = [t.clone() for t in (xw.view(torch.uint8), sfx, y.view(torch.uint8), sfy)]
     buf = torch.full((b + 2, h, d + 8), float("nan"), dtype=torch.bfloat16)
     z = buf[1:b + 1, :, :d]
-    kern = emulate.compile_module(G.build_kernel(64, 3, 2, 3, False, "batched"))
+    kern = emulate.compile_module(G.build_kernel(block_n, 3, 2, num_sms, False, "batched", **knobs))
     args = mod.kernel_args(x, sfx, y, sfy, z)
     assert args[0].data_ptr() == x.data_ptr()
     kern(*args).check()

@@ -105,22 +105,30 @@ def emulation():
 _modules = {}
 
 
-def _emulated(block_n, accumulate, num_sms):
+def _emulated(block_n, accumulate, num_sms, **knobs):
     from tirx_kernels.core import emulate
 
-    key = (block_n, accumulate, num_sms)
+    key = (block_n, accumulate, num_sms, *sorted(knobs.items()))
     if key not in _modules:
-        _modules[key] = emulate.compile_module(G.build_kernel(block_n, 3, 2, num_sms, accumulate))
+        _modules[key] = emulate.compile_module(G.build_kernel(block_n, 3, 2, num_sms, accumulate, **knobs))
     return _modules[key]
 
 
 # Few CTAs (num_sms 2 / 3) for 2-8 tiles: each CTA loops over several tiles and the 3-stage ring wraps across them.
-@pytest.mark.parametrize("block_n, accumulate, num_sms, shapes", [
-    (128, False, 2, [(17, 136, 256), (200, 256, 384)]),
-    (64, True, 3, [(1, 136, 384), (200, 256, 272)]),
-])
-def test_emulated_against_the_oracle(emulation, block_n, accumulate, num_sms, shapes):
-    kern = _emulated(block_n, accumulate, num_sms)
+# The candidate knobs of issue 24 (``build_kernel``): 1 x 2 clusters multicasting A (2 clusters of 4 SMs; N = 264 is
+# 3 N-tiles of 128, so one cluster has a CTA past N), 256-row tiles (two waves a warpgroup; M = 300 a ragged second
+# tile), scales read ahead.
+@pytest.mark.parametrize("block_n, accumulate, num_sms, shapes, knobs", [
+    (128, False, 2, [(17, 136, 256), (200, 256, 384)], {}),
+    (64, True, 3, [(1, 136, 384), (200, 256, 272)], {}),
+    (128, False, 4, [(200, 264, 384), (17, 136, 256)], {"cluster_n": 2, "prefetch_scales": True}),
+    (128, True, 4, [(300, 264, 272), (1, 136, 128)], {"block_m": 256, "cluster_n": 2, "prefetch_scales": True}),
+    (64, False, 2, [(300, 136, 384)], {"block_m": 256, "prefetch_scales": True}),
+    (256, False, 4, [(200, 264, 384), (17, 520, 256)], {"cluster_n": 2, "prefetch_scales": True}),
+    (256, False, 2, [(130, 392, 272)], {}),
+], ids=["128", "64_c", "128_cluster", "256x128_cluster_c", "256x64", "128x256_cluster", "128x256"])
+def test_emulated_against_the_oracle(emulation, block_n, accumulate, num_sms, shapes, knobs):
+    kern = _emulated(block_n, accumulate, num_sms, **knobs)
     for M, N, K in shapes:  # noqa: N806
         a, sfa, b, sfb = _operands(M, N, K, seed=M + N + K)
         before = [t.clone() for t in (a, sfa, b, sfb)]

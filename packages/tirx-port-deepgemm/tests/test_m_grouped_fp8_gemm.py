@@ -110,13 +110,17 @@ def emulation():
 _modules = {}
 
 
-def _emulated(schedule, block_n, num_sms):
+def _emulated(schedule, block_n, num_sms, **knobs):
     from tirx_kernels.core import emulate
 
-    key = (schedule, block_n, num_sms)
+    key = (schedule, block_n, num_sms, *sorted(knobs.items()))
     if key not in _modules:
-        _modules[key] = emulate.compile_module(G.build_kernel(block_n, 3, 2, num_sms, False, schedule))
+        _modules[key] = emulate.compile_module(G.build_kernel(block_n, 3, 2, num_sms, False, schedule, **knobs))
     return _modules[key]
+
+
+# Issue 24's candidate knobs: A multicast over 1 x 2 clusters (4 SMs: 2 clusters), scales and slab liveness read ahead.
+CLUSTER = {"cluster_n": 2, "prefetch_scales": True}
 
 
 def _same(x, y):
@@ -125,19 +129,21 @@ def _same(x, y):
 
 # Few CTAs (num_sms 3) for 8-12 tiles: each CTA walks several tiles and the 3-stage ring wraps across them; a group
 # of 0 rows, one of 130 (a tile whose second slab holds 2 real rows), a tile of padding rows at the end.
-CONTIG_CASES = [(64, [130, 0, 60], 136, 272, 1)]
+CONTIG_CASES = [(64, [130, 0, 60], 136, 272, 1, 3, {}), (64, [130, 0, 60], 200, 272, 1, 4, CLUSTER),
+                (256, [130, 0, 60], 392, 272, 1, 4, CLUSTER)]
 if FULL:
-    CONTIG_CASES += [(128, [128, 1, 257, 0], 576, 1040, 0), (64, [0, 0, 5], 8, 16, 2)]
+    CONTIG_CASES += [(128, [128, 1, 257, 0], 576, 1040, 0, 3, {}), (64, [0, 0, 5], 8, 16, 2, 3, {}),
+                     (128, [128, 1, 257, 0], 576, 1040, 0, 4, CLUSTER)]
 
 
-@pytest.mark.parametrize("block_n, rows, N, K, pad_tiles", CONTIG_CASES)
-def test_emulated_contiguous(emulation, block_n, rows, N, K, pad_tiles):  # noqa: N803
+@pytest.mark.parametrize("block_n, rows, N, K, pad_tiles, num_sms, knobs", CONTIG_CASES)
+def test_emulated_contiguous(emulation, block_n, rows, N, K, pad_tiles, num_sms, knobs):  # noqa: N803
     a, sfa, b, sfb, layout = _contig_operands(rows, N, K, pad_tiles, seed=N + K)
     before = [t.clone() for t in (a, sfa, b, sfb, layout)]
     M = a.shape[0]  # noqa: N806
     buf = torch.full((M + 2, N + 8), float("nan"), dtype=torch.bfloat16)  # D in a NaN band: rows and columns
     d = buf[1:M + 1, :N]
-    _emulated("m_contiguous", block_n, 3)(*contig.kernel_args(a, sfa, b, sfb, d, layout)).check()
+    _emulated("m_contiguous", block_n, num_sms, **knobs)(*contig.kernel_args(a, sfa, b, sfb, d, layout)).check()
     want = contig.reference(a, sfa, b, sfb, layout)["d"]
     assert not d.isnan().any(), f"{int(d.isnan().sum())} outputs not written"
     assert (d[layout < 0] == 0).all(), "padding rows not stored as 0"
@@ -148,19 +154,21 @@ def test_emulated_contiguous(emulation, block_n, rows, N, K, pad_tiles):  # noqa
     assert all(_same(x, y) for x, y in zip((a, sfa, b, sfb, layout), before))
 
 
-MASKED_CASES = [(128, 200, 136, 272, [[0, 200, 1, 130], [129, 0, 64, 0]])]
+MASKED_CASES = [(128, 200, 136, 272, [[0, 200, 1, 130], [129, 0, 64, 0]], 3, {}),
+                (64, 200, 136, 272, [[0, 200, 1, 130], [129, 0, 64, 0]], 4, CLUSTER),
+                (256, 200, 392, 272, [[0, 200, 1, 130]], 4, CLUSTER)]
 if FULL:
-    MASKED_CASES += [(64, 130, 576, 1040, [[0, 0, 0], [130, 500, -3]]), (128, 8, 8, 16, [[8, 1]])]
+    MASKED_CASES += [(64, 130, 576, 1040, [[0, 0, 0], [130, 500, -3]], 3, {}), (128, 8, 8, 16, [[8, 1]], 3, {})]
 
 
-@pytest.mark.parametrize("block_n, max_m, N, K, count_sets", MASKED_CASES)
-def test_emulated_masked(emulation, block_n, max_m, N, K, count_sets):  # noqa: N803
+@pytest.mark.parametrize("block_n, max_m, N, K, count_sets, num_sms, knobs", MASKED_CASES)
+def test_emulated_masked(emulation, block_n, max_m, N, K, count_sets, num_sms, knobs):  # noqa: N803
     """One set of operands and one D, launched once per set of counts with the same arguments otherwise (what a CUDA
     graph replays): each launch writes exactly its counted rows."""
     Gn = len(count_sets[0])  # noqa: N806
     a, sfa, b, sfb = _masked_operands(Gn, max_m, N, K, seed=N + K)
     before = [t.clone() for t in (a, sfa, b, sfb)]
-    kern = _emulated("m_masked", block_n, 3)
+    kern = _emulated("m_masked", block_n, num_sms, **knobs)
     for counts in count_sets:
         mm = torch.tensor(counts, dtype=torch.int32)
         buf = torch.full((Gn, max_m + 3, N + 8), float("nan"), dtype=torch.bfloat16)

@@ -19,7 +19,10 @@ Design (DeepGEMM's SM90 1d2d, on the native GEMM's skeleton, ``tirx_kernels.gemm
 - Math, per K block (the promotion): four wgmma m64nNk32 into a temporary fp32 accumulator (the first with
   scale-d 0), wait, read the two ``sfa`` rows this thread's fragment covers from the stage, give the stage back,
   then ``acc += tmp * (sfa[row] * sfb[n_block, k_block])``. ``block_n`` divides 128, so a tile meets one ``sfb``
-  per K block (read from global: one 4-byte value per K block, cached).
+  per K block (read from global: one 4-byte value per K block, cached); a 256-wide candidate tile runs as two
+  128-wide halves through the same temporary, one ``sfb`` each.
+- Candidate knobs of ``build_kernel`` (issue 24; the defaults build the product kernel): 1 x 2 clusters multicasting
+  A, 256-row tiles (two 128-row waves through the one temporary), 128 x 256 tiles, scales read ahead of the wgmma.
 - NOTES: the fp32 main accumulator never sees a wgmma (DeepGEMM's reason for the split: the tensor core's FP8
   accumulation keeps fewer mantissa bits, so each 128-K partial is promoted to a real fp32 sum).
 - Epilogue: bf16 pairs straight from the accumulator fragment to global (``st.global.b32``, clipped at M and N;
@@ -48,14 +51,15 @@ AB_DTYPE = "float8_e4m3fn"
 RECIPES = ("1d2d", "1d1d")
 
 
-def smem_bytes(block_n: int, num_stages: int, recipe: str = "1d2d") -> int:
+def smem_bytes(block_n: int, num_stages: int, recipe: str = "1d2d", block_m: int = BLOCK_M) -> int:
     """The ring (A, B, the sfa column and, 1d1d, the sfb row of each stage) and its 2 x num_stages barriers."""
-    sf_bytes = BLOCK_M * 4 + (block_n * 4 if recipe == "1d1d" else 0)
-    return num_stages * ((BLOCK_M + block_n) * BLOCK_K + sf_bytes) + 2 * num_stages * 8
+    sf_bytes = block_m * 4 + (block_n * 4 if recipe == "1d1d" else 0)
+    return num_stages * ((block_m + block_n) * BLOCK_K + sf_bytes) + 2 * num_stages * 8
 
 
 def build_kernel(block_n: int, num_stages: int, group_m: int, num_sms: int, accumulate: bool = False,
-                 schedule: str = "dense", recipe: str = "1d2d"):
+                 schedule: str = "dense", recipe: str = "1d2d", block_m: int = BLOCK_M, cluster_n: int = 1,
+                 prefetch_scales: bool = False):
     """Kernel arguments by schedule (``_fp8_gemm_sched``):
 
     - ``dense``: ``(a, sfa, b, sfb, d, ldd)``: a (M, K) and b (N, K) e4m3 (K % 16 == 0), sfa flat fp32 (the MN-major
@@ -71,22 +75,42 @@ def build_kernel(block_n: int, num_stages: int, group_m: int, num_sms: int, accu
 
     ``recipe="1d1d"`` (the dense schedule): B's scales are 1x128 per row as A's (sfb flat, MN-major TMA-aligned like
     sfa: ``sfb[k_block * align(N, 4) + n]``, TMA-loaded per stage beside sfa), each column promoted with its own
-    ``sfb[n]``, and D fp32 (``accumulate``: ``D += ...``, the wgrad form)."""
+    ``sfb[n]``, and D fp32 (``accumulate``: ``D += ...``, the wgrad form).
+
+    Candidate knobs (issue 24; the defaults build the kernel measured at 0.72-0.80x cuBLASLt blockwise):
+
+    - ``cluster_n=2``: 1 x 2 clusters, the two CTAs on N-tiles (2j, 2j+1) of one M-tile; each loads half of the A
+      tile's rows and multicasts it into both (``scheduler.multicast_a``), so a CTA requests 3/4 of the L2 bytes of
+      a 128 x 128 tile. The stage is written by both producers, so every consumer releases it in both CTAs.
+    - ``block_m=256`` (dense / batched, 1d2d): a 256 x ``block_n`` tile, two waves of 128 rows; each consumer
+      warpgroup runs a 64-row slab of each wave through the one temporary accumulator (wgmma, wait, promote, next
+      wave: DeepGEMM's ``WAVE_BLOCK_M``), 128 + 64 fp32 registers of accumulators at ``block_n`` 128.
+      With ``cluster_n=2`` a CTA requests 1/2 of the L2 bytes per FLOP of an unclustered 128 x 128 tile (DeepGEMM's
+      SM90 heuristic picks 256 x 128 with a 1 x 2 cluster at 4096 x 4096 x 7168 and 4096 x 7168 x 16384; its L2
+      model rates the unclustered 128 x 128 tile 1.8x slower there).
+    - ``prefetch_scales``: the K block's ``sfb`` (global, 4 bytes) is loaded before the full-barrier wait instead
+      of after ``wgmma.wait`` (where its latency sat between the wgmma and the promotion, SASS of the default), and
+      the grouped schedules' per-slab liveness is decided once per tile instead of once per K block."""
     from tvm.script import tirx as T
 
     from tirx_kernels.core.lang import mbarrier, roles, tma, vector, wgmma
 
     from . import _fp8_gemm_sched as S
 
-    if block_n not in (64, 128):
-        raise ValueError(f"fp8 gemm 1d2d: block_n={block_n} must divide the 128-wide sfb block (64 or 128)")
+    if block_n not in (64, 128, 256) or block_n == 256 and recipe != "1d2d":
+        raise ValueError(f"fp8 gemm {recipe}: block_n={block_n} must divide the 128-wide sfb block (64 or 128) or, "
+                         "1d2d, be two of them (256)")
     if recipe not in RECIPES:
         raise ValueError(f"fp8 gemm: recipe {recipe!r} is not one of {RECIPES}")
-    if smem_bytes(block_n, num_stages, recipe) > SMEM_LIMIT or num_stages < 2:
-        raise ValueError(f"fp8 gemm {recipe}: {num_stages} stages of 128 x {block_n} need "
-                         f"{smem_bytes(block_n, num_stages, recipe)} B of shared memory (at most {SMEM_LIMIT}, "
-                         "2 stages)")
-    sched = S.make(schedule, block_n, group_m, num_sms)
+    if block_m not in (128, 256) or block_m != BLOCK_M and recipe != "1d2d":
+        raise ValueError(f"fp8 gemm {recipe}: block_m={block_m} (128, or 256 with the 1d2d recipe)")
+    if block_m * block_n > 128 * 256:
+        raise ValueError(f"fp8 gemm: a {block_m} x {block_n} tile needs more than 232 registers a consumer thread")
+    if smem_bytes(block_n, num_stages, recipe, block_m) > SMEM_LIMIT or num_stages < 2:
+        raise ValueError(f"fp8 gemm {recipe}: {num_stages} stages of {block_m} x {block_n} need "
+                         f"{smem_bytes(block_n, num_stages, recipe, block_m)} B of shared memory (at most "
+                         f"{SMEM_LIMIT}, 2 stages)")
+    sched = S.make(schedule, block_n, group_m, num_sms, block_m, cluster_n)
     if accumulate and schedule != "dense":
         raise ValueError(f"fp8 gemm 1d2d: accumulate (C) is the dense schedule's only (got {schedule!r})")
     one_d = recipe == "1d1d"
@@ -97,14 +121,23 @@ def build_kernel(block_n: int, num_stages: int, group_m: int, num_sms: int, accu
     batched = schedule == "batched"
     per_batch = masked or batched  # A, sfa and D offset by the tile's group
 
-    a_tile, b_tile = BLOCK_M * BLOCK_K, block_n * BLOCK_K  # bytes (= elements) per stage
-    stage_bytes = a_tile + b_tile + BLOCK_M * 4 + (block_n * 4 if one_d else 0)
+    a_tile, b_tile = block_m * BLOCK_K, block_n * BLOCK_K  # bytes (= elements) per stage
+    stage_bytes = a_tile + b_tile + block_m * 4 + (block_n * 4 if one_d else 0)
     k_steps = BLOCK_K // wgmma.k_per_instr(AB_DTYPE)  # 4 wgmma k32 per K block
-    nacc = wgmma.acc_regs(block_n)
-    ring = mbarrier.Ring.for_warpgroups(num_stages, NUM_CONSUMERS)
+    wgmma_n = min(block_n, GRAN)  # the wgmma's N: one sfb block at most
+    halves = block_n // wgmma_n  # N parts of the tile (256: two, each with its own sfb)
+    nacc = wgmma.acc_regs(wgmma_n)
+    waves = block_m // BLOCK_M  # waves of 128 rows: one 64-row slab of each per consumer warpgroup
+    parts = waves * halves  # (wave, half) parts of a consumer's share, each through the one temporary accumulator
+    a_share = block_m // cluster_n  # A rows each CTA of a cluster loads (and multicasts)
+    ring = mbarrier.Ring.for_warpgroups(num_stages, NUM_CONSUMERS, cluster_size=cluster_n)
+    always_live = schedule in ("dense", "batched")  # slab_live is the constant True
 
-    def sfb_at(SFB, g, n0, k):  # noqa: N803
-        return SFB[g, n0 // GRAN, k] if sched.grouped else SFB[n0 // GRAN, k]
+    def sfb_at(SFB, g, n0, k, sfb_rows):  # noqa: N803
+        # A CTA of a cluster past N (odd N-tile count), or a tile's second half past N, reads the last row of sfb:
+        # its products are never stored.
+        nb = n0 // GRAN if cluster_n == 1 and halves == 1 else T.min(n0 // GRAN, sfb_rows - 1)
+        return SFB[g, nb, k] if sched.grouped else SFB[nb, k]
 
     def b_row(info, N):  # noqa: N803
         """B's tensor-map row of the tile's first column (grouped: inside the tile's group's N rows)."""
@@ -119,6 +152,22 @@ def build_kernel(block_n: int, num_stages: int, group_m: int, num_sms: int, accu
         """The factor of the K block's partial at fragment (j, r, e): sfa[row] * sfb (1d2d: one product per row,
         formed once; 1d1d: sfa[row] * sfb[col])."""
         return scale[r] * col_scale[2 * j + e] if one_d else scale[r]
+
+    def sfb_value(sfb_reg, SFB, g, n0, h, k, sfb_rows):  # noqa: N803
+        """The K block's sfb of half ``h``: the register loaded ahead (prefetch_scales), else a load here."""
+        return sfb_reg[h] if prefetch_scales else sfb_at(SFB, g, n0 + h * GRAN, k, sfb_rows)
+
+    def sfa_value(sfa_reg, SFAs, s, slab, w, r, warp, lane):  # noqa: N803
+        """sfa of fragment row ``r`` of the slab: the register read before the wgmma (prefetch_scales), else from the
+        stage here."""
+        return sfa_reg[2 * w + r] if prefetch_scales else SFAs[s * block_m + slab + wgmma.acc_row(warp, lane, r)]
+
+    def slab_live(info, m0, slab, live, w):
+        """Whether the consumer slab starting at tile row ``slab`` runs its wgmma (prefetch_scales: decided once
+        per tile into ``live``)."""
+        if always_live:
+            return True
+        return live[w] == 1 if prefetch_scales else sched.slab_live(info, m0 + slab)
 
     def d_word(row, col, info, ldd, ldg):
         off = T.Cast("int64", row) * ldd + col
@@ -167,15 +216,15 @@ def build_kernel(block_n: int, num_stages: int, group_m: int, num_sms: int, accu
         b_map = T.Bind(T.tvm_stack_alloca("tensormap", 1))
         sfa_map = T.Bind(T.tvm_stack_alloca("tensormap", 1))
         if batched:
-            tma.encode(a_map, A.data, [K, M, G], [a_sm, a_sg], [BLOCK_K, BLOCK_M, 1], AB_DTYPE,
+            tma.encode(a_map, A.data, [K, M, G], [a_sm, a_sg], [BLOCK_K, a_share, 1], AB_DTYPE,
                        l2_promotion=tma.L2_PROMOTION_256B)
         else:
-            tma.encode_2d(a_map, A.data, G * M if masked else M, K, K, BLOCK_M, BLOCK_K, AB_DTYPE,
+            tma.encode_2d(a_map, A.data, G * M if masked else M, K, K, a_share, BLOCK_K, AB_DTYPE,
                           l2_promotion=tma.L2_PROMOTION_256B)
         tma.encode_2d(b_map, B.data, G * N if sched.grouped else N, K, K, block_n, BLOCK_K, AB_DTYPE,
                       l2_promotion=tma.L2_PROMOTION_256B)
         tma.encode_2d(sfa_map, SFA.data, (G if per_batch else 1) * ((K + GRAN - 1) // GRAN), M, (M + 3) // 4 * 4, 1,
-                      BLOCK_M, "float32", swizzle=tma.SWIZZLE_NONE)
+                      block_m, "float32", swizzle=tma.SWIZZLE_NONE)
         if one_d:
             sfb_map = T.Bind(T.tvm_stack_alloca("tensormap", 1))
             tma.encode_2d(sfb_map, SFB.data, (K + GRAN - 1) // GRAN, N, (N + 3) // 4 * 4, 1, block_n, "float32",
@@ -183,6 +232,9 @@ def build_kernel(block_n: int, num_stages: int, group_m: int, num_sms: int, accu
         T.device_entry()
         T.attr({"tirx.launch_bounds_min_blocks_per_sm": 1})
         cta = T.cta_id([sched.grid(M, N, G)])
+        rank = T.int32(0)
+        if cluster_n > 1:
+            rank = T.cta_id_in_cluster([cluster_n])
         wg = T.warpgroup_id([3])
         tid = T.thread_id([384])
         k_tiles = (K + BLOCK_K - 1) // BLOCK_K
@@ -192,14 +244,17 @@ def build_kernel(block_n: int, num_stages: int, group_m: int, num_sms: int, accu
         # Operand tiles as bytes: TMA and the wgmma descriptors need only their addresses.
         As = pool.alloc((num_stages * a_tile,), "uint8", align=1024)
         Bs = pool.alloc((num_stages * b_tile,), "uint8", align=1024)
-        SFAs = pool.alloc((num_stages * BLOCK_M,), "float32", align=128)
+        SFAs = pool.alloc((num_stages * block_m,), "float32", align=128)
         if one_d:
             SFBs = pool.alloc((num_stages * block_n,), "float32", align=128)
         full = pool.alloc((num_stages,), "uint64", align=8)
         empty = pool.alloc((num_stages,), "uint64", align=8)
         pool.commit()
-        acc = T.alloc_local((nacc,), "float32")
+        acc = T.alloc_local((parts * nacc,), "float32")
         tmp = T.alloc_local((nacc,), "float32")
+        sfb_reg = T.alloc_local((2 * halves,), "float32")  # prefetch_scales: this K block's sfb (per half), the next
+        sfa_reg = T.alloc_local((2 * waves,), "float32")  # prefetch_scales: sfa of the thread's rows, every wave
+        live = T.alloc_local((waves,), "int32")  # prefetch_scales: the slabs of the tile that run their wgmma
         scale = T.alloc_local((2,), "float32")  # sfa[row] (* sfb: 1d2d) of this thread's two fragment rows
         col_scale = T.alloc_local((block_n // 4 if one_d else 1,), "float32")  # 1d1d: sfb of this thread's columns
         desc_a = T.alloc_local((1,), "uint64")
@@ -213,10 +268,15 @@ def build_kernel(block_n: int, num_stages: int, group_m: int, num_sms: int, accu
         if tid == 0:
             ring.init(full, empty)
             mbarrier.fence_init()
-        T.cuda.cta_sync()
+        if cluster_n > 1:
+            T.cuda.cluster_sync()  # the peer's barriers are initialised before anything multicasts into them
+        else:
+            T.cuda.cta_sync()
         sched.begin(state, M, N, G)
         ring.cursor_init(cursor)
-        my_tiles = sched.count(cta, sched.grid(M, N, G), state, M, N, G)
+        clusters = sched.grid(M, N, G) // cluster_n
+        cluster = cta // cluster_n
+        my_tiles = sched.count(cluster, clusters, state, M, N, G)
 
         if wg == 0:
             # TMA warpgroup: decrease registers for the consumers.
@@ -228,22 +288,33 @@ def build_kernel(block_n: int, num_stages: int, group_m: int, num_sms: int, accu
                 if one_d:
                     tma.prefetch_descriptor(sfb_map)
                 for t in range(my_tiles):
-                    sched.bind(info, state, cta + t * sched.grid(M, N, G), M, N, G)
+                    sched.bind(info, state, cluster + t * clusters, M, N, G, rank)
                     if sched.loads(info):
                         for k in range(k_tiles):
                             s = cursor[0]
                             # The slot's previous use must have been released (a fresh ring passes at once).
                             mbarrier.wait(empty.ptr_to([s]), cursor[1] ^ 1)
                             mbarrier.arrive_expect_tx(full.ptr_to([s]), stage_bytes)
-                            if batched:
-                                tma.load(As.ptr_to([s * a_tile]), a_map, [k * BLOCK_K, info[S.M0], info[S.GROUP]],
-                                         full.ptr_to([s]))
+                            if cluster_n == 1:
+                                if batched:
+                                    tma.load(As.ptr_to([s * a_tile]), a_map, [k * BLOCK_K, info[S.M0],
+                                                                               info[S.GROUP]], full.ptr_to([s]))
+                                else:
+                                    tma.load_2d(As.ptr_to([s * a_tile]), a_map, k * BLOCK_K, sched.a_row(info, M),
+                                                full.ptr_to([s]))
                             else:
-                                tma.load_2d(As.ptr_to([s * a_tile]), a_map, k * BLOCK_K, sched.a_row(info, M),
-                                            full.ptr_to([s]))
+                                # This CTA's half of the A rows, into both CTAs (same smem and barrier offsets).
+                                if batched:
+                                    tma.load(As.ptr_to([s * a_tile + rank * a_share * BLOCK_K]), a_map,
+                                             [k * BLOCK_K, info[S.M0] + rank * a_share, info[S.GROUP]],
+                                             full.ptr_to([s]), multicast_mask=3)
+                                else:
+                                    tma.load_2d(As.ptr_to([s * a_tile + rank * a_share * BLOCK_K]), a_map,
+                                                k * BLOCK_K, sched.a_row(info, M) + rank * a_share,
+                                                full.ptr_to([s]), multicast_mask=3)
                             tma.load_2d(Bs.ptr_to([s * b_tile]), b_map, k * BLOCK_K, b_row(info, N),
                                         full.ptr_to([s]))
-                            tma.load_2d(SFAs.ptr_to([s * BLOCK_M]), sfa_map, info[S.M0],
+                            tma.load_2d(SFAs.ptr_to([s * block_m]), sfa_map, info[S.M0],
                                         sched.sfa_row(info, k_tiles) + k, full.ptr_to([s]))
                             if one_d:
                                 tma.load_2d(SFBs.ptr_to([s * block_n]), sfb_map, info[S.N0], k, full.ptr_to([s]))
@@ -254,72 +325,107 @@ def build_kernel(block_n: int, num_stages: int, group_m: int, num_sms: int, accu
             wgmma.encode_desc_kmajor_sw128(desc_a.ptr_to([0]), As.ptr_to([cw * wgmma.M * BLOCK_K]))
             wgmma.encode_desc_kmajor_sw128(desc_b.ptr_to([0]), Bs.ptr_to([0]))
             for t in range(my_tiles):
-                sched.bind(info, state, cta + t * sched.grid(M, N, G), M, N, G)
+                sched.bind(info, state, cluster + t * clusters, M, N, G, rank)
                 m0 = info[S.M0]
                 n0 = info[S.N0]
-                for i in T.unroll(nacc):
+                for i in T.unroll(parts * nacc):
                     acc[i] = T.float32(0)
+                if prefetch_scales and not always_live:
+                    for w in T.unroll(waves):
+                        live[w] = T.Cast("int32", sched.slab_live(info, m0 + w * BLOCK_M + cw * wgmma.M))
                 if sched.loads(info):
+                    if prefetch_scales and not one_d:
+                        for h in T.unroll(halves):
+                            sfb_reg[halves + h] = sfb_at(SFB, info[S.GROUP], n0 + h * GRAN, 0, sfb_rows)
                     for k in range(k_tiles):
                         s = cursor[0]
+                        if prefetch_scales and not one_d:
+                            # The next K block's sfb is loaded one K block ahead: its latency never sits between
+                            # the wgmma and the promotion.
+                            for h in T.unroll(halves):
+                                sfb_reg[h] = sfb_reg[halves + h]
+                                sfb_reg[halves + h] = sfb_at(SFB, info[S.GROUP], n0 + h * GRAN,
+                                                             T.min(k + 1, k_tiles - 1), sfb_rows)
                         ring.consumer_wait_at(full, cursor)
+                        if prefetch_scales and not one_d:
+                            # sfa from the stage before the wgmma (DeepGEMM reads its scales before
+                            # warpgroup_arrive), not after wgmma.wait.
+                            for w in T.unroll(waves):
+                                for r in T.unroll(2):
+                                    sfa_reg[2 * w + r] = SFAs[s * block_m + w * BLOCK_M + cw * wgmma.M
+                                                              + wgmma.acc_row(warp, lane, r)]
                         if one_d:
                             # 1d1d: both scale vectors into registers before the wgmma (their loads overlap it).
                             for r in T.unroll(2):
-                                scale[r] = SFAs[s * BLOCK_M + cw * wgmma.M + wgmma.acc_row(warp, lane, r)]
+                                scale[r] = SFAs[s * block_m + cw * wgmma.M + wgmma.acc_row(warp, lane, r)]
                             for j in T.unroll(block_n // 8):
                                 for e in T.unroll(2):
                                     col_scale[2 * j + e] = SFBs[s * block_n + wgmma.acc_col(lane, j, e)]
-                        if sched.slab_live(info, m0 + cw * wgmma.M):
-                            wgmma.fence()
-                            for kk in T.unroll(k_steps):
-                                # NOTES: the K block's first wgmma overwrites the temporary (scale-d 0): no zeroing.
-                                wgmma.mma(block_n, tmp, wgmma.desc_advance(desc_a[0], s * a_tile + kk * 32),
-                                          wgmma.desc_advance(desc_b[0], s * b_tile + kk * 32), AB_DTYPE,
-                                          scale_d=kk > 0)
-                            wgmma.commit()
-                            wgmma.wait(0)
-                            if not one_d:
-                                for r in T.unroll(2):
-                                    scale[r] = (SFAs[s * BLOCK_M + cw * wgmma.M + wgmma.acc_row(warp, lane, r)]
-                                                * sfb_at(SFB, info[S.GROUP], n0, k))
-                        # The stage's smem (operands and sfa) has been read: give it back before the promotion.
-                        # NOTES: lane 0 arrives for its warp, so every lane must be past its sfa reads (and its
-                        # full-barrier wait: a lane still spinning there would miss the phase the refill completes).
-                        T.evaluate(T.call_extern("void", "__syncwarp"))
-                        ring.release_slot(empty, s, warp, lane, remote[0])
-                        ring.cursor_advance(cursor)
-                        if sched.slab_live(info, m0 + cw * wgmma.M):
-                            for j in T.unroll(block_n // 8):
-                                for r in T.unroll(2):
-                                    for e in T.unroll(2):
-                                        acc[wgmma.acc_index(j, r, e)] = (acc[wgmma.acc_index(j, r, e)]
-                                                                         + tmp[wgmma.acc_index(j, r, e)]
-                                                                         * promote(scale, col_scale, r, j, e))
+                        for p in T.unroll(parts):
+                            w = p // halves  # the part's wave (rows) and half (columns)
+                            h = p % halves
+                            slab = w * BLOCK_M + cw * wgmma.M  # the slab's first row in the tile
+                            if slab_live(info, m0, slab, live, w):
+                                wgmma.fence()
+                                for kk in T.unroll(k_steps):
+                                    # NOTES: the K block's first wgmma overwrites the temporary (scale-d 0): no
+                                    # zeroing.
+                                    wgmma.mma(wgmma_n, tmp,
+                                              wgmma.desc_advance(desc_a[0], s * a_tile + w * BLOCK_M * BLOCK_K
+                                                                 + kk * 32),
+                                              wgmma.desc_advance(desc_b[0], s * b_tile + h * wgmma_n * BLOCK_K
+                                                                 + kk * 32), AB_DTYPE,
+                                              scale_d=kk > 0)
+                                wgmma.commit()
+                                wgmma.wait(0)
+                                if not one_d:
+                                    for r in T.unroll(2):
+                                        scale[r] = (sfa_value(sfa_reg, SFAs, s, slab, w, r, warp, lane)
+                                                    * sfb_value(sfb_reg, SFB, info[S.GROUP], n0, h, k, sfb_rows))
+                            if p == parts - 1:
+                                # The stage's smem (operands and sfa) has been read: give it back before the last
+                                # promotion. NOTES: lane 0 arrives for its warp, so every lane must be past its sfa
+                                # reads (and its full-barrier wait: a lane still spinning there would miss the
+                                # phase the refill completes).
+                                T.evaluate(T.call_extern("void", "__syncwarp"))
+                                ring.release_slot(empty, s, warp, lane, remote[0])
+                                ring.cursor_advance(cursor)
+                            if slab_live(info, m0, slab, live, w):
+                                for j in T.unroll(wgmma_n // 8):
+                                    for r in T.unroll(2):
+                                        for e in T.unroll(2):
+                                            acc[p * nacc + wgmma.acc_index(j, r, e)] = (
+                                                acc[p * nacc + wgmma.acc_index(j, r, e)]
+                                                + tmp[wgmma.acc_index(j, r, e)] * promote(scale, col_scale, r, j, e))
                 # Epilogue: bf16 pairs (1d1d: fp32 pairs) from the fragment to D, clipped at the stored rows and N (N
                 # even: a pair is in or out); rows the schedule does not keep are stored as 0.
-                for j in T.unroll(block_n // 8):
-                    for r in T.unroll(2):
-                        row = m0 + cw * wgmma.M + wgmma.acc_row(warp, lane, r)
-                        col = n0 + wgmma.acc_col(lane, j)
-                        if row < sched.stored_rows(info, M) and col < N:
-                            if one_d:
-                                for e in T.unroll(2):
-                                    if accumulate:
-                                        Df[T.Cast("int64", row) * ldd + col + e] = (
-                                            Df[T.Cast("int64", row) * ldd + col + e] + acc[wgmma.acc_index(j, r, e)])
-                                    else:
-                                        Df[T.Cast("int64", row) * ldd + col + e] = acc[wgmma.acc_index(j, r, e)]
-                            else:
-                                if accumulate:
-                                    lo, hi = vector.unpack2(Dw[d_word(row, col, info, ldd, ldg)], "bfloat16")
-                                    T.evaluate(T.ptx.cvt.rn.bf16x2.f32(packed[0], acc[wgmma.acc_index(j, r, 1)] + hi,
-                                                                       acc[wgmma.acc_index(j, r, 0)] + lo))
+                for p in T.unroll(parts):
+                    for j in T.unroll(wgmma_n // 8):
+                        for r in T.unroll(2):
+                            row = m0 + p // halves * BLOCK_M + cw * wgmma.M + wgmma.acc_row(warp, lane, r)
+                            col = n0 + p % halves * wgmma_n + wgmma.acc_col(lane, j)
+                            x0 = acc[p * nacc + wgmma.acc_index(j, r, 0)]
+                            x1 = acc[p * nacc + wgmma.acc_index(j, r, 1)]
+                            if row < sched.stored_rows(info, M) and col < N:
+                                if one_d:
+                                    for e in T.unroll(2):
+                                        if accumulate:
+                                            Df[T.Cast("int64", row) * ldd + col + e] = (
+                                                Df[T.Cast("int64", row) * ldd + col + e]
+                                                + acc[p * nacc + wgmma.acc_index(j, r, e)])
+                                        else:
+                                            Df[T.Cast("int64", row) * ldd + col + e] = (
+                                                acc[p * nacc + wgmma.acc_index(j, r, e)])
                                 else:
-                                    T.evaluate(T.ptx.cvt.rn.bf16x2.f32(packed[0],
-                                                                       kept(row, acc[wgmma.acc_index(j, r, 1)]),
-                                                                       kept(row, acc[wgmma.acc_index(j, r, 0)])))
-                                Dw[d_word(row, col, info, ldd, ldg)] = packed[0]
+                                    if accumulate:
+                                        lo, hi = vector.unpack2(Dw[d_word(row, col, info, ldd, ldg)], "bfloat16")
+                                        T.evaluate(T.ptx.cvt.rn.bf16x2.f32(packed[0], x1 + hi, x0 + lo))
+                                    else:
+                                        T.evaluate(T.ptx.cvt.rn.bf16x2.f32(packed[0], kept(row, x1), kept(row, x0)))
+                                    Dw[d_word(row, col, info, ldd, ldg)] = packed[0]
+        if cluster_n > 1:
+            # No CTA may exit while its peer still multicasts into its smem or arrives on its barriers.
+            T.cuda.cluster_sync()
 
     unused = {"dense": ("layout_ptr", "ldg"), "m_contiguous": ("ldg",), "m_masked": (),
               "batched": ("layout_ptr",)}[schedule]

@@ -18,6 +18,19 @@ from . import _fp8_gemm_kernel as G
 NUM_SMS = 132  # H100 SXM and H200: a compile parameter (a wrong value costs speed, never correctness)
 GROUP_M = 8
 TILES = {"128x128_s6": (128, 6), "128x64_s8": (64, 8)}  # tile: (block_n, num_stages)
+# Candidate tiles of issue 24 (not in the bundle; tools/sweeps/deepgemm_fp8_variants.py builds and times them beside
+# the TILES and cuBLASLt): tile -> (block_n, num_stages, block_m, cluster_n, prefetch_scales). At 4096 x 4096 x 7168
+# the unclustered 128 x 128 tile requests 32 KB of L2 per 128-K block of a 128 x 128 tile; DeepGEMM's SM90 L2 model
+# (heuristics/sm90.hpp, ~6.2 KB / cycle) puts it at 311k L2 cycles there, above its 226k L1 cycles, while a 1 x 2
+# cluster (A multicast) is 234k and 256 x 128 in a 1 x 2 cluster (DeepGEMM's pick) 158k.
+CANDIDATE_TILES = {
+    "128x128_s6_pf": (128, 6, 128, 1, True),  # scales read before the wgmma, sfb one K block ahead
+    "128x128_s6_c2": (128, 6, 128, 2, True),  # + A multicast over a 1 x 2 cluster
+    "256x128_s4": (128, 4, 256, 1, True),  # 256-row tiles (two waves a warpgroup), dense / batched
+    "256x128_s4_c2": (128, 4, 256, 2, True),  # DeepGEMM's SM90 pick for the large dense rows
+    "128x256_s4": (256, 4, 128, 1, True),  # 128 x 256 (two N halves a warpgroup, each its own sfb): every schedule
+    "128x256_s4_c2": (256, 4, 128, 2, True),  # + A multicast: the grouped forms' 128-row analogue of 256 x 128 c2
+}
 CALC_DIFF_MAX = 1e-3  # DeepGEMM's bound for FP8 GEMMs (tests/test_fp8_fp4.py)
 E4M3 = torch.float8_e4m3fn
 
@@ -29,10 +42,17 @@ def choose_tile(M: int, N: int) -> str:  # noqa: N803
 
 
 def build(kernel_name: str, tile: str, schedule: str, accumulate: bool = False, recipe: str = "1d2d"):
-    if tile not in TILES:
-        raise ValueError(f"{kernel_name}: tile {tile!r} is not one of {sorted(TILES)}")
-    block_n, stages = TILES[tile]
-    return G.build_kernel(block_n, stages, GROUP_M, NUM_SMS, accumulate, schedule, recipe).with_attr(
+    """The kernel of ``tile`` (a product tile of ``TILES`` or a candidate of ``CANDIDATE_TILES``)."""
+    if tile in TILES:
+        block_n, stages = TILES[tile]
+        knobs = {}
+    elif tile in CANDIDATE_TILES:
+        block_n, stages, block_m, cluster_n, prefetch = CANDIDATE_TILES[tile]
+        knobs = {"block_m": block_m, "cluster_n": cluster_n, "prefetch_scales": prefetch}
+    else:
+        raise ValueError(f"{kernel_name}: tile {tile!r} is not one of {sorted(TILES)} (candidates: "
+                         f"{sorted(CANDIDATE_TILES)})")
+    return G.build_kernel(block_n, stages, GROUP_M, NUM_SMS, accumulate, schedule, recipe, **knobs).with_attr(
         "global_symbol", kernel_name)
 
 

@@ -28,6 +28,11 @@ The mainloop is the same for every form; a schedule says which 128 x ``block_n``
   through a rank-3 tensor map of its own strides (``[G, M, K]`` of any row and batch stride: the strided heads of a
   ``[b, h, r]`` activation, never copied); sfa and D per batch as ``m_masked``'s.
 
+Clusters (``cluster_n = 2``, every schedule): the linear order walks *cluster tiles*, ``cluster_n`` consecutive
+N-tiles of one M-tile; CTA ``rank`` of the cluster takes N-tile ``cluster_n * j + rank`` of it (same M-tile, same
+group: the A tile is shared and multicast). A CTA past N (an odd N-tile count) loads zero-filled B and stores
+nothing. ``count`` and ``bind`` take the cluster's index and the number of clusters.
+
 Every function here runs while the kernel is parsed (traced): ``T.If`` / ``T.While`` frames and ``T.buffer_store``
 into the kernel's local buffers, never a Python ``if`` on a device value.
 """
@@ -53,8 +58,9 @@ class TileSchedule:
     grouped = False  # B [G, N, K], sfb [G, ceil(N/128), ceil(K/128)], and a device-side int32 layout argument
     layout = None  # that argument's buffer (``match_layout``)
 
-    def __init__(self, block_n: int, group_m: int, num_sms: int):
+    def __init__(self, block_n: int, group_m: int, num_sms: int, block_m: int = BLOCK_M, cluster_n: int = 1):
         self.block_n, self.group_m, self.num_sms = block_n, group_m, num_sms
+        self.block_m, self.cluster_n = block_m, cluster_n
 
     def match_layout(self, handle, M, G):  # noqa: N803
         """Bind the grouped schedules' int32 argument (contiguous: ``[M]``, the group of each row; masked: ``[G]``,
@@ -64,27 +70,36 @@ class TileSchedule:
         self.layout = T.match_buffer(handle, (M,) if self.name == "m_contiguous" else (G,), "int32", align=4)
 
     def tiles_mn(self, M, N):  # noqa: N803
-        return scheduler.num_tiles(M, N, BLOCK_M, self.block_n)
+        """(M-tiles, cluster columns of N-tiles) of one group: the walk's raster."""
+        tm, tn = scheduler.num_tiles(M, N, self.block_m, self.block_n)
+        return tm, scheduler.ceil_div(tn, self.cluster_n) if self.cluster_n > 1 else tn
+
+    def walk(self, M, N, G):  # noqa: N803
+        """Cluster tiles in the linear order (an upper bound for ``m_masked``: every group full)."""
+        tm, tn = self.tiles_mn(M, N)
+        return tm * tn
 
     def grid(self, M, N, G):  # noqa: N803
-        tm, tn = self.tiles_mn(M, N)
-        return scheduler.grid_size(tm * tn, self.num_sms)
+        """CTAs launched: ``cluster_n`` per cluster, at most ``num_sms``."""
+        return scheduler.grid_size(self.walk(M, N, G), self.num_sms // self.cluster_n) * self.cluster_n
+
+    def n_tile(self, nc, rank):
+        return nc * self.cluster_n + rank if self.cluster_n > 1 else nc
 
     def begin(self, state, M, N, G):  # noqa: N803
         """Per-thread state before the first tile (an int32 local buffer of 3)."""
 
-    def count(self, cta, grid, state, M, N, G):  # noqa: N803
-        tm, tn = self.tiles_mn(M, N)
-        return scheduler.tiles_of_cta(cta, grid, tm * tn)
+    def count(self, cluster, clusters, state, M, N, G):  # noqa: N803
+        return scheduler.tiles_of_cta(cluster, clusters, self.walk(M, N, G))
 
-    def bind(self, info, state, tile, M, N, G):  # noqa: N803
+    def bind(self, info, state, tile, M, N, G, rank=0):  # noqa: N803
         from tvm.script import tirx as T
 
         tm, tn = self.tiles_mn(M, N)
-        m_tile, n_tile = scheduler.tile_coords(tile, tm, tn, self.group_m)
-        T.buffer_store(info, m_tile * BLOCK_M, [M0])
-        T.buffer_store(info, n_tile * self.block_n, [N0])
-        T.buffer_store(info, self.group_of(m_tile * BLOCK_M), [GROUP])
+        m_tile, nc = scheduler.tile_coords(tile, tm, tn, self.group_m)
+        T.buffer_store(info, m_tile * self.block_m, [M0])
+        T.buffer_store(info, self.n_tile(nc, rank) * self.block_n, [N0])
+        T.buffer_store(info, self.group_of(m_tile * self.block_m), [GROUP])
         T.buffer_store(info, M, [ROWS])
 
     def group_of(self, m0):
@@ -145,9 +160,9 @@ class MaskedSchedule(TileSchedule):
     name = "m_masked"
     grouped = True
 
-    def grid(self, M, N, G):  # noqa: N803
+    def walk(self, M, N, G):  # noqa: N803
         tm, tn = self.tiles_mn(M, N)
-        return scheduler.grid_size(G * tm * tn, self.num_sms)
+        return G * tm * tn
 
     def rows(self, g, M):  # noqa: N803
         from tvm.script import tirx as T
@@ -155,7 +170,7 @@ class MaskedSchedule(TileSchedule):
         return T.min(T.max(self.layout[g], 0), M)
 
     def group_tiles_m(self, g, M):  # noqa: N803
-        return scheduler.ceil_div(self.rows(g, M), BLOCK_M)
+        return scheduler.ceil_div(self.rows(g, M), self.block_m)
 
     def begin(self, state, M, N, G):  # noqa: N803
         """state = (M-tiles of all groups, cursor group, M-tiles of the groups before it)."""
@@ -167,10 +182,10 @@ class MaskedSchedule(TileSchedule):
         T.buffer_store(state, 0, [1])
         T.buffer_store(state, 0, [2])
 
-    def count(self, cta, grid, state, M, N, G):  # noqa: N803
-        return scheduler.tiles_of_cta(cta, grid, state[0] * self.tiles_mn(M, N)[1])
+    def count(self, cluster, clusters, state, M, N, G):  # noqa: N803
+        return scheduler.tiles_of_cta(cluster, clusters, state[0] * self.tiles_mn(M, N)[1])
 
-    def bind(self, info, state, tile, M, N, G):  # noqa: N803
+    def bind(self, info, state, tile, M, N, G, rank=0):  # noqa: N803
         from tvm.script import tirx as T
 
         tn = self.tiles_mn(M, N)[1]
@@ -180,10 +195,10 @@ class MaskedSchedule(TileSchedule):
             T.buffer_store(state, state[1] + 1, [1])
         T.buffer_store(info, state[1], [GROUP])
         T.buffer_store(info, self.rows(state[1], M), [ROWS])
-        m_tile, n_tile = scheduler.tile_coords(tile - state[2] * tn, scheduler.ceil_div(info[ROWS], BLOCK_M), tn,
-                                               self.group_m)
-        T.buffer_store(info, m_tile * BLOCK_M, [M0])
-        T.buffer_store(info, n_tile * self.block_n, [N0])
+        m_tile, nc = scheduler.tile_coords(tile - state[2] * tn, scheduler.ceil_div(info[ROWS], self.block_m), tn,
+                                           self.group_m)
+        T.buffer_store(info, m_tile * self.block_m, [M0])
+        T.buffer_store(info, self.n_tile(nc, rank) * self.block_n, [N0])
 
     def slab_live(self, info, slab_row0):
         return slab_row0 < info[ROWS]
@@ -205,22 +220,18 @@ class BatchedSchedule(TileSchedule):
     def match_layout(self, handle, M, G):  # noqa: N803
         """No layout argument: every batch has M rows."""
 
-    def grid(self, M, N, G):  # noqa: N803
+    def walk(self, M, N, G):  # noqa: N803
         tm, tn = self.tiles_mn(M, N)
-        return scheduler.grid_size(G * tm * tn, self.num_sms)
+        return G * tm * tn
 
-    def count(self, cta, grid, state, M, N, G):  # noqa: N803
-        tm, tn = self.tiles_mn(M, N)
-        return scheduler.tiles_of_cta(cta, grid, G * tm * tn)
-
-    def bind(self, info, state, tile, M, N, G):  # noqa: N803
+    def bind(self, info, state, tile, M, N, G, rank=0):  # noqa: N803
         from tvm.script import tirx as T
 
         tm, tn = self.tiles_mn(M, N)
         g = tile // (tm * tn)
-        m_tile, n_tile = scheduler.tile_coords(tile - g * (tm * tn), tm, tn, self.group_m)
-        T.buffer_store(info, m_tile * BLOCK_M, [M0])
-        T.buffer_store(info, n_tile * self.block_n, [N0])
+        m_tile, nc = scheduler.tile_coords(tile - g * (tm * tn), tm, tn, self.group_m)
+        T.buffer_store(info, m_tile * self.block_m, [M0])
+        T.buffer_store(info, self.n_tile(nc, rank) * self.block_n, [N0])
         T.buffer_store(info, g, [GROUP])
         T.buffer_store(info, M, [ROWS])
 
@@ -228,8 +239,14 @@ class BatchedSchedule(TileSchedule):
         return info[GROUP] * k_blocks
 
 
-def make(schedule: str, block_n: int, group_m: int, num_sms: int) -> TileSchedule:
+def make(schedule: str, block_n: int, group_m: int, num_sms: int, block_m: int = BLOCK_M,
+         cluster_n: int = 1) -> TileSchedule:
     classes = {c.name: c for c in (DenseSchedule, ContiguousSchedule, MaskedSchedule, BatchedSchedule)}
     if schedule not in classes:
         raise ValueError(f"fp8 gemm: schedule {schedule!r} is not one of {SCHEDULES}")
-    return classes[schedule](block_n, group_m, num_sms)
+    if cluster_n not in (1, 2) or num_sms < cluster_n:
+        raise ValueError(f"fp8 gemm: cluster_n={cluster_n} is not 1 or 2 (with at least that many SMs)")
+    if block_m != BLOCK_M and schedule in ("m_contiguous", "m_masked"):
+        # m_contiguous: groups are aligned to 128 rows, so a 256-row tile could span two; m_masked: not built.
+        raise ValueError(f"fp8 gemm: block_m={block_m} is the dense / batched schedules' only (got {schedule!r})")
+    return classes[schedule](block_n, group_m, num_sms, block_m, cluster_n)
