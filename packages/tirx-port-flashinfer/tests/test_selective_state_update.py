@@ -186,6 +186,79 @@ def test_token_major_variant_emulated(emulated, schedule, kw):
     check(d, before, TOL[d["state"].dtype if d["state"].dtype != torch.float32 else d["x"].dtype])
 
 
+@pytest.mark.parametrize("state_io, schedule, knobs, kw", [
+    ("bulk_store", "stp_simple", (64, 8, 4, False), dict()),
+    ("bulk_store", "stp_simple", (32, 8, 2, False), dict(state_dtype=torch.float32, dstate=96,
+                                                          index_dtype=torch.int64)),
+    ("bulk_store", "stp_simple", (64, 8, 4, False), dict(dst="stp")),
+    ("bulk_store", "mtp_simple", (32, 4, 2, True, True), dict(T=6)),
+    ("bulk_store", "mtp_simple", (32, 4, 2, False, True), dict(T=5, dstate=96, state_dtype=torch.float16,
+                                                               dtype=torch.float16)),
+    ("bulk_store", "mtp_simple", (16, 4, 1, True), dict(T=4, inter=True)),
+    ("bulk", "mtp_simple", (32, 8, 2, True), dict(T=3, dst="mtp", dstate=256, dim=128)),
+    ("regs", "mtp_simple", (32, 4, 2, True, True), dict(T=6, odd_b_stride=True)),
+])
+def test_bulk_state_tile_emulated(state_io, schedule, knobs, kw):
+    """``_ssu_kernel_tma``'s ``state_io`` (the state tile in shared memory through bulk copies on mbarriers, and the
+    final store through it with ``bulk_store``; sweep variants, ``tools/sweeps/ssu_tma_schedules.py``): the oracle's
+    outputs and pool with
+    a pad slot, and in the destination-slot / intermediate modes that keep the vector stores. A fifth knob:
+    ``stage_vectors`` (B / C staged with 16-byte loads; a B batch stride not a multiple of 8 takes the 2-byte
+    loads)."""
+    pytest.importorskip("tvm", reason="apache-tvm is needed to generate the kernels")
+    from tirx_kernels.core import emulate
+    from tirx_kernels.core.build import codegen
+    from tirx_kernels.ported.flashinfer.mamba import _ssu_kernel_tma as tk
+    from tirx_kernels.ported.flashinfer.mamba import _ssu_op as op
+
+    odd = kw.pop("odd_b_stride", False)
+    d = make_inputs(**kw)
+    if odd:  # B's batch stride 4 elements past a multiple of 8
+        b_, t_, g_, s_ = d["B"].shape
+        d["B"] = torch.randn(b_ * (t_ * g_ * s_ + 4)).to(d["B"].dtype).as_strided(
+            (b_, t_, g_, s_), (t_ * g_ * s_ + 4, g_ * s_, s_, 1))
+    before = _clone(d)
+    ptrs, scalars, params, _, _ = ssu.kernel_args(**d, schedule=schedule)
+    r, lanes, rt, tm, sv = (*knobs, False)[:5]
+    # the module path (hopper_cpu.h: mbarriers, bulk copies), its host function computing the launch as on the GPU
+    mod = emulate.compile_module(_narrow_warp_sums(codegen(tk.build_kernel(
+        params["state_dtype"], params["input_dtype"], params["dstate"], params["max_tokens"], rows_per_cta=r,
+        lanes_per_row=lanes, rows_per_thread=rt, token_major=tm, state_io=state_io, stage_vectors=sv))))
+    mod(*(ptrs[k] for k in op.ARG_ORDER), *(scalars[k] for k in op.SCALAR_ORDER)).check()
+    check(d, before, TOL[d["state"].dtype if d["state"].dtype != torch.float32 else d["x"].dtype])
+
+
+def test_bulk_state_tile_rejects_int16():
+    pytest.importorskip("tvm", reason="apache-tvm is needed to generate the kernels")
+    from tirx_kernels.ported.flashinfer.mamba import _ssu_kernel_tma as tk
+
+    with pytest.raises(ValueError, match="bulk"):
+        tk.build_kernel("int16", "bfloat16", 128, 1, 64, 8, 4, state_io="bulk")
+    with pytest.raises(ValueError, match="state_io"):
+        tk.build_kernel("bfloat16", "bfloat16", 128, 1, 64, 8, 4, state_io="tma")
+
+
+@pytest.mark.parametrize("schedule, params", [
+    ("simple", ("bfloat16", "bfloat16", 128, 1)), ("simple", ("bfloat16", "bfloat16", 128, 8)),
+    ("vertical", ("int16", "bfloat16", 64, 1)), ("horizontal", ("float32", "float16", 96, 8)),
+    ("simple", ("float16", "float16", 256, 1, 10)),
+])
+def test_sweep_builder_regs_form_is_the_registered_kernel(schedule, params):
+    """``_ssu_kernel_tma.build_kernel`` with its knobs off generates the registered kernels' CUDA, so that what the
+    sweep times against its new variants is the product code (the two builders must not drift apart)."""
+    pytest.importorskip("tvm", reason="apache-tvm is needed to generate the kernels")
+    from tirx_kernels.core.build import codegen
+    from tirx_kernels.ported.flashinfer.mamba import _ssu_kernel as sk
+    from tirx_kernels.ported.flashinfer.mamba import _ssu_kernel_tma as tk
+
+    state_dtype, input_dtype, dstate, max_tokens, *rounds = params
+    knobs = sk.plan(state_dtype, dstate, schedule, max_tokens)
+    want = codegen(sk.get_kernel(state_dtype, input_dtype, dstate, max_tokens, schedule, *rounds))
+    got = codegen(tk.build_kernel(state_dtype, input_dtype, dstate, max_tokens, **knobs,
+                                  philox_rounds=rounds[0] if rounds else 0))
+    assert got == want
+
+
 def test_emulated_no_update(emulated):
     d = make_inputs(T=1)
     d["update"] = False
