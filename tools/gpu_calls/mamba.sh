@@ -18,7 +18,7 @@ rc=$?
 grep -v "^== table" "$log/run.log" | grep -E "^==|FAILED|Error|error" | tail -30
 echo "mamba: rc $rc in $(( $(date +%s) - t0 )) s; table (us, FlashInfer us / ours):"
 if grep -q "^== table" "$log/run.log"; then
-  sed -n '/^== table/,$p' "$log/run.log" | tail -70
+  sed -n '/^== table/,$p' "$log/run.log" | tail -110
 else  # cut short: the shapes finished so far, as they were printed
   grep -v "^\[" "$log/run.log" | tail -80
 fi

@@ -60,6 +60,7 @@ MTP_KNOBS = [
     # state rows staged in shared memory, B / C staged with vector loads, every token of a row before the next row)
     ("bulk_store", 32, 16, 1, False, 0, True),
     ("bulk_store", 64, 16, 2, False, 0, True),
+    ("bulk_store", 64, 8, 4, False, 8, True),  # the row-major tile form (70 registers) capped to 8 CTAs an SM
 ]
 STP_KNOBS = [
     ("regs", 64, 8, 4, False),         # the registered STP simple form
@@ -69,6 +70,10 @@ STP_KNOBS = [
     ("bulk_store", 64, 4, 4, False),   # 64 threads, 4 pieces of 16 rows
     ("bulk_store", 64, 8, 8, False),   # 64 threads, 8 pieces of 8 rows (a row sooner)
     ("bulk_store", 16, 8, 2, False),   # 4x the CTAs
+    # occupancy (ptxas, 2026-12-08): the registered form takes 95 registers at s128 and 154 at s256 (128 threads: 5
+    # and 3 CTAs an SM, 4096 / 8192 CTAs in 6-7 waves); the tile forms 64 / 95. Capped at 8 CTAs an SM (64):
+    ("regs", 64, 8, 4, False, 8),
+    ("bulk_store", 64, 8, 4, False, 8),
 ]
 MTP_TOKENS = 8  # the registered MTP artifacts' max_tokens (T = 6 calls run them)
 # (label, registered module, config overrides, max_tokens, dstate)
@@ -215,6 +220,7 @@ def cmd_run(a) -> int:
     for v in variants:
         v["fn"] = tvm_ffi.load_module(os.path.join(a.dir, v["so"]))["main"]
     oracle_keys = set(inspect.signature(op.oracle).parameters)
+    regs = {v["name"]: v.get("registers") for v in variants}
     table = []
     for label, kernel, over, max_tokens, dstate in SHAPES:
         t_shape = time.time()
@@ -269,10 +275,11 @@ def cmd_run(a) -> int:
             table.append((label, name, None, None))
         del data, n, fns
         torch.cuda.empty_cache()
-    print("\n== table (us; ratio = FlashInfer us / ours: > 1 is faster than FlashInfer)")
+    print("\n== table (us; ratio = FlashInfer us / ours: > 1 is faster than FlashInfer; registers a thread)")
     for label, name, us, ratio in table:
-        print(f"{label:26s} {name:44s} " + (f"{us:9.1f}  {ratio:5.2f}" if us is not None and ratio
-                                               else f"{us:9.1f}      -" if us is not None else "   FAILED"))
+        r = f"{regs[name]:4d}r" if regs.get(name) else "     "
+        print(f"{label:26s} {name:44s} {r} " + (f"{us:9.1f}  {ratio:5.2f}" if us is not None and ratio
+                                                   else f"{us:9.1f}      -" if us is not None else "   FAILED"))
     return 0
 
 
