@@ -2,12 +2,13 @@
 # SPDX-License-Identifier: Apache-2.0
 # Mamba-2 selective_state_update: the bulk-copy-staged state tile and 16-byte B / C staging (_ssu_kernel_tma's
 # state_io / stage_vectors; 38 variants, ptxas registers in the table) against the registered register-loading
-# forms and FlashInfer 0.7.4 in place (tools/sweeps/ssu_tma_schedules.py run): each variant checked against the fp32
-# oracle first, then timed (CUDA events, cold L2, 5 interleaved rounds) at STP b64 d64 s128, STP b64 d128 s256, MTP b1 / b512 / b2048 T=6 d64 s128, bf16 state. Run from the repo root on the GPU
-# host after `source .gpu/setup.sh`, with .gpu/extra/mamba.tar.xz (build/gpu-extra/mamba.tar.xz, made on the CPU
-# machine: `python tools/sweeps/ssu_tma_schedules.py build --out build/sweep-ssu-tma` then `tar -C build -cf -
-# --exclude='*.cu' --exclude='.build-*' sweep-ssu-tma | xz -9 > build/gpu-extra/mamba.tar.xz`, 0.2 MiB).
-# ~1.5-3 minutes (190 s cap on the run); logs in $OUT/mamba/.
+# forms and FlashInfer 0.7.4 in place (tools/sweeps/ssu_tma_schedules.py run). Each variant is checked against the
+# fp32 oracle first, then timed (CUDA events, cold L2, 5 interleaved rounds) at STP b64 d64 s128, STP b64 d128 s256
+# and MTP b1 / b512 / b2048 T=6 d64 s128, bf16 state. Run from the repo root on the GPU host after
+# `source .gpu/setup.sh`, with .gpu/extra/mamba.tar.xz (build/gpu-extra/mamba.tar.xz, 0.2 MiB, made on the CPU
+# machine: `python tools/sweeps/ssu_tma_schedules.py build --out build/sweep-ssu-tma`, then
+# `tar -C build -cf - --exclude='*.cu' --exclude='.build-*' sweep-ssu-tma | xz -9 > build/gpu-extra/mamba.tar.xz`).
+# About 1.5-3 minutes (the run is capped at 190 s); logs in $OUT/mamba/.
 set -uo pipefail
 OUT=${OUT:-gpu-logs}
 log="$OUT/mamba"; mkdir -p "$log"
