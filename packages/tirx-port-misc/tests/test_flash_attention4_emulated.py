@@ -76,15 +76,17 @@ def test_packed_qkv_views():
     _run("bfloat16", 64, 64, True, B=2, Sq=150, Sk=150, Hq=2, Hkv=2, packed=True, seed=2)
 
 
-def test_three_consumer_variant_with_split_mask_loop():
-    """``ovl2_c3``: three consumer warpgroups taking turns (barriers 4-6), 192-row query tiles, the unmasked tiles in
-    their own loop and V released late; causal with ragged tiles (700 = 3 x 192 + 124 queries, 6 key tiles)."""
-    _run("bfloat16", 64, 64, True, B=1, Sq=700, Sk=700, Hq=2, Hkv=1, seed=3, variant="ovl2_c3")
+def test_three_consumer_variant_with_split_mask_loop_and_fenced_wait():
+    """``ovl3_c3``: three consumer warpgroups taking turns (barriers 4-6), 192-row query tiles, the unmasked tiles in
+    their own loop, the PV wait behind a row-sum-dependent warpgroup barrier (1-3) and V released late; causal with
+    ragged tiles (700 = 3 x 192 + 124 queries, 6 key tiles)."""
+    _run("bfloat16", 64, 64, True, B=1, Sq=700, Sk=700, Hq=2, Hkv=1, seed=3, variant="ovl3_c3")
 
 
 @full_only
 @pytest.mark.parametrize("variant, d, causal, Sq, Sk", [
     ("ovl2", 128, True, 300, 430), ("ovl2_n176", 128, False, 200, 400), ("ovl2_n192", 64, False, 130, 500),
+    ("ovl2_c3", 64, True, 400, 400), ("ovl3", 128, True, 300, 430), ("ovl3_n176", 128, False, 200, 400),
     ("base", 128, True, 300, 300), ("pp_exp2", 128, False, 150, 260)])
 def test_schedule_variants(variant, d, causal, Sq, Sk):  # noqa: N803
     """The variants tools/sweeps/attn_schedules.py times against the default (flash_attention4.VARIANTS)."""

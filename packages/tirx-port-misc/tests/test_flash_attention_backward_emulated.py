@@ -36,14 +36,21 @@ def _main_name(dtype: str, d: int, dv: int, causal: bool) -> str:
     return f"main_{dtype}_{d}_{dv}_{int(causal)}"
 
 
-def _module(dtype: str, d: int, dv: int, causal: bool):
-    """The emulated module holding this main kernel and the dtype's preprocess, postprocess and group reduce."""
-    mains = _CI_MAINS if (dtype, d, dv, causal) in _CI_MAINS else ((dtype, d, dv, causal),)
-    if mains not in _modules:
-        funcs = {_main_name(*key): mod.get_kernel("main", *key) for key in mains}
+def _module(dtype: str, d: int, dv: int, causal: bool, knobs: tuple = ()):
+    """The emulated module holding this main kernel and the dtype's preprocess, postprocess and group reduce;
+    ``knobs``: (name, value) pairs of ``_bwd_kernel.build_bwd_kernel``'s variant knobs."""
+    mains = _CI_MAINS if (dtype, d, dv, causal) in _CI_MAINS and not knobs else ((dtype, d, dv, causal),)
+    if (mains, knobs) not in _modules:
+        if knobs:
+            from tirx_kernels.ported.flashattention import _bwd_kernel
+
+            funcs = {_main_name(dtype, d, dv, causal): _bwd_kernel.build_bwd_kernel(
+                dtype, d, dv, causal, _bwd_kernel.block_m_for(d), **dict(knobs))}
+        else:
+            funcs = {_main_name(*key): mod.get_kernel("main", *key) for key in mains}
         funcs.update({k: mod.get_kernel(k, dtype) for k in ("pre", "post", "reduce")})
-        _modules[mains] = emulate.compile_module(build.codegen_many(funcs))
-    return _modules[mains]
+        _modules[(mains, knobs)] = emulate.compile_module(build.codegen_many(funcs))
+    return _modules[(mains, knobs)]
 
 
 def _guarded(shape, dtype):
@@ -52,7 +59,7 @@ def _guarded(shape, dtype):
 
 
 def _run(dtype, d, dv, causal, B, Sq, Sk, Hq, Hkv, splits=None, deterministic=False, packed=False,  # noqa: N803
-         dlse=False, seed=0):
+         dlse=False, seed=0, knobs: tuple = ()):
     torch.manual_seed(seed)
     t = getattr(torch, dtype)
     if packed:
@@ -68,7 +75,7 @@ def _run(dtype, d, dv, causal, B, Sq, Sk, Hq, Hkv, splits=None, deterministic=Fa
     inputs = [q, k, v, out, dout, lse] + ([g_lse] if dlse else [])
     before = [x.clone() for x in inputs]
     bufs, grads = zip(*(_guarded(x.shape, t) for x in (q, k, v)))
-    emu = _module(dtype, d, dv, causal)
+    emu = _module(dtype, d, dv, causal, knobs)
 
     def call(kernel, *args):
         name = _main_name(dtype, d, dv, causal) if kernel == "main" else kernel
@@ -83,6 +90,12 @@ def _run(dtype, d, dv, causal, B, Sq, Sk, Hq, Hkv, splits=None, deterministic=Fa
     for name, got, ref in zip(("dq", "dk", "dv"), grads, want):
         harness.compare(name, got, ref, mod.TOLERANCE[dtype], "the fp32 oracle's autograd")
     return grads
+
+
+def test_wait_fence_variant():
+    """``wait_fence`` (the dP^T wait behind a warpgroup barrier that depends on every P^T value): hd128's block_m 64
+    path, ragged query and key blocks, a causal diagonal."""
+    _run("bfloat16", 128, 128, True, B=1, Sq=130, Sk=200, Hq=2, Hkv=1, seed=5, knobs=(("wait_fence", True),))
 
 
 @pytest.mark.parametrize("splits, deterministic", [(1, True), (2, False)], ids=["direct_det", "split_fast"])

@@ -48,6 +48,7 @@ FAST_EXP2 = True
 PDS_BAR = 3  # named barrier over both consumers: their dS^T tiles are in shared memory
 DQ_FULL_BAR = 4  # 4 + w: consumer w's dQ tile is in shared memory (its 128 threads arrive, warp 1 syncs)
 DQ_EMPTY_BAR = 6  # 6 + w: warp 1 has read consumer w's dQ tile (warp 1 arrives, the consumer syncs)
+WAIT_FENCE_BAR = 8  # 8 + w: consumer w's own 128 threads (wait_fence)
 DQ_THREADS = 128 + 32
 REDUCE_ADD = "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32"
 
@@ -98,7 +99,7 @@ def check_shape(head_dim: int, head_dim_v: int, block_m: int) -> None:
 
 
 def build_bwd_kernel(dtype: str, head_dim: int, head_dim_v: int, causal: bool, block_m: int,
-                     fast_exp2: bool = FAST_EXP2):
+                     fast_exp2: bool = FAST_EXP2, wait_fence: bool = False):
     """``fast_exp2``: P^T by ``ex2.approx.ftz.f32`` (one MUFU.EX2 a weight) instead of ``exp2f`` (ptxas adds a range
     check and two predicated FMULs to each: ``core.lang.softmax.update``'s note).
 
@@ -107,7 +108,10 @@ def build_bwd_kernel(dtype: str, head_dim: int, head_dim_v: int, causal: bool, b
     registers before the wait did not move it (tried, same SASS shape): ptxas's scheduler lifts the wait, with the
     long dS^T / stmatrix / GEMM chain behind it, above the short independent exp2 chains. Issuing dV += P^T dO
     before that wait (it needs P^T and dO only; the wait would then follow a wgmma reading every P^T register) was
-    worse on paper: 16 B of spills and ptxas serialized every wgmma of the kernel (a DEPBAR after each HGMMA). Open."""
+    worse on paper: 16 B of spills and ptxas serialized every wgmma of the kernel (a DEPBAR after each HGMMA).
+    ``wait_fence``: the wait behind a warpgroup barrier whose id depends on the sum of the thread's P^T values (32
+    FADDs; "sum < -1 - Sq" is never true, NaN included, and no compiler can prove it), which no exp2 can sink below: the
+    forward's ``Mainloop.wait_fence``. A variant to measure (tools/sweeps/attn_schedules.py)."""
     from tvm.script import tirx as T
 
     from tirx_kernels.core.lang import bulk, cluster, grid_flags, mbarrier, roles, softmax, tma, wgmma
@@ -447,6 +451,14 @@ def build_bwd_kernel(dtype: str, head_dim: int, head_dim_v: int, causal: bool, b
                     load_stats(stats, LSEs, Dlts, s * bm, lane)
                     p_tile_masked_where_needed(s_acc, stats, cur, LSEs, Dlts, s * bm, scale_log2, key0, m0, Sk, Sq,
                                                warp, lane)
+                    if wait_fence:
+                        T.buffer_store(cur, T.float32(0), [0])
+                        for i in range(s_regs):
+                            T.buffer_store(cur, cur[0] + s_acc[i], [0])
+                        # ptxas knows the weights are >= 0 and folded "sum < 0" (this sum starts at 0, unlike the
+                        # forward's loop-carried row sum); against -1 - Sq (a run-time value) it cannot
+                        dep = T.Select(cur[0] < T.Cast("float32", -1 - Sq), 1, 0)
+                        T.evaluate(T.cuda.warpgroup_sync(WAIT_FENCE_BAR + cw + dep))
                     wgmma.wait(0)
                     ds_from_p(s_acc, dp_acc, stats, cur, LSEs, Dlts, s * bm, lane)
                     softmax.pack_p(p_frag, s_acc, bm, cvt_pack)

@@ -139,7 +139,8 @@ def _packed_rows(k_off, block_n: int):
 
 def build_fwd_kernel(dtype: str, head_dim: int, head_dim_v: int, causal: bool, block_n: int, num_stages: int,
                      schedule: str = "overlap", fast_exp2: bool = False, split_mask: bool = False,
-                     late_release: bool = False, num_consumers: int = NUM_CONSUMERS):
+                     late_release: bool = False, num_consumers: int = NUM_CONSUMERS, rescale_early: bool = False,
+                     wait_fence: bool = False):
     """The batch-padded kernel: one CTA per (query tile, query head, batch entry). The knobs after ``schedule`` are
     ``Mainloop``'s; ``num_consumers`` 3 is FA3's hd64 tile (192 query rows, 512 threads)."""
     from tvm.script import tirx as T
@@ -147,7 +148,8 @@ def build_fwd_kernel(dtype: str, head_dim: int, head_dim_v: int, causal: bool, b
     from tirx_kernels.core.lang import roles, tma, wgmma
 
     ml = Mainloop(dtype, head_dim, head_dim_v, block_n, num_stages, schedule, num_consumers, fast_exp2=fast_exp2,
-                  split_mask=split_mask, late_release=late_release)
+                  split_mask=split_mask, late_release=late_release, rescale_early=rescale_early,
+                  wait_fence=wait_fence)
     block_m = ml.block_m
     producer_regs, consumer_regs = REGISTER_SPLIT[num_consumers]
     if not roles.register_split_fits(num_consumers, producer_regs, consumer_regs):

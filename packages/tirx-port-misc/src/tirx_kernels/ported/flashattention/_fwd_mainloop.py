@@ -72,16 +72,20 @@ class Mainloop:
     Schedule knobs (class defaults: what a subclass that sets its own geometry, ``_fwd_fp8.FP8Mainloop``, gets):
     ``fast_exp2`` (``core.lang.softmax.update``: one MUFU.EX2 a weight), ``split_mask`` (the overlap loop's tiles
     that need no mask in a branch-free loop of their own) and ``late_release`` (V's slot given back after P is
-    packed, not right after the PV wait): see the NOTES in :meth:`consume` for what each changes in the SASS."""
+    packed, not right after the PV wait), ``rescale_early`` (FA3's order: O rescaled between the QK^T and PV issues,
+    so only P's packing follows the PV wait): see the NOTES in :meth:`consume` for what each changes in the SASS."""
 
     fast_exp2 = False
     split_mask = False
     late_release = False
+    rescale_early = False
+    wait_fence = False
     turn_bar = TURN_BAR
 
     def __init__(self, dtype: str, head_dim: int, head_dim_v: int, block_n: int, num_stages: int,
                  schedule: str = "overlap", num_consumers: int = 2, smem_limit: int = SMEM_LIMIT,
-                 fast_exp2: bool = False, split_mask: bool = False, late_release: bool = False):
+                 fast_exp2: bool = False, split_mask: bool = False, late_release: bool = False,
+                 rescale_early: bool = False, wait_fence: bool = False):
         from tvm.script import tirx as T
 
         from tirx_kernels.core.lang import mbarrier, tma, wgmma
@@ -127,6 +131,8 @@ class Mainloop:
         self.fast_exp2 = fast_exp2
         self.split_mask = split_mask
         self.late_release = late_release
+        self.rescale_early = rescale_early
+        self.wait_fence = wait_fence
         self.k_stage_bytes = self.q_chunks * self.kv_tile_bytes
         self.v_stage_bytes = self.v_chunks * self.kv_tile_bytes
         self.v_swizzle = wgmma.SWIZZLE_128B
@@ -386,12 +392,24 @@ class Mainloop:
                         self._turn_wait(cw, T.bool(False))
                         self._issue_qk(rg, s, cw)
                         wgmma.commit()
+                        if self.rescale_early:  # FA3's order: O rescaled under QK^T n, before PV n - 1 adds to it
+                            for r in range(2):
+                                softmax.rescale(rg.o_acc, self.dvp, r, rg.corr[r])
+                            wgmma.fence()
                         self._issue_pv(rg, sp)
                         wgmma.commit()
                         self._turn_pass(cw, T.bool(False))
                         wgmma.wait(1)  # S of tile n (the older group) has landed; PV n - 1 may still run
                         self._release(k_ring, sm.k_empty, s, cw, warp, lane)
                         self._softmax_tile(rg, (n_begin + it) * block_n, mask_from, lane, scale_log2, masked)
+                        if self.wait_fence:
+                            # NOTES: ptxas schedules the PV wait (and any barrier: a plain warpgroup bar.sync here went
+                            # up with it, SASS 2026-12-07) into the first latency bubble after the S wait, i.e. ahead
+                            # of the softmax. A warpgroup barrier whose id depends on both row sums (the end of every
+                            # exp2 chain: "sum < 0" is 0 for every sum, NaN included, but no compiler can prove it)
+                            # cannot rise above them, and the wait stays behind the barrier.
+                            dep = T.Select(rg.row_sum[0] + rg.row_sum[1] < T.float32(0), 1, 0)
+                            T.evaluate(T.cuda.warpgroup_sync(WG_BAR + cw + dep))
                         wgmma.wait(0)
                         # NOTES: the V release is an mbarrier arrive with no data dependence on the softmax, and
                         # ptxas scheduled it (and so the wait(0) it must follow) ahead of the softmax's exp2 even
@@ -399,8 +417,9 @@ class Mainloop:
                         # most of the exp2 (the O rescale, which needs it, is interleaved with the last ones).
                         if not self.late_release:
                             self._release(v_ring, sm.v_empty, sp, cw, warp, lane)
-                        for r in range(2):
-                            softmax.rescale(rg.o_acc, self.dvp, r, rg.corr[r])
+                        if not self.rescale_early:
+                            for r in range(2):
+                                softmax.rescale(rg.o_acc, self.dvp, r, rg.corr[r])
                         self._pack_p(rg)
                         if self.late_release:
                             self._release(v_ring, sm.v_empty, sp, cw, warp, lane)
@@ -424,6 +443,9 @@ class Mainloop:
                     v_ring.consumer_wait(sm.v_full, n_tiles - 1)
                     clear(sl, n_end - 1)
                     self._turn_wait(cw, T.bool(False))
+                    if self.rescale_early:
+                        for r in range(2):
+                            softmax.rescale(rg.o_acc, self.dvp, r, rg.corr[r])
                     wgmma.fence()
                     self._issue_pv(rg, sl)
                     wgmma.commit()

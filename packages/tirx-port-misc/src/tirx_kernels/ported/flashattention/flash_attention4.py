@@ -124,6 +124,12 @@ VARIANTS = {
     "ovl2_c3": {**_OVL2, "num_consumers": 3},  # FA3's hd64 tile: 3 consumer warpgroups, 192 query rows
     "exp2_c3": {"fast_exp2": True, "num_consumers": 3},
     "pp_exp2": {"schedule": "pingpong", "fast_exp2": True},
+    # ovl3: ovl2 + the PV wait fenced behind the softmax (a warpgroup barrier that depends on the row sums): every
+    # MUFU.EX2 of a tile before the wait in the SASS, where ovl2 left 25 of 66 (non-causal) or none (causal) there
+    "ovl3": {**_OVL2, "wait_fence": True},
+    "ovl3_n176": {**_OVL2, "wait_fence": True, "block_n": 176},
+    "ovl3_n192": {**_OVL2, "wait_fence": True, "block_n": 192},
+    "ovl3_c3": {**_OVL2, "wait_fence": True, "num_consumers": 3},
 }
 _INT32_MAX = 2**31 - 1
 
