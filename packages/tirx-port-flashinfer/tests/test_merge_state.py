@@ -77,6 +77,48 @@ def test_threads_per_row(D, lt):
 def test_positions_per_launch_keeps_rows_in_int32():
     for H in (1, 7, 32, 128, 2**20):
         assert mod.positions_per_launch(H) * H + mod.THREADS <= 2**31 - 1
+        assert mod.positions_per_launch(H) + 2 * mod.THREADS <= 2**31 - 1  # + a CTA's span of positions
+
+
+def _rows_of(S, H, D, op, rpt):
+    """The (position, head) rows ``plan``'s geometry gives each thread, the kernels' index math in Python."""
+    g = mod.plan(S, H, D, op, rpt)
+    lt, lh, lp, lu = g["lt"], g["lh"], g["lp"], g["lu"]
+    rows = []
+    for bx in range(g["grid"][0]):
+        for by in range(g["grid"][1]):
+            for tid in range(0, mod.THREADS, 1 << lt):  # lane 0 of each row slot
+                slot = tid >> lt
+                head = (by << lh) + (slot & ((1 << lh) - 1))
+                for u in range(1 << lu):
+                    pos = (bx << (lp + lu)) + (slot >> lh) + (u << lp)
+                    if pos < S and head < H:
+                        rows.append((pos, head))
+    return g, rows
+
+
+@pytest.mark.parametrize("op", mod.OPS)
+@pytest.mark.parametrize("S, H, D", [(1, 1, 8), (37, 8, 64), (37, 3, 200), (5, 2, 1024), (128, 32, 128),
+                                     (2048, 32, 128), (7, 40, 128), (9, 129, 64), (3, 1, 512)])
+@pytest.mark.parametrize("rpt", [None, 1, 2])
+def test_plan_covers_every_row_once(op, S, H, D, rpt):
+    g, rows = _rows_of(S, H, D, op, rpt)
+    assert sorted(rows) == [(p, h) for p in range(S) for h in range(H)]
+    assert g["lt"] + g["lh"] + g["lp"] == 7 and g["grid"][1] <= mod.MAX_GRID_Y
+    if op == "merge_states" or rpt == 1:
+        assert g["lu"] == 0
+    elif rpt == 2:
+        assert g["lu"] == 1
+
+
+def test_plan_heads_fill_the_cta_and_two_rows_only_on_large_grids():
+    """H = 32, D = 128: 8 heads a CTA, one position; 512 CTAs at s128 (one row a thread), 4096 at s2048 (two)."""
+    assert mod.plan(128, 32, 128) == {"lt": 4, "lh": 3, "lp": 0, "lu": 0, "grid": (128, 4)}
+    assert mod.plan(2048, 32, 128) == {"lt": 4, "lh": 3, "lp": 0, "lu": 1, "grid": (1024, 4)}
+    assert mod.plan(37, 3, 64)["lh"] == 2  # 4 head slots for 3 heads, 4 positions a CTA
+    assert mod.heads_per_launch(128) == mod.MAX_GRID_Y << 3
+    with pytest.raises(ValueError):
+        mod.plan(1, 1, 64, rows_per_thread=3)
 
 
 # ------------------------------------------------------------------------------------------------ build
@@ -91,7 +133,11 @@ def test_builds_with_16_byte_loads_and_no_spills(op, dtype):
 
     sass = testing.build_and_check_sass(mod, "merge_state", mod.compile_params(op=op, dtype=dtype))
     loads = len(re.findall(r"LDG\.E\.128", sass))
-    assert loads == (mod.STATES_PER_TRIP if op == "merge_states" else 2), loads
+    assert loads == (mod.STATES_PER_TRIP if op == "merge_states" else 2 * mod.ROWS_PER_THREAD), loads
+    # The (position, head block) grid: no integer division (the flat grid's row // H put a signed division,
+    # ~99 SASS instructions, before the first load; its I2F / MUFU.RCP / IMAD.HI sequence).
+    head = sass[:sass.index("LDG.E.128")]
+    assert not re.search(r"\bMUFU\.RCP\b|\bI2F", head), "a division before the first vector load"
 
 
 # ------------------------------------------------------------------------------------------------ CPU emulation
@@ -174,9 +220,14 @@ def _pair_inputs(S, H, D, strided, ninf, dtype, g):
     return (va, sa, vb, sb), (vab, sab, vbb, sbb)
 
 
+def _geometry_args(geo: dict) -> dict:
+    return {"log2_tpr": geo["lt"], "log2_hpc": geo["lh"], "log2_ppc": geo["lp"], "log2_rpt": geo["lu"]}
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize("S, H, D, strided, ninf", CASES)
-def test_merge_state_emulated(emulated, dtype, S, H, D, strided, ninf):
+@pytest.mark.parametrize("rpt", [1, 2])
+def test_merge_state_emulated(emulated, dtype, S, H, D, strided, ninf, rpt):
     g = torch.Generator().manual_seed(S * 1000 + D)
     t = getattr(torch, dtype)
     (va, sa, vb, sb), bufs = _pair_inputs(S, H, D, strided, ninf, t, g)
@@ -186,15 +237,13 @@ def test_merge_state_emulated(emulated, dtype, S, H, D, strided, ninf):
     vob.fill_(float("nan"))
     sob.fill_(float("nan"))
     kern, src = emulated["merge_state", dtype]
-    lt = mod.log2_threads_per_row(D)
-    env = {"S": S, "H": H, "D": D, "log2_tpr": lt, "zero": 0, "VA_ptr": va, "SA_ptr": sa, "VB_ptr": vb,
+    geo = mod.plan(S, H, D, "merge_state", rpt)
+    env = {"S": S, "H": H, "D": D, **_geometry_args(geo), "zero": 0, "VA_ptr": va, "SA_ptr": sa, "VB_ptr": vb,
            "SB_ptr": sb, "VO_ptr": vo, "SO_ptr": so}
     for name, ten in (("va", va), ("vb", vb), ("vo", vo), ("sa", sa), ("sb", sb), ("so", so)):
         env[name + "0"], env[name + "1"] = ten.stride(0), ten.stride(1)
     args = _host_values(src, kern.params, env)
-    rows_per_cta = mod.THREADS >> lt
-    kern(grid=(-(-S * H // rows_per_cta),), block=(mod.THREADS,),
-         **{p.name: args[p.name] for p in kern.params}).check()
+    kern(grid=geo["grid"], block=(mod.THREADS,), **{p.name: args[p.name] for p in kern.params}).check()
     want = mod.reference(v_a=va, s_a=sa, v_b=vb, s_b=sb)
     _check_merged(vo, so, want["v"], want["s"])
     for b, b0 in zip(bufs, before):
@@ -208,7 +257,8 @@ def test_merge_state_emulated(emulated, dtype, S, H, D, strided, ninf):
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize("masked", [False, True])
 @pytest.mark.parametrize("S, H, D, strided, ninf", CASES[:6])
-def test_merge_state_in_place_emulated(emulated, dtype, masked, S, H, D, strided, ninf):
+@pytest.mark.parametrize("rpt", [1, 2])
+def test_merge_state_in_place_emulated(emulated, dtype, masked, S, H, D, strided, ninf, rpt):
     g = torch.Generator().manual_seed(S * 1000 + D + masked)
     t = getattr(torch, dtype)
     (v, s, vb, sb), bufs = _pair_inputs(S, H, D, strided, ninf, t, g)
@@ -217,15 +267,14 @@ def test_merge_state_in_place_emulated(emulated, dtype, masked, S, H, D, strided
     other_before = [bufs[2].clone(), bufs[3].clone()]
     mask = (torch.rand(S, generator=g) < 0.5) if masked else None
     kern, src = emulated["merge_state_in_place", dtype]
-    lt = mod.log2_threads_per_row(D)
+    geo = mod.plan(S, H, D, "merge_state_in_place", rpt)
     mk = mask.view(torch.uint8) if masked else torch.ones(1, dtype=torch.uint8)
-    env = {"S": S, "H": H, "D": D, "SM": mk.shape[0], "log2_tpr": lt, "zero": 0, "use_mask": int(masked),
+    env = {"S": S, "H": H, "D": D, "SM": mk.shape[0], **_geometry_args(geo), "zero": 0, "use_mask": int(masked),
            "V_ptr": v, "SS_ptr": s, "VB_ptr": vb, "SB_ptr": sb, "MK_ptr": mk, "m0": 1}
     for name, ten in (("v", v), ("vb", vb), ("s", s), ("sb", sb)):
         env[name + "0"], env[name + "1"] = ten.stride(0), ten.stride(1)
     args = _host_values(src, kern.params, env)
-    kern(grid=(-(-S * H // (mod.THREADS >> lt)),), block=(mod.THREADS,),
-         **{p.name: args[p.name] for p in kern.params}).check()
+    kern(grid=geo["grid"], block=(mod.THREADS,), **{p.name: args[p.name] for p in kern.params}).check()
     want = mod.reference(v=v0, s=s0, v_other=vb, s_other=sb, mask=mask)
     _check_merged(v, s, want["v"], want["s"])
     if masked:  # untouched positions keep their bits
@@ -254,14 +303,14 @@ def test_merge_states_emulated(emulated, dtype, S, N, H, D, strided, ninf):
     vob.fill_(float("nan"))
     sob.fill_(float("nan"))
     kern, src = emulated["merge_states", dtype]
-    lt = mod.log2_threads_per_row(D)
-    env = {"S": S, "N": N, "H": H, "D": D, "log2_tpr": lt, "zero": 0, "V_ptr": v, "SS_ptr": s, "VO_ptr": vo,
-           "SO_ptr": so, "vo0": vo.stride(0), "vo1": vo.stride(1), "so0": so.stride(0), "so1": so.stride(1)}
+    geo = mod.plan(S, H, D, "merge_states")
+    env = {"S": S, "N": N, "H": H, "D": D, **_geometry_args(geo), "zero": 0, "V_ptr": v, "SS_ptr": s,
+           "VO_ptr": vo, "SO_ptr": so, "vo0": vo.stride(0), "vo1": vo.stride(1), "so0": so.stride(0),
+           "so1": so.stride(1)}
     for i in range(3):
         env[f"v{i}"], env[f"s{i}"] = v.stride(i), s.stride(i)
     args = _host_values(src, kern.params, env)
-    kern(grid=(-(-S * H // (mod.THREADS >> lt)),), block=(mod.THREADS,),
-         **{p.name: args[p.name] for p in kern.params}).check()
+    kern(grid=geo["grid"], block=(mod.THREADS,), **{p.name: args[p.name] for p in kern.params}).check()
     want = mod.reference(v_all=v, s_all=s)
     _check_merged(vo, so, want["v"], want["s"])
     assert torch.equal(vbuf.view(torch.int16), before[0].view(torch.int16)) and torch.equal(sbuf, before[1])

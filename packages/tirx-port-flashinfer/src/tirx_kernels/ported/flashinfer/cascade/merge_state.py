@@ -12,9 +12,12 @@ One artifact per (op, dtype) serves every call: S, H, D and every stride are run
 position, one head) is ``2**log2_tpr`` consecutive threads of a 128-thread CTA (the power of two >= D / 8;
 D = 64 .. 1024 in multiples of 8 takes 8 .. 128 lanes), one 16-byte vector of every state a thread, so a CTA
 holds ``128 >> log2_tpr`` whole rows; only the in-place op needs that (a row's lanes all read s before lane 0
-writes it: one ``__syncthreads`` between), the others just use it. Each thread issues its LSE loads and all its
-16-byte vector loads before any math (``vector.after_all``); merge_states takes 4 states a loop trip.
-Offsets are 64-bit (position x stride + head x stride); a call of more than ~2**31 rows runs in several launches.
+writes it: one ``__syncthreads`` between), the others just use it. The grid is (position blocks, head blocks),
+so a thread finds its row with shifts, no division (``plan``); a thread of the pair / in-place kernels takes
+two rows on large grids. Each thread issues its LSE loads and all its 16-byte vector loads before any math
+(``vector.after_all``); merge_states takes 4 states a loop trip. Offsets are 64-bit (position x stride + head x
+stride); a call of more than ~2**31 rows runs in several launches. The TIRx functions are in
+``_merge_state_kernels.py``; this module holds the geometry, the harness protocol and the public ops.
 
 -inf LSE (an empty key set): its weight is 0. Where every state of a row is -inf, v = 0 and s = -inf (what
 FlashInfer's merge_states gives for zero states; its two-state kernels give NaN there, ``-inf - -inf``, and its
@@ -111,8 +114,16 @@ OPS = ("merge_state", "merge_state_in_place", "merge_states")
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 _VEC = 8  # 16-bit elements per 16-byte vector
 THREADS = 128
+LOG2_THREADS = 7
 MAX_D = _VEC * THREADS  # one vector a thread, a row inside one CTA
 STATES_PER_TRIP = 4  # merge_states: vector loads in flight a thread
+ROWS_PER_THREAD = 2  # the most rows a thread of the pair / in-place kernels takes (lu <= 1)
+MAX_GRID_Y = 65535
+# A thread of the pair / in-place kernels takes 2 rows where the 1-row grid would have more CTAs than this
+# (s2048 h32 d128: 8192 CTAs -> 4096, ~2 waves of 16 resident 128-thread CTAs on 132 SMs; s128: 512 CTAs keep
+# 1 row a thread, the latency-bound case). Not yet timed against the alternative: tools/gpu_calls/merge.sh times
+# both (a bench config's ``rows_per_thread``).
+TWO_ROWS_ABOVE_CTAS = 1024
 PDL = "end"
 _NEG_INF = float("-inf")
 
@@ -144,69 +155,24 @@ def log2_threads_per_row(D: int) -> int:
     return max(0, (D // _VEC - 1).bit_length())
 
 
-# ---------------------------------------------------------------------------------------------------------
-# The TIRx functions
-# ---------------------------------------------------------------------------------------------------------
-
-def _int64(x):
-    from tvm.script import tirx as T
-
-    return T.Cast("int64", x)
-
-
-def _load_state(T, vector, sl, vw, k, Vf, voff, Sf, soff, row_ok, ok):
-    """Slot ``k``: ``sl[k]`` <- the LSE (-inf where the row is out of range), ``vw[4k:4k+4]`` <- the 16-byte
-    vector (0 where the lane is out of range, so that no NaN of a stale register reaches the sums)."""
-    T.buffer_store(sl, T.float32(_NEG_INF), [k])
-    with T.If(row_ok):
-        with T.Then():
-            T.buffer_store(sl, Sf[soff], [k])
-    vector.fill(vw, 4 * k, 4)
-    vector.load_v4(vw, 4 * k, Vf.ptr_to([voff]), ok)
-
-
-def _fold(T, vector, dtype, sl, vw, K, acc, st, dep, first):
-    """Merge the ``K`` loaded slots into the running state: ``st[0]`` the max LSE so far (-inf: nothing yet),
-    ``st[1]`` the sum of weights relative to ``st[2]`` (the max, or 0 where it is -inf, so that exp2 never sees
-    ``-inf - -inf``), ``acc`` the unnormalized weighted sum of v; ``first``: no state before these slots."""
-    neg_inf = T.float32(_NEG_INF)
-    mx = sl[0]
-    for k in range(1, K):
-        mx = T.max(mx, sl[k])
-    if not first:
-        mx = T.max(mx, st[0])
-    T.buffer_store(st, mx, [3])
-    T.buffer_store(st, T.Select(st[3] == neg_inf, T.float32(0), st[3]), [2])
-    for k in range(K):
-        T.buffer_store(sl, T.exp2(sl[k] - st[2]), [k])
-    total = sl[0]
-    for k in range(1, K):
-        total = total + sl[k]
-    if first:
-        T.buffer_store(st, total, [1])
+def plan(S: int, H: int, D: int, op: str = "merge_state", rows_per_thread: int | None = None) -> dict:
+    """The launch geometry (``_merge_state_kernels``' docstring): ``lt, lh, lp, lu`` (log2 of the lanes a row,
+    the heads a CTA, the positions a CTA slice, the rows a thread) and ``grid`` (x, y) for S positions of H heads
+    (``_run`` launches H > MAX_GRID_Y << lh in several head ranges). ``rows_per_thread`` (1 or 2; the pair and
+    in-place ops) overrides the choice by grid size."""
+    lt = log2_threads_per_row(D)
+    lh = min(LOG2_THREADS - lt, max(0, (H - 1).bit_length()))
+    lp = LOG2_THREADS - lt - lh
+    gy = -(-H // (1 << lh))
+    if op == "merge_states":
+        lu = 0
+    elif rows_per_thread is None:
+        lu = int(-(-S // (1 << lp)) * gy > TWO_ROWS_ABOVE_CTAS)
+    elif rows_per_thread in (1, 2):
+        lu = rows_per_thread - 1
     else:
-        T.buffer_store(st, T.exp2(st[0] - st[2]), [4])  # rescale of the old sums (0 where they were empty)
-        T.buffer_store(st, st[1] * st[4] + total, [1])
-    T.buffer_store(st, st[3], [0])
-    for j in range(vector.WORDS_PER_VECTOR):
-        halves = [vector.unpack2(vw[4 * k + j] ^ dep, dtype) for k in range(K)]
-        for h in range(2):
-            i = 2 * j + h
-            s = sl[0] * halves[0][h]
-            for k in range(1, K):
-                s = s + sl[k] * halves[k][h]
-            T.buffer_store(acc, s if first else acc[i] * st[4] + s, [i])
-
-
-def _finish(T, vector, dtype, acc, st, orr, Vo, vo_off, So, so_off, ok, s_ok):
-    """Normalize and store: v = acc / sum (0 for an all-empty row), s = max + log2(sum) (-inf there)."""
-    T.buffer_store(st, T.Select(st[1] > T.float32(0), T.float32(1) / st[1], T.float32(0)), [4])
-    for j in range(vector.WORDS_PER_VECTOR):
-        vector.pack2(orr, j, acc[2 * j] * st[4], acc[2 * j + 1] * st[4], dtype)
-    vector.store_v4(Vo.ptr_to([vo_off]), orr, 0, ok)
-    with T.If(s_ok):
-        with T.Then():
-            T.buffer_store(So, st[2] + T.log2(st[1]), [so_off])
+        raise ValueError(f"merge_state: rows_per_thread must be 1 or 2, got {rows_per_thread!r}")
+    return {"lt": lt, "lh": lh, "lp": lp, "lu": lu, "grid": (-(-S // (1 << (lp + lu))), gy)}
 
 
 def get_kernel(op: str, dtype: str, pdl: str | None = PDL):
@@ -214,224 +180,9 @@ def get_kernel(op: str, dtype: str, pdl: str | None = PDL):
         raise ValueError(f"merge_state: op {op!r} is not one of {OPS}")
     if dtype not in _DTYPES:
         raise ValueError(f"merge_state: dtype {dtype!r} is not one of {sorted(_DTYPES)}")
-    return {"merge_state": _build_pair, "merge_state_in_place": _build_in_place,
-            "merge_states": _build_states}[op](dtype, pdl)
+    from ._merge_state_kernels import build
 
-
-def _build_pair(dtype: str, pdl):
-    from tvm.script import tirx as T
-
-    from tirx_kernels.core.lang import pdl as pdl_launch
-    from tirx_kernels.core.lang import vector
-
-    pdl_launch.check_trigger("merge_state", pdl)
-
-    @T.prim_func
-    def merge_state(va_p: T.handle, sa_p: T.handle, vb_p: T.handle, sb_p: T.handle, vo_p: T.handle,
-                    so_p: T.handle, log2_tpr: T.int32, zero: T.int32):
-        S = T.int32()
-        H = T.int32()
-        D = T.int32()
-        va0 = T.int32()
-        va1 = T.int32()
-        vb0 = T.int32()
-        vb1 = T.int32()
-        vo0 = T.int32()
-        vo1 = T.int32()
-        sa0 = T.int32()
-        sa1 = T.int32()
-        sb0 = T.int32()
-        sb1 = T.int32()
-        so0 = T.int32()
-        so1 = T.int32()
-        VA = T.match_buffer(va_p, (S, H, D), dtype, strides=(va0, va1, 1), align=16)
-        VB = T.match_buffer(vb_p, (S, H, D), dtype, strides=(vb0, vb1, 1), align=16)
-        VO = T.match_buffer(vo_p, (S, H, D), dtype, strides=(vo0, vo1, 1), align=16)
-        SA = T.match_buffer(sa_p, (S, H), "float32", strides=(sa0, sa1), align=4)
-        SB = T.match_buffer(sb_p, (S, H), "float32", strides=(sb0, sb1), align=4)
-        SO = T.match_buffer(so_p, (S, H), "float32", strides=(so0, so1), align=4)
-        T.device_entry()
-        # Flat views indexed with the strides: TIRx 0.27 binds match_buffer strides on the host but drops them
-        # from device indexing.
-        VAf = T.decl_buffer((S * H * D,), dtype, data=VA.data)
-        VBf = T.decl_buffer((S * H * D,), dtype, data=VB.data)
-        VOf = T.decl_buffer((S * H * D,), dtype, data=VO.data)
-        SAf = T.decl_buffer((S * H,), "float32", data=SA.data)
-        SBf = T.decl_buffer((S * H,), "float32", data=SB.data)
-        SOf = T.decl_buffer((S * H,), "float32", data=SO.data)
-        bx = T.cta_id([(S * H + (THREADS >> log2_tpr) - 1) // (THREADS >> log2_tpr)])
-        tid = T.thread_id([THREADS])
-        sl = T.alloc_local((2,), "float32")
-        vw = T.alloc_local((8,), "uint32")
-        acc = T.alloc_local((8,), "float32")
-        st = T.alloc_local((5,), "float32")
-        orr = T.alloc_local((4,), "uint32")
-        dep = T.alloc_local((1,), "uint32")
-        pdl_launch.begin(pdl)
-        row = bx * (THREADS >> log2_tpr) + (tid >> log2_tpr)
-        lane = tid & ((1 << log2_tpr) - 1)
-        si = row // H
-        hi = row - si * H
-        row_ok = row < S * H
-        ok = T.And(row_ok, lane * _VEC < D)
-        col = _int64(lane * _VEC)
-        _load_state(T, vector, sl, vw, 0, VAf, _int64(si) * _int64(va0) + _int64(hi) * _int64(va1) + col, SAf,
-                    _int64(si) * _int64(sa0) + _int64(hi) * _int64(sa1), row_ok, ok)
-        _load_state(T, vector, sl, vw, 1, VBf, _int64(si) * _int64(vb0) + _int64(hi) * _int64(vb1) + col, SBf,
-                    _int64(si) * _int64(sb0) + _int64(hi) * _int64(sb1), row_ok, ok)
-        dep[0] = vector.after_all(vw, 8, zero)
-        _fold(T, vector, dtype, sl, vw, 2, acc, st, dep[0], True)
-        _finish(T, vector, dtype, acc, st, orr, VOf, _int64(si) * _int64(vo0) + _int64(hi) * _int64(vo1) + col,
-                SOf, _int64(si) * _int64(so0) + _int64(hi) * _int64(so1), ok, T.And(row_ok, lane == 0))
-        pdl_launch.end(pdl)
-
-    return pdl_launch.launch(merge_state, pdl)
-
-
-def _build_in_place(dtype: str, pdl):
-    from tvm.script import tirx as T
-
-    from tirx_kernels.core.lang import pdl as pdl_launch
-    from tirx_kernels.core.lang import vector
-
-    pdl_launch.check_trigger("merge_state", pdl)
-
-    @T.prim_func
-    def merge_state_in_place(v_p: T.handle, s_p: T.handle, vb_p: T.handle, sb_p: T.handle, m_p: T.handle,
-                             use_mask: T.int32, log2_tpr: T.int32, zero: T.int32):
-        S = T.int32()
-        H = T.int32()
-        D = T.int32()
-        SM = T.int32()
-        v0 = T.int32()
-        v1 = T.int32()
-        vb0 = T.int32()
-        vb1 = T.int32()
-        s0 = T.int32()
-        s1 = T.int32()
-        sb0 = T.int32()
-        sb1 = T.int32()
-        m0 = T.int32()
-        V = T.match_buffer(v_p, (S, H, D), dtype, strides=(v0, v1, 1), align=16)
-        VB = T.match_buffer(vb_p, (S, H, D), dtype, strides=(vb0, vb1, 1), align=16)
-        SS = T.match_buffer(s_p, (S, H), "float32", strides=(s0, s1), align=4)
-        SB = T.match_buffer(sb_p, (S, H), "float32", strides=(sb0, sb1), align=4)
-        MK = T.match_buffer(m_p, (SM,), "uint8", strides=(m0,), align=1)
-        T.device_entry()
-        Vf = T.decl_buffer((S * H * D,), dtype, data=V.data)
-        VBf = T.decl_buffer((S * H * D,), dtype, data=VB.data)
-        Sf = T.decl_buffer((S * H,), "float32", data=SS.data)
-        SBf = T.decl_buffer((S * H,), "float32", data=SB.data)
-        Mf = T.decl_buffer((SM,), "uint8", data=MK.data)
-        bx = T.cta_id([(S * H + (THREADS >> log2_tpr) - 1) // (THREADS >> log2_tpr)])
-        tid = T.thread_id([THREADS])
-        sl = T.alloc_local((2,), "float32")
-        vw = T.alloc_local((8,), "uint32")
-        acc = T.alloc_local((8,), "float32")
-        st = T.alloc_local((5,), "float32")
-        orr = T.alloc_local((4,), "uint32")
-        dep = T.alloc_local((1,), "uint32")
-        keep = T.alloc_local((1,), "int32")
-        pdl_launch.begin(pdl)
-        row = bx * (THREADS >> log2_tpr) + (tid >> log2_tpr)
-        lane = tid & ((1 << log2_tpr) - 1)
-        si = row // H
-        hi = row - si * H
-        row_ok = row < S * H
-        ok = T.And(row_ok, lane * _VEC < D)
-        col = _int64(lane * _VEC)
-        voff = _int64(si) * _int64(v0) + _int64(hi) * _int64(v1) + col
-        soff = _int64(si) * _int64(s0) + _int64(hi) * _int64(s1)
-        keep[0] = 1
-        if T.And(use_mask != 0, row_ok):
-            keep[0] = T.Cast("int32", Mf[_int64(si) * _int64(m0)])
-        _load_state(T, vector, sl, vw, 0, Vf, voff, Sf, soff, row_ok, ok)
-        _load_state(T, vector, sl, vw, 1, VBf, _int64(si) * _int64(vb0) + _int64(hi) * _int64(vb1) + col, SBf,
-                    _int64(si) * _int64(sb0) + _int64(hi) * _int64(sb1), row_ok, ok)
-        dep[0] = vector.after_all(vw, 8, zero)
-        _fold(T, vector, dtype, sl, vw, 2, acc, st, dep[0], True)
-        # Lane 0 overwrites the row's s, which every lane of the row (one CTA) has read by this barrier.
-        T.evaluate(T.cuda.cta_sync())
-        _finish(T, vector, dtype, acc, st, orr, Vf, voff, Sf, soff, T.And(ok, keep[0] != 0),
-                T.And(T.And(row_ok, lane == 0), keep[0] != 0))
-        pdl_launch.end(pdl)
-
-    return pdl_launch.launch(merge_state_in_place, pdl)
-
-
-def _build_states(dtype: str, pdl):
-    from tvm.script import tirx as T
-
-    from tirx_kernels.core.lang import pdl as pdl_launch
-    from tirx_kernels.core.lang import vector
-
-    pdl_launch.check_trigger("merge_state", pdl)
-    K = STATES_PER_TRIP
-
-    def load_trip(sl, vw, Vf, Sf, vbase, sbase, t, N, vn, sn, row_ok, ok):
-        for k in range(K):
-            n = t * K + k
-            _load_state(T, vector, sl, vw, k, Vf, vbase + _int64(n) * _int64(vn), Sf,
-                        sbase + _int64(n) * _int64(sn), T.And(row_ok, n < N), T.And(ok, n < N))
-
-    @T.prim_func
-    def merge_states(v_p: T.handle, s_p: T.handle, vo_p: T.handle, so_p: T.handle, log2_tpr: T.int32,
-                     zero: T.int32):
-        S = T.int32()
-        N = T.int32()
-        H = T.int32()
-        D = T.int32()
-        v0 = T.int32()
-        v1 = T.int32()
-        v2 = T.int32()
-        s0 = T.int32()
-        s1 = T.int32()
-        s2 = T.int32()
-        vo0 = T.int32()
-        vo1 = T.int32()
-        so0 = T.int32()
-        so1 = T.int32()
-        V = T.match_buffer(v_p, (S, N, H, D), dtype, strides=(v0, v1, v2, 1), align=16)
-        SS = T.match_buffer(s_p, (S, N, H), "float32", strides=(s0, s1, s2), align=4)
-        VO = T.match_buffer(vo_p, (S, H, D), dtype, strides=(vo0, vo1, 1), align=16)
-        SO = T.match_buffer(so_p, (S, H), "float32", strides=(so0, so1), align=4)
-        T.device_entry()
-        Vf = T.decl_buffer((S * N * H * D,), dtype, data=V.data)
-        Sf = T.decl_buffer((S * N * H,), "float32", data=SS.data)
-        VOf = T.decl_buffer((S * H * D,), dtype, data=VO.data)
-        SOf = T.decl_buffer((S * H,), "float32", data=SO.data)
-        bx = T.cta_id([(S * H + (THREADS >> log2_tpr) - 1) // (THREADS >> log2_tpr)])
-        tid = T.thread_id([THREADS])
-        sl = T.alloc_local((K,), "float32")
-        vw = T.alloc_local((4 * K,), "uint32")
-        acc = T.alloc_local((8,), "float32")
-        st = T.alloc_local((5,), "float32")
-        orr = T.alloc_local((4,), "uint32")
-        dep = T.alloc_local((1,), "uint32")
-        pdl_launch.begin(pdl)
-        row = bx * (THREADS >> log2_tpr) + (tid >> log2_tpr)
-        lane = tid & ((1 << log2_tpr) - 1)
-        si = row // H
-        hi = row - si * H
-        row_ok = row < S * H
-        ok = T.And(row_ok, lane * _VEC < D)
-        col = _int64(lane * _VEC)
-        vbase = _int64(si) * _int64(v0) + _int64(hi) * _int64(v2) + col
-        sbase = _int64(si) * _int64(s0) + _int64(hi) * _int64(s2)
-        st[0] = T.float32(_NEG_INF)
-        st[1] = T.float32(0)
-        st[2] = T.float32(0)
-        for i in range(8):
-            acc[i] = T.float32(0)
-        for t in T.serial((N + K - 1) // K):
-            load_trip(sl, vw, Vf, Sf, vbase, sbase, t, N, v1, s1, row_ok, ok)
-            dep[0] = vector.after_all(vw, 4 * K, zero)
-            _fold(T, vector, dtype, sl, vw, K, acc, st, dep[0], False)
-        _finish(T, vector, dtype, acc, st, orr, VOf, _int64(si) * _int64(vo0) + _int64(hi) * _int64(vo1) + col,
-                SOf, _int64(si) * _int64(so0) + _int64(hi) * _int64(so1), ok, T.And(row_ok, lane == 0))
-        pdl_launch.end(pdl)
-
-    return pdl_launch.launch(merge_states, pdl)
+    return build(op, dtype, pdl)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -538,6 +289,15 @@ COMPARATORS = {"s": _compare_lse}
 
 def launch(cfg: dict, data: dict) -> None:
     op = cfg["op"]
+    if cfg.get("rows_per_thread") is not None:  # the geometry knob (timing): the kernel without the public op
+        rpt = cfg["rows_per_thread"]
+        if op == "merge_state_in_place":
+            _run(op, (data["v"], data["s"], data["v_other"], data["s_other"], data["mask"]), None, rpt)
+        elif op == "merge_states":
+            _run(op, (data["v_all"], data["s_all"]), (data["v"], data["s"]), rpt)
+        else:
+            _run(op, (data["v_a"], data["s_a"], data["v_b"], data["s_b"]), (data["v"], data["s"]), rpt)
+        return
     if op == "merge_state_in_place":
         merge_state_in_place(data["v"], data["s"], data["v_other"], data["s_other"], mask=data["mask"])
     elif op == "merge_states":
@@ -737,16 +497,24 @@ _DUMMY_MASK: dict = {}
 
 
 def positions_per_launch(H: int) -> int:
-    """Positions one launch takes: its S * H rows (and the CTA index math on them) stay in int32."""
-    return max(1, (_INT32_MAX - THREADS) // H)
+    """Positions one launch takes: its S * H rows, and the position index plus a CTA's span (<= 256 positions),
+    stay in int32."""
+    return max(1, (_INT32_MAX - 2 * THREADS) // H)
+
+
+def heads_per_launch(D: int) -> int:
+    """Heads one launch takes: its head blocks (``2**lh`` heads, all of a CTA's row slots where H is this
+    large) stay within grid y's 65535."""
+    return MAX_GRID_Y << (LOG2_THREADS - log2_threads_per_row(D))
 
 
 _V_ARGS = {"merge_state": ("v_a", "v_b"), "merge_state_in_place": ("v", "v_other"), "merge_states": ("v",)}
 
 
-def _run(op: str, args: tuple, out) -> None:
-    """Launch ``op``'s kernel on validated tensors, ``positions_per_launch`` positions a launch. The 16-byte
-    alignment of the v rows is checked here, on real tensors (a fake tensor under torch.compile has no address)."""
+def _run(op: str, args: tuple, out, rows_per_thread: int | None = None) -> None:
+    """Launch ``op``'s kernel on validated tensors, ``positions_per_launch`` positions and ``heads_per_launch``
+    heads a launch, with ``plan``'s geometry. The 16-byte alignment of the v rows is checked here, on real tensors
+    (a fake tensor under torch.compile has no address)."""
     v0 = args[0]
     S, H, D = v0.shape[0], v0.shape[-2], v0.shape[-1]
     if S == 0 or H == 0:
@@ -758,21 +526,27 @@ def _run(op: str, args: tuple, out) -> None:
         checks.aligned(op, name, t, 16)
     fn = _FUNCTIONS.get((op, v0.dtype, v0.get_device()),
                         lambda: compile_params(op=op, dtype=str(v0.dtype)[6:]), v0.device)
-    lt = log2_threads_per_row(D)
-    step = positions_per_launch(H)
-    for r in range(0, S, step):
-        sl = slice(r, r + step)
-        if op == "merge_state_in_place":
-            v, s, vo, so, mask = args
-            if mask is None:
-                dummy = _DUMMY_MASK.get(v.device)
-                if dummy is None:
-                    dummy = _DUMMY_MASK.setdefault(v.device, torch.ones(1, dtype=torch.uint8, device=v.device))
-                fn(v[sl], s[sl], vo[sl], so[sl], dummy, 0, lt, 0)
+    s_step, h_step = positions_per_launch(H), heads_per_launch(D)
+    for h in range(0, H, h_step):
+        hs = slice(h, h + h_step)
+        for r in range(0, S, s_step):
+            ps = slice(r, r + s_step)
+            g = plan(min(S - r, s_step), min(H - h, h_step), D, op, rows_per_thread)
+            geo = (g["lt"], g["lh"], g["lp"])
+            if op == "merge_state_in_place":
+                v, s, vo, so, mask = args
+                if mask is None:
+                    m, use = _DUMMY_MASK.get(v.device), 0
+                    if m is None:
+                        m = _DUMMY_MASK.setdefault(v.device, torch.ones(1, dtype=torch.uint8, device=v.device))
+                else:
+                    m, use = mask[ps].view(torch.uint8), 1
+                fn(v[ps, hs], s[ps, hs], vo[ps, hs], so[ps, hs], m, use, *geo, g["lu"], 0)
+            elif op == "merge_states":
+                v, s = args
+                fn(v[ps, :, hs], s[ps, :, hs], out[0][ps, hs], out[1][ps, hs], *geo, 0)
             else:
-                fn(v[sl], s[sl], vo[sl], so[sl], mask[sl].view(torch.uint8), 1, lt, 0)
-        else:
-            fn(*(a[sl] for a in args), out[0][sl], out[1][sl], lt, 0)
+                fn(*(a[ps, hs] for a in args), out[0][ps, hs], out[1][ps, hs], *geo, g["lu"], 0)
 
 
 @torch.library.custom_op("tirx::merge_state", mutates_args=())
