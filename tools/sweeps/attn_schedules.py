@@ -18,6 +18,8 @@ What the variants change (SASS of the product kernels read on the CPU machine, 2
 - ``ovl3``: ``ovl2`` and the PV wait fenced: ptxas puts the wait (and any barrier) into the first latency bubble
   after the S wait, so ``ovl2`` still left 41 of 66 MUFU.EX2 of a tile after it (none before it in the causal
   kernel); a warpgroup bar.sync whose id depends on both row sums (always + 0, unprovably) keeps all 66 before it.
+- ``ovl3_re``: ``ovl3`` with FA3's order of the O rescale (between the QK^T and PV issues, under QK^T), so only P's
+  packing follows the PV wait. (Alone, without the fence, it left the wait ahead of the softmax too.)
 - ``exp2_fence`` (backward): the same fence for the dP^T wait (all 32 MUFU.EX2 of P^T before it, where the product
   kernel had 2 of 32: P^T did not run under the dP^T GEMM).
 - ``n176`` / ``n192``: wider key tiles (FA3's 128 x 176 for hd128 non-causal, 192 keys at hd64): fewer row
@@ -47,11 +49,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 # "product": today's default); block_n is the product table's unless a variant sets it.
 FWD_VARIANTS = [
     ("base", 128, False), ("product", 128, False), ("ovl2", 128, False), ("ovl2_n176", 128, False),
-    ("pp_exp2", 128, False), ("ovl3", 128, False), ("ovl3_n176", 128, False),
+    ("pp_exp2", 128, False), ("ovl3", 128, False), ("ovl3_n176", 128, False), ("ovl3_re", 128, False),
     ("base", 128, True), ("product", 128, True), ("ovl2", 128, True), ("ovl3", 128, True),
     ("base", 64, False), ("product", 64, False), ("ovl2", 64, False), ("ovl2_n192", 64, False),
     ("ovl2_c3", 64, False), ("exp2_c3", 64, False), ("ovl3", 64, False), ("ovl3_n192", 64, False),
-    ("ovl3_c3", 64, False),
+    ("ovl3_c3", 64, False), ("ovl3_re", 64, False),
 ]
 BWD_VARIANTS = [("base", 128, False, {"fast_exp2": False}), ("exp2", 128, False, {"fast_exp2": True}),
                 ("exp2_fence", 128, False, {"fast_exp2": True, "wait_fence": True})]

@@ -87,6 +87,7 @@ def test_three_consumer_variant_with_split_mask_loop_and_fenced_wait():
 @pytest.mark.parametrize("variant, d, causal, Sq, Sk", [
     ("ovl2", 128, True, 300, 430), ("ovl2_n176", 128, False, 200, 400), ("ovl2_n192", 64, False, 130, 500),
     ("ovl2_c3", 64, True, 400, 400), ("ovl3", 128, True, 300, 430), ("ovl3_n176", 128, False, 200, 400),
+    ("ovl3_re", 128, True, 300, 430), ("ovl3_re", 64, False, 200, 333),
     ("base", 128, True, 300, 300), ("pp_exp2", 128, False, 150, 260)])
 def test_schedule_variants(variant, d, causal, Sq, Sk):  # noqa: N803
     """The variants tools/sweeps/attn_schedules.py times against the default (flash_attention4.VARIANTS)."""

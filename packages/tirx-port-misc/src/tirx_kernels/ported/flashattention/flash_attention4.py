@@ -130,6 +130,7 @@ VARIANTS = {
     "ovl3_n176": {**_OVL2, "wait_fence": True, "block_n": 176},
     "ovl3_n192": {**_OVL2, "wait_fence": True, "block_n": 192},
     "ovl3_c3": {**_OVL2, "wait_fence": True, "num_consumers": 3},
+    "ovl3_re": {**_OVL2, "wait_fence": True, "rescale_early": True},  # + FA3's O rescale before the PV issue
 }
 _INT32_MAX = 2**31 - 1
 
