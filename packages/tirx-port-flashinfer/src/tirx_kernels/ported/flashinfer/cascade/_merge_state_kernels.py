@@ -17,7 +17,10 @@ thread finds its row with shifts and masks: ``pos = (bx << (lp + lu)) + (slot >>
 ``2**lp`` positions after the first, and issues the LSE and 16-byte loads of both before any math
 (``vector.after_all``): 4 vectors in flight a thread instead of 2 and half the CTAs (s2048 h32 d128: 4096 CTAs
 instead of 8192, ~2 waves of 16 resident CTAs on 132 SMs). ``merge_state.plan`` picks it from the grid size;
-merge_states keeps one row a thread (its loop has 4 states in flight a trip).
+merge_states keeps one row a thread (its loop has 4 states in flight a trip). Each ``lu`` has its own
+straight-line path (a uniform branch on the argument). SASS of the fp16 pair kernel (nvcc 13): one row a thread,
+the first load ~55 instructions in and the fourth ~81 (the flat grid's first came after 99); two rows, the eighth
+at 116; 36 registers, no spills.
 """
 
 from __future__ import annotations
@@ -135,6 +138,10 @@ def _pair_rows(dtype, U, idx, row_oks, D, sl, vw, acc, st, orr, dep, zero, a, b,
                 with T.Then():
                     T.buffer_store(kp, T.Cast("int32", Mf[_int64(idx[2 + u]) * _int64(m0)]), [u])
             keep[u] = kp[u] != 0
+    # (An unconditional LSE load from a clamped row, as an ``ld.global.f32`` in program order with the vector
+    # loads, gave straight-line code but no earlier loads: fp16 pair, one row a thread, ~47 SASS instructions to
+    # the first load and ~81 to the fourth either way; two rows, the eighth at 123 instead of 116, 44 registers
+    # instead of 36.)
     for u in range(U):
         for k, (Vf, Sf, vp, vh, sp, sh) in enumerate((a, b)):  # noqa: N806
             _load_state(sl, vw, 2 * u + k, Vf, _offset(idx, u, vp, vh) + col, Sf, _offset(idx, u, sp, sh),
@@ -211,8 +218,14 @@ def _build_pair(dtype: str, pdl):
         dep = T.alloc_local((1,), "uint32")
         row_oks = _rows(tid, bx, by, log2_tpr, log2_hpc, log2_ppc, log2_rpt, S, H, idx, U)
         pdl_launch.begin(pdl)
-        _pair_rows(dtype, U, idx, row_oks, D, sl, vw, acc, st, orr, dep, zero,
-                   (VAf, SAf, va0, va1, sa0, sa1), (VBf, SBf, vb0, vb1, sb0, sb1), (VOf, SOf, vo0, vo1, so0, so1))
+        # One row a thread (latency-bound grids) runs its own straight-line code, not the two-row code with
+        # the second row predicated off: a uniform branch on a kernel argument.
+        if log2_rpt == 0:
+            _pair_rows(dtype, 1, idx, row_oks, D, sl, vw, acc, st, orr, dep, zero,
+                       (VAf, SAf, va0, va1, sa0, sa1), (VBf, SBf, vb0, vb1, sb0, sb1), (VOf, SOf, vo0, vo1, so0, so1))
+        else:
+            _pair_rows(dtype, U, idx, row_oks, D, sl, vw, acc, st, orr, dep, zero,
+                       (VAf, SAf, va0, va1, sa0, sa1), (VBf, SBf, vb0, vb1, sb0, sb1), (VOf, SOf, vo0, vo1, so0, so1))
         pdl_launch.end(pdl)
 
     return pdl_launch.launch(merge_state, pdl)
@@ -262,9 +275,14 @@ def _build_in_place(dtype: str, pdl):
         keep = T.alloc_local((U,), "int32")
         row_oks = _rows(tid, bx, by, log2_tpr, log2_hpc, log2_ppc, log2_rpt, S, H, idx, U)
         pdl_launch.begin(pdl)
-        _pair_rows(dtype, U, idx, row_oks, D, sl, vw, acc, st, orr, dep, zero,
-                   (Vf, Sf, v0, v1, s0, s1), (VBf, SBf, vb0, vb1, sb0, sb1), (Vf, Sf, v0, v1, s0, s1),
-                   mask=(Mf, m0, use_mask, keep))
+        if log2_rpt == 0:  # as the pair kernel
+            _pair_rows(dtype, 1, idx, row_oks, D, sl, vw, acc, st, orr, dep, zero,
+                       (Vf, Sf, v0, v1, s0, s1), (VBf, SBf, vb0, vb1, sb0, sb1), (Vf, Sf, v0, v1, s0, s1),
+                       mask=(Mf, m0, use_mask, keep))
+        else:
+            _pair_rows(dtype, U, idx, row_oks, D, sl, vw, acc, st, orr, dep, zero,
+                       (Vf, Sf, v0, v1, s0, s1), (VBf, SBf, vb0, vb1, sb0, sb1), (Vf, Sf, v0, v1, s0, s1),
+                       mask=(Mf, m0, use_mask, keep))
         pdl_launch.end(pdl)
 
     return pdl_launch.launch(merge_state_in_place, pdl)
