@@ -73,13 +73,17 @@ def _inputs() -> torch.Tensor:
     bf16_all = torch.arange(65536, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).float()
     rnd = _f32(torch.randint(0, 2**32, (32768,), generator=g, dtype=torch.int64).tolist())
     mids = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0, 448.0, 464.0, 480.0, 57344.0, 61440.0,
-                         2.0 ** -127, 2.0 ** -126, 2.0 ** -10, 2.0 ** -9 * 1.5, 2.0 ** -7 * 1.0625])
+                         2.0 ** -127, 2.0 ** -126, 2.0 ** -10, 2.0 ** -9 * 1.5, 2.0 ** -7 * 1.0625,
+                         # e2m1's binade edges (its encoder switches rounding step there) and the saturation edge
+                         0.125, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 7.0, 8.0, 16.0])
     mids = torch.cat([mids, -mids])
     up = torch.nextafter(mids, torch.full_like(mids, float("inf")))
     down = torch.nextafter(mids, torch.full_like(mids, float("-inf")))
     sub = _f32([0x00400000, 0x00400001, 0x003FFFFF, 1, 0x007FFFFF, 0x80400001])
     specials = torch.tensor([0.0, -0.0, float("inf"), float("-inf"), float("nan")])
-    x = torch.cat([bf16_all, rnd, mids, up, down, sub, specials]).contiguous()
+    # fp32 patterns across e2m1's range (0.125 .. 16), every 1021st: mantissa bits below bf16's
+    dense = _f32(list(range(0x3E000000, 0x41800000, 1021)))
+    x = torch.cat([bf16_all, rnd, mids, up, down, sub, specials, dense, -dense]).contiguous()
     return x
 
 

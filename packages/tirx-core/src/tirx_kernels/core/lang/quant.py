@@ -85,23 +85,33 @@ def e4m3_to_f32(code):
 
 
 # --------------------------------------------------------------------------------------------------- e2m1 (FP4)
-# e2m1 magnitudes by code: 0, 0.5, 1, 1.5, 2, 3, 4, 6. The thresholds between neighbours are the midpoints; a value
-# exactly on a midpoint goes to the even code (RNE): 0.25 -> 0, 0.75 -> 1.0, 1.25 -> 1.0, 1.75 -> 2, 2.5 -> 2,
-# 3.5 -> 4, 5 -> 4. So the code is the count of thresholds passed, ">" where the lower code is even, ">=" where
-# the upper one is.
+# e2m1 magnitudes by code: 0, 0.5, 1, 1.5, 2, 3, 4, 6. A value exactly on a midpoint goes to the even code (RNE):
+# 0.25 -> 0, 0.75 -> 1.0, 1.25 -> 1.0, 1.75 -> 2, 2.5 -> 2, 3.5 -> 4, 5 -> 4 (the midpoints, ">" where the lower code
+# is even, ">=" where the upper one is: quant_ref's rule).
 E2M1_THRESHOLDS = ((0.25, False), (0.75, True), (1.25, False), (1.75, True), (2.5, False), (3.5, True), (5.0, False))
+_E2M1_MAGIC_BIAS = 22 << 23  # 2**22 * 2**e: the fp32 whose ulp is the e2m1 step 2**(e - 1) of binade 2**e
 
 
 def e2m1(x):
     """The e2m1 code (``uint32`` in 0..15: bit 3 the sign, bits 0-2 the magnitude) of an fp32 value, as
     ``cvt.rn.satfinite.e2m1x2.f32`` defines it on sm_100: round to nearest even, |x| > 5 (and +-inf) saturate to
     +-6, the sign bit is kept (also for values that round to zero). NaN has no e2m1 code: it gives +-0 (its sign
-    bit); FlashInfer's amax ignores NaN too."""
-    a = T.fabs(x)
-    mag = T.uint32(0)
-    for t, inclusive in E2M1_THRESHOLDS:
-        passed = (a >= T.float32(t)) if inclusive else (a > T.float32(t))
-        mag = mag + T.Cast("uint32", passed)
+    bit); FlashInfer's amax ignores NaN too.
+
+    sm_90 has no e2m1 conversion. Counting the seven midpoints passed (a compare and an add each) cost about 20
+    SASS instructions an element, which made the FP4 quantizers instruction-bound (2026-12-07 H100: 52-56 % of
+    the copy bandwidth). Here the fp32 adder rounds instead: e2m1's step in the binade ``[2**e, 2**(e+1))`` is
+    ``2**(e-1)`` (0.5 below 2, 1 in [2, 4), 2 from 4 up), and ``a + M`` with ``M = 2**(22 + k)``, ``k =
+    clamp(e, 0, 2)`` (the ulp of M is that step, ``a + M < 2 M``) rounds ``a`` to the step, ties to an even
+    multiple, which is e2m1's even code; the multiple ``j = bits(a + M) - bits(M)`` gives the code ``j + 2 k``.
+    ``a = min(max(0, |x|), 6)`` saturates first (every |x| > 5, +-inf included, rounds to 6 as 6 does) and sends
+    NaN to 0 (``fmaxf`` returns the other operand; under ``core.emulate`` ``std::max(0, NaN)``: ``0 < NaN`` is
+    false, 0), so no select follows the rounding (one became a branch an element in the SASS). About 9
+    instructions; an |x| the GPU flushes to zero still rounds to code 0."""
+    a = T.min(T.max(T.float32(0), T.fabs(x)), T.float32(E2M1_MAX))
+    e = T.max(f32_bits(a), T.uint32(0x3F800000)) & T.uint32(0x7F800000)  # 2**k, k in 0..2 (a <= 6)
+    m = e + T.uint32(_E2M1_MAGIC_BIAS)
+    mag = f32_bits(a + T.cuda.uint_as_float(m)) - (m + T.uint32(254)) + (e >> T.uint32(22))  # e >> 22: 254 + 2 k
     return ((f32_bits(x) >> T.uint32(28)) & T.uint32(8)) | mag
 
 
@@ -168,10 +178,11 @@ def mxfp8_block_scale(amax):
 
 
 def amax_step(acc, x):
-    """``max(acc, |x|)`` ignoring NaN (``|x| > acc`` is false for NaN), as FlashInfer's ``max.f16x2`` / ``max.f32``
-    reductions do; start ``acc`` at 0."""
-    a = T.fabs(x)
-    return T.if_then_else(a > acc, a, acc)
+    """``max(acc, |x|)`` ignoring NaN, as FlashInfer's ``max.f16x2`` / ``max.f32`` reductions do; start ``acc`` at 0
+    (never NaN). ``max`` is ``fmaxf`` on the GPU (one FMNMX, which returns the other operand for a NaN) and
+    ``std::max(acc, |x|)`` under ``core.emulate`` (``acc < NaN`` is false: acc); a compare and select cost two
+    instructions and, nested, repeated the inner expression."""
+    return T.max(acc, T.fabs(x))
 
 
 # ---------------------------------------------------------------------------------------- scale-factor layouts

@@ -76,20 +76,75 @@ class _Block:
         self.code = T.alloc_local((1,), "uint32")  # the block's scale byte
         self.pair = T.alloc_local((2,), "uint16")  # two: an expression reads the first after the second is written
 
-    def amax_of(self, X, row, col, K):  # noqa: N803
-        """Load block (row, col) of ``X`` (flat, row stride K; int64 row / col) into registers; its amax. With
-        ``silu_and_mul`` the row is ``[gate | up]`` of 2K elements and the block's values are ``silu(gate) * up``
-        in fp32 rounded to the dtype (FlashInfer's SwiGLU quantizer quantizes that half2 / bfloat2)."""
+    def alloc_held(self, n: int):
+        """``n`` more register sets for blocks held between two passes (:meth:`held_amax`, :meth:`held_emit`);
+        ``self.xr`` is the first."""
+        from tvm.script import tirx as T
+
+        self.held = [self.xr] + [T.alloc_local((self.blk // 2,), "uint32") for _ in range(n - 1)]
+
+    def held_amax(self, X, row, tid, nb, K, acc, threads: int):  # noqa: N803
+        """Load blocks ``h * threads + tid`` (h < len(held), those below ``nb``) of ``row`` into the held sets,
+        every load issued first, then ``acc[0] = max(acc[0], their amaxes)``."""
+        from tvm.script import tirx as T
+
+        for h, regs in enumerate(self.held):
+            self.xr = regs
+            with T.If(h * threads + tid < nb):
+                with T.Then():
+                    self.load(X, row, T.Cast("int64", h * threads + tid), K)
+        for h, regs in enumerate(self.held):
+            self.xr = regs
+            with T.If(h * threads + tid < nb):
+                with T.Then():
+                    T.buffer_store(acc, T.max(acc[0], self.reduce()), [0])
+        self.xr = self.held[0]
+
+    def held_emit(self, Y, S, row, tid, nb, cols, K, gs, threads: int):  # noqa: N803
+        """Quantize the held blocks (:meth:`held_amax`) with global scale ``gs``; a held column in the swizzled
+        padding (``nb <= col < cols``) gets a zero scale byte."""
+        from tvm.script import tirx as T
+
+        from tirx_kernels.core.lang import quant
+
+        for h, regs in enumerate(self.held):
+            self.xr = regs
+            col = T.Cast("int64", h * threads + tid)
+            with T.If(h * threads + tid < nb):
+                with T.Then():
+                    self.emit(None, Y, S, row, col, K, T.Cast("int64", cols), gs, loaded=True)
+                with T.Else():
+                    with T.If(h * threads + tid < cols):
+                        with T.Then():
+                            T.buffer_store(S, T.uint8(0), [quant.sf_offset(row, col, T.Cast("int64", cols),
+                                                                           self.layout)])
+        self.xr = self.held[0]
+
+    def load(self, X, row, col, K):  # noqa: N803
+        """Issue the loads of block (row, col) of ``X`` (flat, row stride K, 2K with ``silu_and_mul``; int64 row /
+        col) into ``self.xr`` (and ``self.ur``)."""
+        from tvm.script import tirx as T
+
+        from tirx_kernels.core.lang import vector
+
+        k64 = T.Cast("int64", K)
+        base = row * (2 * k64 if self.silu_and_mul else k64) + col * self.blk
+        # L1-allocating loads: a warp's 16-byte loads of one vector index are 32 / 64 bytes apart (one thread a
+        # block), so each fills half of every 32-byte sector it touches, and with L1::no_allocate the next vector's
+        # load fetched the same sectors from L2 again (2x the L2 -> SM traffic of the bytes used).
+        for j in range(self.blk // _VEC):
+            vector.load_v4(self.xr, j * _WORDS, X.ptr_to([base + j * _VEC]), cache="nc")
+            if self.silu_and_mul:
+                vector.load_v4(self.ur, j * _WORDS, X.ptr_to([base + k64 + j * _VEC]), cache="nc")
+
+    def reduce(self):
+        """The loaded block's values into ``self.v`` (fp32) and its amax (returned). With ``silu_and_mul`` the row is
+        ``[gate | up]`` of 2K elements and the block's values are ``silu(gate) * up`` in fp32 rounded to the dtype
+        (FlashInfer's SwiGLU quantizer quantizes that half2 / bfloat2)."""
         from tvm.script import tirx as T
 
         from tirx_kernels.core.lang import quant, vector
 
-        k64 = T.Cast("int64", K)
-        base = row * (2 * k64 if self.silu_and_mul else k64) + col * self.blk
-        for j in range(self.blk // _VEC):
-            vector.load_v4(self.xr, j * _WORDS, X.ptr_to([base + j * _VEC]), cache="nc_stream")
-            if self.silu_and_mul:
-                vector.load_v4(self.ur, j * _WORDS, X.ptr_to([base + k64 + j * _VEC]), cache="nc_stream")
         if self.silu_and_mul:
             for i in range(self.blk // 2):
                 g_lo, g_hi = vector.unpack2(self.xr[i], self.dtype)
@@ -100,16 +155,29 @@ class _Block:
             lo, hi = vector.unpack2(self.xr[i], self.dtype)
             T.buffer_store(self.v, lo, [2 * i])
             T.buffer_store(self.v, hi, [2 * i + 1])
-            T.buffer_store(self.amax, quant.amax_step(quant.amax_step(self.amax[0], lo), hi), [0])
+            T.buffer_store(self.amax, quant.amax_step(self.amax[0], lo), [0])
+            T.buffer_store(self.amax, quant.amax_step(self.amax[0], hi), [0])
         return self.amax[0]
 
-    def emit(self, X, Y, S, row, col, K, cols, gs=None):  # noqa: N803
+    def amax_of(self, X, row, col, K):  # noqa: N803
+        """Load block (row, col) of ``X``; its amax (:meth:`load`, :meth:`reduce`)."""
+        self.load(X, row, col, K)
+        return self.reduce()
+
+    def emit(self, X, Y, S, row, col, K, cols, gs=None, loaded: bool = False):  # noqa: N803
+        """Quantize block (row, col): load it (unless ``loaded``: ``self.xr`` holds it), reduce, encode, store."""
+        if not loaded:
+            self.load(X, row, col, K)
+        self.reduce()
+        self.encode_store(Y, S, row, col, K, cols, gs)
+
+    def encode_store(self, Y, S, row, col, K, cols, gs=None):  # noqa: N803
+        """The reduced block's scale and codes (``gs``: NVFP4's global scale), stored."""
         from tvm.script import tirx as T
 
         from tirx_kernels.core.lang import quant, vector
 
         amax, scale, code, pair, v, out = self.amax, self.scale, self.code, self.pair, self.v, self.out
-        self.amax_of(X, row, col, K)
         if self.fmt == "nvfp4":
             s = quant.nvfp4_block_scale(amax[0], gs)
             quant.fp8x2(pair[0], s, s, "e4m3")
@@ -175,32 +243,41 @@ def build_kernel(dtype: str, fmt: str, layout: str, name: str, silu_and_mul: boo
         tid = T.thread_id([THREADS])
         block.alloc()
 
-        nb = i64(K // blk)
+        # 32-bit block index, row and column (check_input keeps the scale buffer under 2**31 - THREADS blocks):
+        # the 64-bit division was a CALL of about 70 instructions a thread; offsets are 64-bit from here on.
+        nb = K // blk
         cols = nb if layout == "linear" else (nb + 3) // 4 * 4
-        rows = i64(M) if layout == "linear" else quant.sf_rows_padded(i64(M), layout)
-        idx = i64(cta) * THREADS + i64(tid)
+        rows = M if layout == "linear" else quant.sf_rows_padded(M, layout)
+        idx = cta * THREADS + tid
         row = idx // cols
         col = idx % cols
         with T.If(idx < rows * cols):
             with T.Then():
-                with T.If(T.And(row < i64(M), col < nb)):
+                with T.If(T.And(row < M, col < nb)):
                     with T.Then():
-                        block.emit(X, Y, S, row, col, K, cols, G[0] if fmt == "nvfp4" else None)
+                        block.emit(X, Y, S, i64(row), i64(col), K, i64(cols), G[0] if fmt == "nvfp4" else None)
                     with T.Else():
-                        S[quant.sf_offset(row, col, cols, layout)] = T.uint8(0)
+                        S[quant.sf_offset(i64(row), i64(col), i64(cols), layout)] = T.uint8(0)
 
     return block_quantize.with_attr("global_symbol", name)
 
 
 PT_THREADS = 128  # the per-token kernel: one CTA per row
+# Blocks a thread of the per-token kernel keeps in registers between its two passes (8 words each): rows up to
+# PT_THREADS * PT_HELD * 16 = 8192 elements are read from HBM once, with every load of the row issued before the
+# amax; the columns past that are re-read in pass 2 (L2). Re-reading the whole row, one block at a time each pass,
+# left the kernel at 36-47 % of the copy bandwidth (2026-12-07 H100).
+PT_HELD = 4
 
 
 def build_per_token_kernel(dtype: str, layout: str, name: str):
     """NVFP4 with a per-row global scale (FlashInfer's per-token path, IEEE recipe): one CTA per row of the scale
-    buffer as stored. Pass 1 takes the row's amax (16-byte loads, warp max, one shared exchange); the row's encode
-    scale is ``min((1 / gsi) / row_amax, FLT_MAX)`` (1 where that is 0; FLT_MAX for an all-zero row) and its
-    per-token scale ``1 / encode`` (0 for an all-zero row); pass 2 reloads (L1 / L2) and quantizes each block with
-    the encode scale as NVFP4's global scale. Padding rows / columns of a swizzled layout get zero scale bytes."""
+    buffer as stored. Pass 1 loads the thread's first ``PT_HELD`` blocks of the row into registers (all loads
+    first), takes the row's amax (those, then any further blocks loaded one at a time; warp max, one shared
+    exchange); the row's encode scale is ``min((1 / gsi) / row_amax, FLT_MAX)`` (1 where that is 0; FLT_MAX for an
+    all-zero row) and its per-token scale ``1 / encode`` (0 for an all-zero row); pass 2 quantizes each block with
+    the encode scale as NVFP4's global scale, from the registers (the further blocks reloaded, L2). Padding rows /
+    columns of a swizzled layout get zero scale bytes."""
     from tvm.script import tirx as T
 
     from tirx_kernels.core.lang import quant
@@ -209,6 +286,7 @@ def build_per_token_kernel(dtype: str, layout: str, name: str):
     blk = FORMATS["nvfp4"][0]
     block = _Block(dtype, "nvfp4", layout)
     warps = PT_THREADS // 32
+    held = PT_HELD * PT_THREADS  # blocks of a row held in registers
     flt_max = T.cuda.uint_as_float(T.uint32(quant.FLT_MAX_BITS))
 
     def i64(v):
@@ -229,6 +307,7 @@ def build_per_token_kernel(dtype: str, layout: str, name: str):
         cta = T.cta_id([rows_padded])
         tid = T.thread_id([PT_THREADS])
         block.alloc()
+        block.alloc_held(PT_HELD)
         local = T.alloc_local((1,), "float32")
         enc = T.alloc_local((1,), "float32")
         part = T.alloc_shared((warps,), "float32")
@@ -239,12 +318,12 @@ def build_per_token_kernel(dtype: str, layout: str, name: str):
         with T.If(cta < M):
             with T.Then():
                 local[0] = T.float32(0)
-                for it in T.serial((nb + PT_THREADS - 1) // PT_THREADS):
-                    col = it * PT_THREADS + tid
+                block.held_amax(X, row, tid, nb, K, local, PT_THREADS)
+                for it in T.serial((nb - held + PT_THREADS - 1) // PT_THREADS):
+                    col = held + it * PT_THREADS + tid
                     with T.If(col < nb):
                         with T.Then():
-                            a = block.amax_of(X, row, i64(col), K)
-                            local[0] = T.if_then_else(a > local[0], a, local[0])
+                            local[0] = T.max(local[0], block.amax_of(X, row, i64(col), K))
                 local[0] = T.cuda.warp_max(local[0], 32)
                 with T.If(tid % 32 == 0):
                     with T.Then():
@@ -260,8 +339,9 @@ def build_per_token_kernel(dtype: str, layout: str, name: str):
                 with T.If(tid == 0):
                     with T.Then():
                         P[cta] = T.if_then_else(local[0] == T.float32(0), T.float32(0), T.float32(1) / enc[0])
-                for it in T.serial((cols + PT_THREADS - 1) // PT_THREADS):
-                    col = it * PT_THREADS + tid
+                block.held_emit(Y, S, row, tid, nb, cols, K, enc[0], PT_THREADS)
+                for it in T.serial((cols - held + PT_THREADS - 1) // PT_THREADS):
+                    col = held + it * PT_THREADS + tid
                     with T.If(col < nb):
                         with T.Then():
                             block.emit(X, Y, S, row, i64(col), K, i64(cols), enc[0])

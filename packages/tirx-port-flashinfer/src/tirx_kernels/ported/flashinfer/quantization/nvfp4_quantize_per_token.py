@@ -13,8 +13,9 @@ row), ``per_token_scale = 1 / enc`` (0 for an all-zero row), and the row's block
 ``core.quant_ref.nvfp4_quantize_per_token``.
 
 One artifact per (dtype, layout), M and K at run time: one CTA per row (``_block_quant.build_per_token_kernel``:
-an amax pass, then the quantizing pass re-reads the row from L1 / L2). The public op runs its kernel directly in
-eager mode, else through the torch.library custom op below (with its register_fake).
+an amax pass that keeps up to ``PT_HELD`` blocks a thread in registers -- rows up to 8192 elements -- then the
+quantizing pass from those registers, re-reading only the columns past them from L2). The public op runs its
+kernel directly in eager mode, else through the torch.library custom op below (with its register_fake).
 """
 
 from __future__ import annotations
