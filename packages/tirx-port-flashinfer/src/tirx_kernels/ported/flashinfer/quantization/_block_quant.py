@@ -77,11 +77,12 @@ class _Block:
         self.pair = T.alloc_local((2,), "uint16")  # two: an expression reads the first after the second is written
 
     def alloc_held(self, n: int):
-        """``n`` more register sets for blocks held between two passes (:meth:`held_amax`, :meth:`held_emit`);
-        ``self.xr`` is the first."""
+        """``n`` register sets for blocks held between two passes (:meth:`held_amax`, :meth:`held_emit`), apart from
+        ``self.xr`` (the blocks loaded one at a time in between)."""
         from tvm.script import tirx as T
 
-        self.held = [self.xr] + [T.alloc_local((self.blk // 2,), "uint32") for _ in range(n - 1)]
+        self.one = self.xr
+        self.held = [T.alloc_local((self.blk // 2,), "uint32") for _ in range(n)]
 
     def held_amax(self, X, row, tid, nb, K, acc, threads: int):  # noqa: N803
         """Load blocks ``h * threads + tid`` (h < len(held), those below ``nb``) of ``row`` into the held sets,
@@ -98,7 +99,7 @@ class _Block:
             with T.If(h * threads + tid < nb):
                 with T.Then():
                     T.buffer_store(acc, T.max(acc[0], self.reduce()), [0])
-        self.xr = self.held[0]
+        self.xr = self.one
 
     def held_emit(self, Y, S, row, tid, nb, cols, K, gs, threads: int):  # noqa: N803
         """Quantize the held blocks (:meth:`held_amax`) with global scale ``gs``; a held column in the swizzled
@@ -118,7 +119,7 @@ class _Block:
                         with T.Then():
                             T.buffer_store(S, T.uint8(0), [quant.sf_offset(row, col, T.Cast("int64", cols),
                                                                            self.layout)])
-        self.xr = self.held[0]
+        self.xr = self.one
 
     def load(self, X, row, col, K):  # noqa: N803
         """Issue the loads of block (row, col) of ``X`` (flat, row stride K, 2K with ``silu_and_mul``; int64 row /

@@ -45,6 +45,9 @@ CONFIGS = [
     {"label": "fp16_128x4_m16384_k7168", "dtype": "float16", "layout": "128x4", "M": 16384, "K": 7168},
     {"label": "bf16_128x4_m37_k80_ragged", "dtype": "bfloat16", "layout": "128x4", "M": 37, "K": 80},
     {"label": "fp16_8x4_m19_k3584", "dtype": "float16", "layout": "8x4", "M": 19, "K": 3584},
+    # rows past the PT_HELD blocks a thread keeps in registers (8192 elements): the re-read columns
+    {"label": "bf16_128x4_m33_k9008_reread", "dtype": "bfloat16", "layout": "128x4", "M": 33, "K": 9008},
+    {"label": "fp16_linear_m8_k16384", "dtype": "float16", "layout": "linear", "M": 8, "K": 16384},
 ]
 BENCH_CONFIGS = [
     {"label": "fp16_128x4_m128_k1024", "dtype": "float16", "layout": "128x4", "M": 128, "K": 1024},
