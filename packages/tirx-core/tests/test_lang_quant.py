@@ -23,7 +23,7 @@ def _standins(monkeypatch):
 @T.prim_func
 def _encoders(x_ptr: T.handle, e2m1_ptr: T.handle, e4m3_ptr: T.handle, e5m2_ptr: T.handle, ue8_ptr: T.handle,
               inv_ptr: T.handle, dec_ptr: T.handle, nvs_ptr: T.handle, nvo_ptr: T.handle, mx4_ptr: T.handle,
-              mx8_ptr: T.handle, amax_ptr: T.handle, gs: T.float32):
+              mx8_ptr: T.handle, amax_ptr: T.handle, x8_ptr: T.handle, gs: T.float32):
     N = T.int32()
     X = T.match_buffer(x_ptr, (N,), "float32", align=16)
     E2 = T.match_buffer(e2m1_ptr, (N,), "uint8")
@@ -37,6 +37,7 @@ def _encoders(x_ptr: T.handle, e2m1_ptr: T.handle, e4m3_ptr: T.handle, e5m2_ptr:
     MX4 = T.match_buffer(mx4_ptr, (N,), "uint8")
     MX8 = T.match_buffer(mx8_ptr, (N,), "uint8")
     AM = T.match_buffer(amax_ptr, (N,), "float32")
+    X8 = T.match_buffer(x8_ptr, (N // 8,), "uint32")
     T.device_entry()
     cta = T.cta_id([CTAS])
     tid = T.thread_id([THREADS])
@@ -62,6 +63,8 @@ def _encoders(x_ptr: T.handle, e2m1_ptr: T.handle, e4m3_ptr: T.handle, e5m2_ptr:
             acc[0] = quant.amax_step(acc[0], x)
             acc[0] = quant.amax_step(acc[0], X[(i + 1) % N])
             AM[i] = acc[0]
+            if i % 8 == 0 and i + 8 <= N:
+                X8[i // 8] = quant.e2m1x8([X[i + k] for k in range(8)])
 
 
 def _f32(bits):
@@ -98,13 +101,17 @@ def test_encoders_match_reference():
     outs = dict(e2m1=torch.zeros(n, dtype=torch.uint8), e4m3=torch.zeros(n, dtype=torch.uint8),
                 e5m2=torch.zeros(n, dtype=torch.uint8), ue8=torch.zeros(n, dtype=torch.uint8),
                 inv=torch.zeros(n), dec=torch.zeros(n), nvs=torch.zeros(n), nvo=torch.zeros(n),
-                mx4=torch.zeros(n, dtype=torch.uint8), mx8=torch.zeros(n, dtype=torch.uint8), amax=torch.zeros(n))
+                mx4=torch.zeros(n, dtype=torch.uint8), mx8=torch.zeros(n, dtype=torch.uint8), amax=torch.zeros(n),
+                x8=torch.zeros(n // 8, dtype=torch.int32))
     names = dict(e2m1="E2", e4m3="E4", e5m2="E5", ue8="U8", inv="INV", dec="DEC", nvs="NVS", nvo="NVO", mx4="MX4",
-                 mx8="MX8", amax="AM")
+                 mx8="MX8", amax="AM", x8="X8")
     emulate.compile(_encoders)(grid=(CTAS,), block=(THREADS,), X_ptr=x, N=n, gs=gs,
                                **{names[k] + "_ptr": v for k, v in outs.items()}).check()
 
     assert torch.equal(outs["e2m1"], quant_ref.e2m1_encode(x))
+    nib = quant_ref.e2m1_encode(x[: n // 8 * 8]).to(torch.int64).view(-1, 8)  # e2m1x8: element k in nibble k
+    packed = (nib << (4 * torch.arange(8))).sum(-1)
+    assert torch.equal(outs["x8"].to(torch.int64) & 0xFFFFFFFF, packed)
     nan = torch.isnan(x)
     assert torch.equal(outs["e4m3"], quant_ref.fp8_encode(x, "e4m3"))
     assert torch.equal(outs["e5m2"], quant_ref.fp8_encode(x, "e5m2"))
