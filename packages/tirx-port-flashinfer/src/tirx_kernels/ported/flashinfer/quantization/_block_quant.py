@@ -26,6 +26,9 @@ FORMATS = {  # format: (elements per scale, code bits)
 LAYOUTS = ("linear", "128x4", "8x4")
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 THREADS = 256
+# One scale block a thread. Two (u * THREADS apart, all loads first) was tried on paper (SASS, 2026-12-08): 912
+# instructions for two 16-element NVFP4 blocks against 2 x 480 -- the block scale, its two div.rn and the stores are
+# per block, only the index division and the global-scale load were shared -- at 48-79 registers instead of 36-46.
 _VEC = 8  # 16-bit elements per 16-byte vector
 _WORDS = 4
 
