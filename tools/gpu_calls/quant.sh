@@ -8,8 +8,8 @@
 # The shared encoder also feeds rmsnorm_fp4quant, add_rmsnorm_fp4quant, fused_dit_layernorm,
 # silu_and_mul_nvfp4_experts_quantize and deepgemm's fp8 casts: their per-config GPU tests run too.
 # Runs from the repo root on the GPU host after `source .gpu/setup.sh`, on the product bundle (`build --all` after
-# these commits). Logs in $OUT/quant/; the table is printed last. At most ~60 s: tests QUANT_TEST_LIMIT (26 s), then
-# bench rows started within QUANT_BENCH_LIMIT (22) s and killed at +6.
+# these commits). Logs in $OUT/quant/; the table is printed last. At most ~58 s: tests QUANT_TEST_LIMIT (22 s) and 12 s, then
+# bench rows started within QUANT_BENCH_LIMIT (16) s and killed at +6.
 set -uo pipefail
 OUT=${OUT:-gpu-logs}
 LOG="$OUT/quant"; mkdir -p "$LOG"
@@ -23,23 +23,23 @@ echo "bundle: ${TIRX_KERNELS_ARTIFACTS:-none}" | tee -a "$LOG/gpu.txt"
 T=packages/tirx-port-flashinfer/tests
 # The four quantizers' GPU tests (every config through the harness, bit-exact; public ops; FlashInfer's mxfp8),
 # then the per-config tests of the kernels that share the encoder. SIGINT so pytest still reports what failed.
-timeout -s INT "${QUANT_TEST_LIMIT:-26}" python3 -m pytest -q -x -rfE --tb=short -p no:cacheprovider -n 6 -k gpu \
+timeout -s INT "${QUANT_TEST_LIMIT:-22}" python3 -m pytest -q -x -rfE --tb=short -p no:cacheprovider -n 6 -k gpu \
   "$T/test_nvfp4_quantize.py" "$T/test_nvfp4_quantize_per_token.py" "$T/test_mxfp4_quantize.py" \
   "$T/test_mxfp8_quantize.py" > "$LOG/pytest.log" 2>&1
 echo "quantizer tests rc=$?" | tee -a "$LOG/pytest.log"
 grep -E "passed|failed|error" "$LOG/pytest.log" | tail -8
-timeout -s INT 14 python3 -m pytest -q -rfE --tb=short -p no:cacheprovider -n 6 -k gpu_config \
+timeout -s INT 12 python3 -m pytest -q -rfE --tb=short -p no:cacheprovider -n 6 -k gpu_config \
   "$T/test_rmsnorm_fp4quant.py" "$T/test_add_rmsnorm_fp4quant.py" "$T/test_fused_dit_layernorm.py" \
   "$T/test_silu_and_mul_nvfp4_experts_quantize.py" packages/tirx-port-deepgemm/tests/test_fp8_cast.py \
   > "$LOG/pytest_shared.log" 2>&1
 echo "shared-encoder tests rc=$?" | tee -a "$LOG/pytest_shared.log"
 grep -E "passed|failed|error" "$LOG/pytest_shared.log" | tail -8
 
-QUANT_BENCH_LIMIT=${QUANT_BENCH_LIMIT:-22} timeout -s INT $(( ${QUANT_BENCH_LIMIT:-22} + 6 )) python3 - "$LOG" <<'PY'
+QUANT_BENCH_LIMIT=${QUANT_BENCH_LIMIT:-16} timeout -s INT $(( ${QUANT_BENCH_LIMIT:-16} + 6 )) python3 - "$LOG" <<'PY'
 import json, os, sys, time, traceback
 
 log = sys.argv[1]
-limit = float(os.environ.get("QUANT_BENCH_LIMIT", "22"))
+limit = float(os.environ.get("QUANT_BENCH_LIMIT", "16"))
 t0 = time.time()
 from tirx_kernels import registry
 
