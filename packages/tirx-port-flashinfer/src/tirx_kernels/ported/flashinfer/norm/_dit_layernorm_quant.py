@@ -45,8 +45,10 @@ from tirx_kernels.ported.flashinfer.norm._dit_layernorm_kernels import (
 
 QUANT_FORMATS = {"nvfp4": 16, "mxfp8": 32}  # format: elements per scale
 # Threads of a token's CTA, by format. MXFP8 holds a 32-element block in registers: at 256 threads ptxas capped the
-# kernel at 64 registers and spilled 8 bytes (CI's build check, 2026-12-06); at 128 it takes 72 with no spill.
-QUANT_THREADS = {"nvfp4": 256, "mxfp8": 128}
+# kernel at 64 registers and spilled 8 bytes (CI's build check, 2026-12-06); at 128 it takes 72 with no spill. NVFP4
+# went to 128 too when the e2m1 encoder became the fp32-adder form (2026-12-07f): at 256 threads ptxas kept 48
+# registers and spilled 4 bytes (CI's build check); at 128 none.
+QUANT_THREADS = {"nvfp4": 128, "mxfp8": 128}
 FP4_MAX, E4M3_MAX = 6.0, 448.0
 
 
