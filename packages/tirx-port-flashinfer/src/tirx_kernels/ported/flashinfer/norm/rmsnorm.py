@@ -171,6 +171,55 @@ def rows_kernel(dtype: str, gemma: bool, residual: bool = False, out_dtype: str 
 # The row kernel (shared with rmsnorm_quant and fused_add_rmsnorm_quant)
 # ---------------------------------------------------------------------------------------------------------
 
+class _RowMath:
+    """What the general and the specialized row kernels compute alike, so both emit the same expressions (the
+    specialized kernel must give the general one's bits): the fp32 operands of a packed word (x, or x + residual
+    unrounded), and one output word (bf16/fp16, or FP8 codes through ``pair``) in FlashInfer's order."""
+
+    def __init__(self, dtype: str, gemma: bool, residual: bool, out_dtype: str | None):
+        from tvm.script import tirx as T
+
+        from tirx_kernels.core.lang import vector
+
+        self.T, self.vector = T, vector
+        self.dtype, self.gemma, self.residual = dtype, gemma, residual
+        self.fp8 = out_dtype is not None
+        if self.fp8 and out_dtype not in FP8:
+            raise ValueError(f"rmsnorm rows: out_dtype {out_dtype!r} is not None or one of {sorted(FP8)}")
+        self.y_dtype = "uint8" if self.fp8 else dtype
+        self.fp8_max = FP8[out_dtype][1] if self.fp8 else 0.0
+        self.cvt = f"cvt.rn.satfinite.{FP8[out_dtype][2]}.f32" if self.fp8 else None
+
+    def values(self, xr, rr, i):
+        """The fp32 values (low, high) of packed word ``i``: x, or ``x + residual`` (unrounded)."""
+        a_lo, a_hi = self.vector.unpack2(xr[i], self.dtype)
+        if not self.residual:
+            return a_lo, a_hi
+        b_lo, b_hi = self.vector.unpack2(rr[i], self.dtype)
+        return a_lo + b_lo, a_hi + b_hi
+
+    def factor(self, w):
+        return self.T.float32(1) + w if self.gemma else w
+
+    def out_word(self, orr, pair, j, lo, hi, w_word, rs, inv_scale):
+        """Output word ``j`` of a chunk into ``orr``: ``(lo, hi) * rstd * w``; FP8 codes go two words at a time
+        through ``pair`` into ``orr[j // 2]``."""
+        T = self.T  # noqa: N806
+        w_lo, w_hi = self.vector.unpack2(w_word, self.dtype)
+        y_lo = lo * rs * self.factor(w_lo)
+        y_hi = hi * rs * self.factor(w_hi)
+        if not self.fp8:
+            self.vector.pack2(orr, j, y_lo, y_hi, self.dtype)
+            return
+        # FlashInfer's order: ((x * rstd) * w) * (1 / scale), clamped, then RNE to FP8
+        lim = T.float32(self.fp8_max)
+        y_lo = T.min(T.max(y_lo * inv_scale, -lim), lim)
+        y_hi = T.min(T.max(y_hi * inv_scale, -lim), lim)
+        T.evaluate(T.ptx[self.cvt](pair[j % 2], y_hi, y_lo))  # first operand: the upper byte
+        if j % 2 == 1:
+            T.buffer_store(orr, T.Cast("uint32", pair[0]) | (T.Cast("uint32", pair[1]) << T.uint32(16)), [j // 2])
+
+
 def build_rows(dtype: str, gemma: bool, residual: bool = False, out_dtype: str | None = None, pdl: str | None = PDL,
                threads: int = THREADS, vectors: int = VECTORS):
     """The row kernel. Arguments ``(x, r, w, y, scale, ws, eps, span, phase, zero)``: x, r (M, H) bf16/fp16 rows
@@ -184,12 +233,8 @@ def build_rows(dtype: str, gemma: bool, residual: bool = False, out_dtype: str |
     from tirx_kernels.core.lang import reduce, vector
 
     pdl_launch.check_trigger("rmsnorm rows", pdl)
-    fp8 = out_dtype is not None
-    if fp8 and out_dtype not in FP8:
-        raise ValueError(f"rmsnorm rows: out_dtype {out_dtype!r} is not None or one of {sorted(FP8)}")
-    y_dtype = "uint8" if fp8 else dtype
-    fp8_max = FP8[out_dtype][1] if fp8 else 0.0
-    cvt = f"cvt.rn.satfinite.{FP8[out_dtype][2]}.f32" if fp8 else None
+    math = _RowMath(dtype, gemma, residual, out_dtype)
+    fp8, y_dtype, values = math.fp8, math.y_dtype, math.values
     y_align = 8 if fp8 else 16  # bytes of one chunk of out
     scratch_len = reduce.scratch_words(threads, 1)
     slab = threads * vectors
@@ -233,17 +278,6 @@ def build_rows(dtype: str, gemma: bool, residual: bool = False, out_dtype: str |
                     if residual:
                         vector.fill(rr, v * _WORDS, _WORDS)
 
-    def values(xr, rr, i):
-        """The fp32 values (low, high) of packed word ``i``: x, or ``x + residual`` (unrounded)."""
-        a_lo, a_hi = vector.unpack2(xr[i], dtype)
-        if not residual:
-            return a_lo, a_hi
-        b_lo, b_hi = vector.unpack2(rr[i], dtype)
-        return a_lo + b_lo, a_hi + b_hi
-
-    def factor(w):
-        return T.float32(1) + w if gemma else w
-
     def store_halves(buf, row_base, c0, H, regs, vec_ok):  # noqa: N803
         with T.If(T.And(vec_ok, c0 + _VEC <= H)):
             with T.Then():
@@ -283,19 +317,7 @@ def build_rows(dtype: str, gemma: bool, residual: bool = False, out_dtype: str |
                         store_halves(Rf, r_base, c0, H, orr, vec_ok)
                     for j in range(_WORDS):
                         lo, hi = values(xr, rr, v * _WORDS + j)
-                        w_lo, w_hi = vector.unpack2(wr[j], dtype)
-                        y_lo = lo * rs * factor(w_lo)
-                        y_hi = hi * rs * factor(w_hi)
-                        if not fp8:
-                            vector.pack2(orr, j, y_lo, y_hi, dtype)
-                        else:  # FlashInfer's order: ((x * rstd) * w) * (1 / scale), clamped, then RNE to FP8
-                            lim = T.float32(fp8_max)
-                            y_lo = T.min(T.max(y_lo * inv_scale, -lim), lim)
-                            y_hi = T.min(T.max(y_hi * inv_scale, -lim), lim)
-                            T.evaluate(T.ptx[cvt](pair[j % 2], y_hi, y_lo))  # first operand: the upper byte
-                            if j % 2 == 1:
-                                T.buffer_store(orr, T.Cast("uint32", pair[0]) | (T.Cast("uint32", pair[1])
-                                                                                 << T.uint32(16)), [j // 2])
+                        math.out_word(orr, pair, j, lo, hi, wr[j], rs, inv_scale)
                     if fp8:
                         store_bytes(Yf, y_base, c0, H, orr, vec_ok)
                     else:
@@ -397,26 +419,11 @@ def build_rows_specialized(dtype: str, gemma: bool, H: int, residual: bool = Fal
     pdl_launch.check_trigger("rmsnorm rows", pdl)
     if not plan.specialized(H):
         raise ValueError(f"rmsnorm rows: H={H} must be a multiple of {_VEC} in [{plan.MIN_H}, {plan.MAX_H}]")
-    fp8 = out_dtype is not None
-    if fp8 and out_dtype not in FP8:
-        raise ValueError(f"rmsnorm rows: out_dtype {out_dtype!r} is not None or one of {sorted(FP8)}")
-    y_dtype = "uint8" if fp8 else dtype
-    fp8_max = FP8[out_dtype][1] if fp8 else 0.0
-    cvt = f"cvt.rn.satfinite.{FP8[out_dtype][2]}.f32" if fp8 else None
+    math = _RowMath(dtype, gemma, residual, out_dtype)
+    fp8, y_dtype, values = math.fp8, math.y_dtype, math.values
     lanes = plan.Lanes(H, threads_per_row, vectors_per_thread, rows_per_cta)
     tpr, vpt, threads = threads_per_row, vectors_per_thread, lanes.threads
     scratch_len = max(1, reduce.scratch_words(tpr, rows_per_cta))
-
-    def values(xr, rr, i):
-        """The fp32 values (low, high) of packed word ``i``: x, or ``x + residual`` (unrounded)."""
-        a_lo, a_hi = vector.unpack2(xr[i], dtype)
-        if not residual:
-            return a_lo, a_hi
-        b_lo, b_hi = vector.unpack2(rr[i], dtype)
-        return a_lo + b_lo, a_hi + b_hi
-
-    def factor(w):
-        return T.float32(1) + w if gemma else w
 
     def sum_squares(acc, xr, rr, Rf, r_base, lane, row_ok, orr):  # noqa: N803
         """``acc[0] +=`` the squares; with a residual, the residual <- x + residual, rounded once, stored."""
@@ -433,19 +440,7 @@ def build_rows_specialized(dtype: str, gemma: bool, H: int, residual: bool = Fal
         for v in range(vpt):
             for j in range(_WORDS):
                 lo, hi = values(xr, rr, v * _WORDS + j)
-                w_lo, w_hi = vector.unpack2(wr[v * _WORDS + j], dtype)
-                y_lo = lo * rs * factor(w_lo)
-                y_hi = hi * rs * factor(w_hi)
-                if not fp8:
-                    vector.pack2(orr, j, y_lo, y_hi, dtype)
-                else:  # FlashInfer's order: ((x * rstd) * w) * (1 / scale), clamped, then RNE to FP8
-                    lim = T.float32(fp8_max)
-                    y_lo = T.min(T.max(y_lo * inv_scale, -lim), lim)
-                    y_hi = T.min(T.max(y_hi * inv_scale, -lim), lim)
-                    T.evaluate(T.ptx[cvt](pair[j % 2], y_hi, y_lo))  # first operand: the upper byte
-                    if j % 2 == 1:
-                        T.buffer_store(orr, T.Cast("uint32", pair[0]) | (T.Cast("uint32", pair[1])
-                                                                         << T.uint32(16)), [j // 2])
+                math.out_word(orr, pair, j, lo, hi, wr[v * _WORDS + j], rs, inv_scale)
             pred = lanes.pred(v, lane, row_ok)
             if not fp8:
                 vector.store_v4(Yf.ptr_to([y_base + lanes.col(v, lane)]), orr, 0, pred)
