@@ -5,13 +5,11 @@ outside the rows written, at odd H, misaligned and strided rows, split long rows
 the harness, FlashInfer's residual bit for bit and its codes."""
 
 import importlib.util
-import random
 from pathlib import Path
 
 import pytest
 import torch
 
-from tirx_kernels.core import artifacts, runtime
 from tirx_kernels.core.checks import TirxInputError
 from tirx_kernels.ported.flashinfer.norm import fused_add_rmsnorm_quant as mod
 
@@ -29,29 +27,7 @@ qt = _load("test_rmsnorm_quant")
 bf16 = torch.bfloat16
 
 
-def test_every_call_resolves_to_a_bundled_artifact():
-    bundled = {artifacts.canonical_params(p) for p in mod.artifact_params()}
-    for call in mod.call_samples(random.Random(0)):
-        cands = [artifacts.canonical_params(p) for p in runtime.candidate_params(mod, mod.compile_params(**call))]
-        assert bundled & set(cands), call
-    for cfg in mod.CONFIGS + mod.BENCH_CONFIGS:  # build --all adds the configs' own params (e5m2 at 1024 here)
-        cands = [artifacts.canonical_params(p) for p in runtime.candidate_params(mod, mod.compile_params(**cfg))]
-        assert bundled & set(cands), cfg
-
-
-def test_compile_params():
-    e4 = "float8_e4m3fn"
-    assert mod.compile_params(dtype="bfloat16", H=4096) == {"dtype": "bfloat16", "out_dtype": e4, "H": 4096}
-    general = {"dtype": "float16", "out_dtype": "float8_e5m2", "schedule": "general"}
-    for H in (4095, 8, 16392, 1048576):
-        assert mod.compile_params(dtype="float16", out_dtype="float8_e5m2", H=H) == general
-    assert mod.compile_params(dtype="float16", out_dtype="float8_e5m2", H=4096, schedule="general") == general
-    assert mod.general_params({"dtype": "float16", "out_dtype": "float8_e5m2", "H": 4096}) == general
-    # the bundle: e4m3 out specialized at every catalog size, e5m2 through the general kernel
-    assert {"dtype": "bfloat16", "out_dtype": e4, "H": 4096} in mod.artifact_params()
-    assert {"dtype": "bfloat16", "out_dtype": "float8_e5m2", "H": 4096} not in mod.artifact_params()
-    with pytest.raises(ValueError, match="multiple of 8"):
-        mod.get_kernel("bfloat16", e4, H=4095)
+# Its params (compile_params, artifact_params, call_samples) are rmsnorm_quant's: tested there for both modules.
 
 
 def test_protocol_literals():

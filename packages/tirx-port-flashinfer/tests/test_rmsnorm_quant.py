@@ -12,6 +12,7 @@ import torch
 
 from tirx_kernels.core import artifacts, runtime
 from tirx_kernels.core.checks import TirxInputError
+from tirx_kernels.ported.flashinfer.norm import fused_add_rmsnorm_quant as fused_mod
 from tirx_kernels.ported.flashinfer.norm import rmsnorm_quant as mod
 
 _spec = importlib.util.spec_from_file_location("_rms_emu", Path(__file__).with_name("test_flashinfer_rmsnorm.py"))
@@ -22,29 +23,35 @@ bf16 = torch.bfloat16
 FP8 = {"float8_e4m3fn": torch.float8_e4m3fn, "float8_e5m2": torch.float8_e5m2}
 
 
-def test_every_call_resolves_to_a_bundled_artifact():
-    bundled = {artifacts.canonical_params(p) for p in mod.artifact_params()}
-    for call in mod.call_samples(random.Random(0)):
-        cands = [artifacts.canonical_params(p) for p in runtime.candidate_params(mod, mod.compile_params(**call))]
+# fused_add_rmsnorm_quant takes rmsnorm_quant's params: both modules answer the same.
+BOTH = pytest.mark.parametrize("m", [mod, fused_mod], ids=["rmsnorm_quant", "fused_add_rmsnorm_quant"])
+
+
+@BOTH
+def test_every_call_resolves_to_a_bundled_artifact(m):
+    bundled = {artifacts.canonical_params(p) for p in m.artifact_params()}
+    for call in m.call_samples(random.Random(0)):
+        cands = [artifacts.canonical_params(p) for p in runtime.candidate_params(m, m.compile_params(**call))]
         assert bundled & set(cands), call
-    for cfg in mod.CONFIGS + mod.BENCH_CONFIGS:  # build --all adds the configs' own params (e5m2 at 1024 here)
-        cands = [artifacts.canonical_params(p) for p in runtime.candidate_params(mod, mod.compile_params(**cfg))]
+    for cfg in m.CONFIGS + m.BENCH_CONFIGS:  # build --all adds the configs' own params (e5m2 at 1024 here)
+        cands = [artifacts.canonical_params(p) for p in runtime.candidate_params(m, m.compile_params(**cfg))]
         assert bundled & set(cands), cfg
 
 
-def test_compile_params():
+@BOTH
+def test_compile_params(m):
     e4 = "float8_e4m3fn"
-    assert mod.compile_params(dtype="bfloat16", H=4096) == {"dtype": "bfloat16", "out_dtype": e4, "H": 4096}
+    assert m.compile_params(dtype="bfloat16", H=4096) == {"dtype": "bfloat16", "out_dtype": e4, "H": 4096}
     general = {"dtype": "float16", "out_dtype": "float8_e5m2", "schedule": "general"}
     for H in (4095, 8, 16392, 1048576):
-        assert mod.compile_params(dtype="float16", out_dtype="float8_e5m2", H=H) == general
-    assert mod.compile_params(dtype="float16", out_dtype="float8_e5m2", H=4096, schedule="general") == general
-    assert mod.general_params({"dtype": "float16", "out_dtype": "float8_e5m2", "H": 4096}) == general
+        assert m.compile_params(dtype="float16", out_dtype="float8_e5m2", H=H) == general
+    assert m.compile_params(dtype="float16", out_dtype="float8_e5m2", H=4096, schedule="general") == general
+    assert m.general_params({"dtype": "float16", "out_dtype": "float8_e5m2", "H": 4096}) == general
     # the bundle: e4m3 out specialized at every catalog size, e5m2 through the general kernel
-    assert {"dtype": "bfloat16", "out_dtype": e4, "H": 4096} in mod.artifact_params()
-    assert {"dtype": "bfloat16", "out_dtype": "float8_e5m2", "H": 4096} not in mod.artifact_params()
+    assert {"dtype": "bfloat16", "out_dtype": e4, "H": 4096} in m.artifact_params()
+    assert {"dtype": "bfloat16", "out_dtype": "float8_e5m2", "H": 4096} not in m.artifact_params()
     with pytest.raises(ValueError, match="multiple of 8"):
-        mod.get_kernel("bfloat16", e4, H=4095)
+        m.get_kernel("bfloat16", e4, H=4095)
 
 
 def test_protocol_literals():

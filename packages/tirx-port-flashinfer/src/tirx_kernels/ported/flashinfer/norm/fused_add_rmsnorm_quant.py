@@ -19,7 +19,6 @@ from __future__ import annotations
 import torch
 
 from tirx_kernels.core import checks, runtime
-from tirx_kernels.ported.flashinfer.norm import _row_plan as plan
 from tirx_kernels.ported.flashinfer.norm import rmsnorm as rows
 from tirx_kernels.ported.flashinfer.norm import rmsnorm_quant as quant
 
@@ -84,34 +83,11 @@ _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 _FP8_NAMES = {v[0]: k for k, v in rows.FP8.items()}
 
 
-def compile_params(**cfg) -> dict:
-    """The specialized params where H has them (unless ``schedule="general"``), else the general ones: one
-    kernel per (dtype, out_dtype) with H, strides and alignment as run-time arguments."""
-    out_dtype = cfg.get("out_dtype", "float8_e4m3fn")
-    if cfg.get("schedule") == "general" or not plan.specialized(int(cfg["H"])):
-        return {"dtype": cfg["dtype"], "out_dtype": out_dtype, "schedule": "general"}
-    return {"dtype": cfg["dtype"], "out_dtype": out_dtype, "H": int(cfg["H"])}
-
-
-def general_params(params: dict) -> dict:
-    """The general artifact: it serves every call any params of the same (dtype, out_dtype) serve."""
-    return {"dtype": params["dtype"], "out_dtype": params.get("out_dtype", "float8_e4m3fn"), "schedule": "general"}
-
-
-def artifact_params() -> list[dict]:
-    """The general kernel of each (dtype, out_dtype); the specialized one of every catalog hidden size for e4m3
-    out only (24 artifacts: e4m3 is the activation format FlashInfer's callers quantize to; e5m2 calls, and any
-    H a bundle lacks, run the general kernel)."""
-    return ([general_params({"dtype": d, "out_dtype": o}) for d in _DTYPES for o in rows.FP8]
-            + [compile_params(dtype=d, out_dtype="float8_e4m3fn", H=H) for d in _DTYPES for H in plan.catalog_sizes()])
-
-
-def call_samples(rng) -> list[dict]:
-    from tirx_kernels.core import model_dims
-
-    sizes = model_dims.hidden_sizes() + [rng.randint(1, 64) for _ in range(3)] + [rng.randint(1, 2**20)]
-    return [{"dtype": d, "out_dtype": o, "M": rng.choice([1, 3, 4096]), "H": H}
-            for d in _DTYPES for o in rows.FP8 for H in sizes]
+# The params are rmsnorm_quant's: one general kernel per (dtype, out_dtype), e4m3 specialized at the catalog sizes.
+compile_params = quant.compile_params
+general_params = quant.general_params
+artifact_params = quant.artifact_params
+call_samples = quant.call_samples
 
 
 def sass_expect(schedule: str | None = None, **_) -> list[str]:
